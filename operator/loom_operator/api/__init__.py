@@ -1,0 +1,63 @@
+"""The DeploymentCard model and CRD generation.
+
+Pure schema code; imports nothing that talks to a cluster.
+"""
+
+from loom_operator.api.crd import CARD_KINDS, crd_files, crd_manifest
+from loom_operator.api.deployment_card import DeploymentCard, DeploymentCardSpec
+from loom_operator.api.documents import CardSet, load_documents, parse_documents
+from loom_operator.api.roles import (
+    ROLE_NAMES,
+    EngineSettings,
+    HiSparse,
+    KvOffload,
+    MtpSettings,
+    Parallelism,
+    Resources,
+    Role,
+    RoleName,
+    Roles,
+)
+from loom_operator.api.serving import (
+    Disaggregation,
+    Failover,
+    Hotspot,
+    PrefixCaching,
+    Router,
+    Scorers,
+    SessionAffinity,
+    WeightSync,
+)
+from loom_operator.api.status import DeploymentCardStatus, RoleStatus, WeightSyncStatus
+
+__all__ = [
+    "CARD_KINDS",
+    "ROLE_NAMES",
+    "CardSet",
+    "DeploymentCard",
+    "DeploymentCardSpec",
+    "DeploymentCardStatus",
+    "Disaggregation",
+    "EngineSettings",
+    "Failover",
+    "HiSparse",
+    "Hotspot",
+    "KvOffload",
+    "MtpSettings",
+    "Parallelism",
+    "PrefixCaching",
+    "Resources",
+    "Role",
+    "RoleName",
+    "RoleStatus",
+    "Roles",
+    "Router",
+    "Scorers",
+    "SessionAffinity",
+    "WeightSync",
+    "WeightSyncStatus",
+    "crd_files",
+    "crd_manifest",
+    "load_documents",
+    "parse_documents",
+]

@@ -1,0 +1,33 @@
+"""Rules between a DeploymentCard and the ModelCard it serves.
+
+Pure: lists every problem with its path in the DeploymentCard; never loads or prints.
+"""
+
+from __future__ import annotations
+
+from loom_runtime.card.errors import Problem
+from loom_runtime.card.model_card import ModelCard
+
+from loom_operator.api.deployment_card import DeploymentCard
+
+
+def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:
+    """What in `deploy` the model cannot do: HiSparse, MTP, the vllm backend's loop kinds."""
+    problems: list[Problem] = []
+    spec = model.spec
+    arch = spec.architecture
+    has_draft = any(c.kind == "draft" for c in spec.components)
+    for name, role in deploy.spec.roles.present().items():
+        at = ("spec", "roles", name)
+        if role.hi_sparse is not None and spec.family != "sparse-mla":
+            msg = f"hiSparse needs a sparse-mla model; {model.name!r} is {spec.family}"
+            problems.append(((*at, "hiSparse"), "hisparse_needs_sparse_mla", msg))
+        if role.mtp is not None and arch is not None and arch.mtp is None and not has_draft:
+            msg = f"mtp needs MTP layers (architecture.mtp) or a draft component in {model.name!r}"
+            problems.append(((*at, "mtp"), "mtp_without_layers", msg))
+    if deploy.spec.backend == "vllm":
+        kinds = sorted({loop.kind for loop in spec.loops} - {"ar_decode"})
+        if kinds:
+            msg = f"the vllm backend runs ar_decode loops only; {model.name!r} has {kinds[0]}"
+            problems.append((("spec", "backend"), "backend_loop_kind", msg))
+    return problems

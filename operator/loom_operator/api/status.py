@@ -1,0 +1,75 @@
+"""DeploymentCard status, written by the operator: phase, conditions, roles, weight sync.
+
+Owns the status shape; never decides a phase or condition (the fleet controller does).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from loom_runtime.card.base import CardModel, list_map
+from loom_runtime.card.conditions import Condition
+from pydantic import Field
+
+from loom_operator.api.roles import RoleName
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "WeightSyncing", "Invalid", "Failed"]
+SyncPhase = Literal["Idle", "Syncing", "Done", "Failed"]
+WorkerStep = Literal[
+    "Waiting", "Freezing", "Draining", "Transferring", "Bumping", "Resuming", "Done", "Failed"
+]
+
+
+class RoleStatus(CardModel):
+    """Workers of one role."""
+
+    ready: int = Field(default=0, ge=0)
+    """Replicas ready to serve."""
+    desired: int = Field(default=0, ge=0)
+    """Replicas the card asks for."""
+    weights_version: str | None = None
+    """Weights version the ready replicas serve (`mixed` during a rolling sync)."""
+
+
+class WeightSyncStatus(CardModel):
+    """Progress of the current (or last) weight sync; lets a restarted operator resume it."""
+
+    phase: SyncPhase = "Idle"
+    """Idle | Syncing | Done | Failed."""
+    target_versions: dict[str, str] = Field(default_factory=dict)
+    """Component name -> weightsVersion being rolled out."""
+    workers: dict[str, WorkerStep] = Field(default_factory=dict)
+    """Worker name -> its step: Waiting, Freezing, Draining, Transferring, Bumping, Resuming,
+    Done or Failed."""
+    updated: int = Field(default=0, ge=0)
+    """Workers on the target versions."""
+    total: int = Field(default=0, ge=0)
+    """Workers to update."""
+    started_at: datetime | None = Field(default=None, strict=False)
+    """When the sync started."""
+    message: str = ""
+    """What the sync waits for, or why it failed."""
+
+
+class DeploymentCardStatus(CardModel):
+    """What the operator last observed and did."""
+
+    phase: Phase | None = None
+    """Pending | Progressing | Ready | Degraded | WeightSyncing | Invalid | Failed."""
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=8, json_schema_extra=list_map("type")
+    )
+    """Ready, Progressing, Degraded, WeightSyncing and Valid, at most one of each."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """metadata.generation the status describes."""
+    roles: dict[RoleName, RoleStatus] = Field(default_factory=dict)
+    """Per role: ready and desired replicas and their weights version."""
+    ready_roles: str | None = None
+    """Roles with all replicas ready / roles, e.g. `2/2` (printed by kubectl get)."""
+    weights_version: str | None = None
+    """Weights version every worker serves, e.g. `v2` (printed by kubectl get)."""
+    weight_sync: WeightSyncStatus | None = None
+    """The current or last weight sync."""
+    endpoint: str | None = None
+    """URL of the router's OpenAI endpoint."""

@@ -1,0 +1,4 @@
+"""Kubernetes substrate: kopf handlers and pure manifest renderers.
+
+Renderers never call the API server.
+"""

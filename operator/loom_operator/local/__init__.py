@@ -1,0 +1,4 @@
+"""Local substrate: the same fleet as processes on one machine.
+
+Starts and stops processes; routing and sync decisions live elsewhere.
+"""

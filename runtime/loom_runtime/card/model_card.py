@@ -1,0 +1,108 @@
+"""The ModelCard: what a model is (components, loops, recipe, parity), group loom.dev/v1alpha1.
+
+Owns the card's shape and runs its rules when it is built; never loads weights or reads files.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+from pydantic.functional_validators import ModelWrapValidatorHandler
+
+from loom_runtime.card.architecture import Architecture
+from loom_runtime.card.base import API_VERSION, CardModel, ObjectMeta, cel_rules, list_map, list_set
+from loom_runtime.card.checks import validate_with_rules
+from loom_runtime.card.component import Component
+from loom_runtime.card.conditions import Condition
+from loom_runtime.card.loop import MAX_COMPONENTS, Loop, Parity, Recipe
+from loom_runtime.card.model_rules import SPEC_RULES
+
+Family = Literal["llama", "sparse-mla", "dit"]
+
+
+class ModelCardSpec(CardModel):
+    """What the model is: its weights, the loops that drive requests, how it was made."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "self.loops.exists(l, l.name == self.recipe.assumesLoop)",
+                "recipe.assumesLoop must name a declared loop",
+            ),
+            (
+                "self.loops.all(l, l.components.all(c, self.components.exists(x, x.name == c)))",
+                "every component a loop lists must be declared in components",
+            ),
+        )
+    )
+
+    family: Family
+    """llama (GQA/RoPE/SwiGLU, optional MoE) | sparse-mla (MLA + top-k indexer) | dit."""
+    components: list[Component] = Field(
+        min_length=1, max_length=MAX_COMPONENTS, json_schema_extra=list_map("name")
+    )
+    """The sets of weights the model is made of."""
+    architecture: Architecture | None = None
+    """Shape numbers for the capacity planner; the runtime reads config.json instead."""
+    loops: list[Loop] = Field(min_length=1, max_length=16, json_schema_extra=list_map("name"))
+    """The ways a request can be driven."""
+    recipe: Recipe
+    """How the weights were made and what they assume."""
+    parity: Parity = Field(default_factory=Parity)
+    """Parity level proven against the reference implementation (default C1)."""
+    capabilities: list[str] = Field(
+        default_factory=list, max_length=32, json_schema_extra=list_set()
+    )
+    """Free-form features the model offers, e.g. chat, tools, reasoning."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check(
+        cls, data: object, handler: ModelWrapValidatorHandler[ModelCardSpec]
+    ) -> ModelCardSpec:
+        return validate_with_rules(cls, data, handler, SPEC_RULES)
+
+
+class ModelCardStatus(CardModel):
+    """What the operator last observed about the card (written by the operator only)."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """metadata.generation the status describes."""
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=8, json_schema_extra=list_map("type")
+    )
+    """Valid: whether the operator accepted the card, with every error in the message."""
+
+
+class ModelCard(CardModel):
+    """A ModelCard document (kind ModelCard, apiVersion loom.dev/v1alpha1)."""
+
+    api_version: Literal["loom.dev/v1alpha1"] = API_VERSION
+    kind: Literal["ModelCard"] = "ModelCard"
+    metadata: ObjectMeta
+    spec: ModelCardSpec
+    status: ModelCardStatus | None = None
+
+    @property
+    def name(self) -> str:
+        """metadata.name."""
+        return self.metadata.name
+
+    def component(self, name: str) -> Component:
+        """The component called `name` (KeyError if there is none)."""
+        for comp in self.spec.components:
+            if comp.name == name:
+                return comp
+        raise KeyError(name)
+
+    def loop(self, name: str) -> Loop:
+        """The loop called `name` (KeyError if there is none)."""
+        for loop in self.spec.loops:
+            if loop.name == name:
+                return loop
+        raise KeyError(name)
+
+    def weights_versions(self) -> dict[str, str]:
+        """Component name -> weightsVersion: what a worker of this card must report."""
+        return {c.name: c.weights_version for c in self.spec.components}

@@ -1,0 +1,122 @@
+"""The engine's boundary records: what a request asks for and what the engine reports back.
+
+Frozen dataclasses only; the server builds them from HTTP bodies and reads them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 is greedy; seed makes sampling reproducible."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top alternatives to report per token, None = off
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float = 0.0  # time.monotonic() at arrival; 0: when add_request is called
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """When things happened to one request, in `time.monotonic()` seconds; on the final output.
+
+    The server turns these into vLLM's latency histograms (TTFT, inter-token, e2e, queue,
+    prefill, decode). Recomputed tokens after a preemption are not new tokens: they add no
+    inter-token latency.
+    """
+
+    arrival_time: float
+    scheduled_time: float | None  # first admission (end of queueing)
+    first_token_time: float | None
+    last_token_time: float | None
+    finished_time: float
+    num_preemptions: int = 0
+    inter_token_latencies: tuple[float, ...] = ()  # between consecutive output tokens
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.scheduled_time is None else self.scheduled_time - self.arrival_time
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def prefill_time(self) -> float | None:
+        if self.first_token_time is None or self.scheduled_time is None:
+            return None
+        return self.first_token_time - self.scheduled_time
+
+    @property
+    def decode_time(self) -> float | None:
+        if self.first_token_time is None or self.last_token_time is None:
+            return None
+        return self.last_token_time - self.first_token_time
+
+    @property
+    def e2e_latency(self) -> float:
+        return self.finished_time - self.arrival_time
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One increment of a request's result; the last one has finished=True."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_output_tokens: int = 0  # total generated so far
+    logprobs: tuple[TokenLogprob, ...] = ()
+    weights_version: str = ""
+    metrics: RequestMetrics | None = None  # set on the final output only
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics and the control service."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of KV blocks in use, 0..1
+    num_blocks: int
+    num_free_blocks: int
+    block_size: int
+    admission_open: bool
+    weights_version: str
+    num_preemptions: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0  # of those, tokens found
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests, once each (counter)
+    num_generation_tokens: int = 0  # output tokens generated (counter)
+    num_tokens_computed: int = 0  # tokens run through the model (prefill + decode + recompute)
+    num_requests_finished: int = 0  # finished with stop or length (vllm:request_success)
+    num_requests_aborted: int = 0

@@ -1,0 +1,133 @@
+"""Per-request KV operations over a BlockTable: prefix match, admit, grow, commit, free.
+
+Owns the rules that tie a request's tokens to pool blocks and the prefix-cache counters; never
+decides which request runs (the scheduler does) and never touches KV memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from loom_runtime.kv.block_pool import BlockPool
+from loom_runtime.kv.block_table import BlockTable
+from loom_runtime.kv.errors import BlockStateError, KVConfigError
+from loom_runtime.kv.prefix_hash import BlockHash, PrefixHasher
+
+
+class KVAllocator:
+    """The scheduler's view of KV memory. Every method is all-or-nothing on shortfall."""
+
+    def __init__(self, pool: BlockPool, hasher: PrefixHasher) -> None:
+        if pool.block_size != hasher.block_size:
+            raise KVConfigError(
+                f"pool block_size {pool.block_size} != hasher block_size {hasher.block_size}"
+            )
+        self.pool = pool
+        self.hasher = hasher
+        self.block_size = pool.block_size
+        self._queries = 0
+        self._hits = 0
+
+    @property
+    def prefix_queries(self) -> int:
+        """Prompt tokens looked up at successful admissions (vllm:prefix_cache_queries)."""
+        return self._queries
+
+    @property
+    def prefix_hits(self) -> int:
+        """Of those, tokens served from the prefix cache (vllm:prefix_cache_hits)."""
+        return self._hits
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` tokens."""
+        return -(-num_tokens // self.block_size)
+
+    def match(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
+    ) -> int:
+        """Prefix-cached tokens of a prompt, read-only; a multiple of block_size, < len."""
+        return len(self._hits_of(token_ids, cache_salt, lora_name)[1]) * self.block_size
+
+    def admit(self, table: BlockTable, token_ids: Sequence[int], num_tokens: int) -> bool:
+        """Take the prefix hits of `token_ids` and enough blocks for `num_tokens` tokens in all.
+
+        On shortfall nothing changes and False is returned. Sets `table.num_cached_tokens`
+        (the computation of the prompt starts there) and counts the prefix query.
+        """
+        if table.block_ids:
+            raise BlockStateError("admit needs an empty block table; free() it first")
+        hashes, hit_ids = self._hits_of(token_ids, table.cache_salt, table.lora_name)
+        num_new = max(self.blocks_for(num_tokens), len(hit_ids)) - len(hit_ids)
+        # Acquiring an evictable hit takes it out of the allocatable count.
+        reclaimed = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
+        if num_new > self.pool.num_free - reclaimed:
+            return False
+        self.pool.acquire(hit_ids)
+        table.block_ids = hit_ids + self.pool.allocate(num_new)
+        table.hashes = hashes[: len(hit_ids)]
+        table.num_committed = len(hit_ids)
+        table.num_cached_tokens = len(hit_ids) * self.block_size
+        self._queries += len(token_ids)
+        self._hits += table.num_cached_tokens
+        return True
+
+    def grow(self, table: BlockTable, num_tokens: int) -> bool:
+        """Enough blocks for `num_tokens` tokens in all; False, changing nothing, on shortfall."""
+        num_new = self.blocks_for(num_tokens) - len(table.block_ids)
+        if num_new <= 0:
+            return True
+        if num_new > self.pool.num_free:
+            return False
+        table.block_ids.extend(self.pool.allocate(num_new))
+        return True
+
+    def commit(self, table: BlockTable, token_ids: Sequence[int]) -> None:
+        """Offer every newly full block to the prefix cache.
+
+        `token_ids` are all the request's tokens whose KV is now computed, from token 0 (a
+        just-sampled token whose KV is not yet written must not be included).
+        """
+        bs, done = self.block_size, table.num_committed
+        num_full = len(token_ids) // bs
+        if num_full > len(table.block_ids):
+            raise BlockStateError(
+                f"{len(token_ids)} computed tokens but only {len(table.block_ids)} blocks held"
+            )
+        if num_full <= done:
+            return
+        parent = table.hashes[done - 1] if done else None
+        new_hashes = self.hasher.hash_blocks(
+            token_ids[: num_full * bs], parent, done, table.cache_salt, table.lora_name
+        )
+        extra = [
+            self.hasher.extra_keys(i, table.cache_salt, table.lora_name)
+            for i in range(done, num_full)
+        ]
+        self.pool.commit_blocks(
+            table.block_ids[done:num_full],
+            new_hashes,
+            parent,
+            token_ids[done * bs : num_full * bs],
+            extra,
+        )
+        table.hashes.extend(new_hashes)
+        table.num_committed = num_full
+
+    def free(self, table: BlockTable) -> None:
+        """Release the table's blocks tail-first (tails are evicted first) and clear it."""
+        self.pool.release(reversed(table.block_ids))
+        table.clear()
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block (weight sync); returns how many were uncached."""
+        return self.pool.clear_cache()
+
+    def _hits_of(
+        self, token_ids: Sequence[int], cache_salt: str | None, lora_name: str | None
+    ) -> tuple[list[BlockHash], list[int]]:
+        # At least one prompt token must be computed to produce logits: cap below len.
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
+        hashes = self.hasher.hash_blocks(
+            token_ids[: max_blocks * self.block_size], cache_salt=cache_salt, lora_name=lora_name
+        )
+        return hashes, self.pool.lookup(hashes)

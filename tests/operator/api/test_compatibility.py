@@ -1,0 +1,74 @@
+"""A DeploymentCard against its ModelCard: what the model cannot do is an error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_operator.api import DeploymentCard
+from loom_operator.api.compatibility import compatibility_problems
+from loom_runtime.card import ModelCard
+from loom_runtime.card.load import parse_card
+
+
+def _check(model_data: dict[str, Any], deploy_data: dict[str, Any]) -> list[tuple[str, str]]:
+    model = parse_card(ModelCard, model_data)
+    deploy = parse_card(DeploymentCard, deploy_data)
+    return [
+        (".".join(map(str, path)), code) for path, code, _ in compatibility_problems(deploy, model)
+    ]
+
+
+def _arch(mtp: bool) -> dict[str, Any]:
+    arch: dict[str, Any] = {
+        "numLayers": 2,
+        "hiddenSize": 64,
+        "numAttentionHeads": 4,
+        "numKeyValueHeads": 2,
+        "headDim": 16,
+        "attention": {"kind": "gqa"},
+    }
+    if mtp:
+        arch["mtp"] = {"numLayers": 1, "draftTokens": 3}
+    return arch
+
+
+def test_plain_pd_deployment_is_compatible(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    assert _check(model_data, deploy_data) == []
+
+
+def test_hisparse_needs_a_sparse_mla_model(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    deploy_data["spec"]["roles"]["decode"]["hiSparse"] = {"hostPoolGiB": 1, "offloadGiB": 0}
+    assert _check(model_data, deploy_data) == [
+        ("spec.roles.decode.hiSparse", "hisparse_needs_sparse_mla")
+    ]
+
+
+def test_mtp_needs_mtp_layers_or_a_draft_component(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    deploy_data["spec"]["roles"]["decode"]["mtp"] = {"draftTokens": 3}
+    assert _check(model_data, deploy_data) == []  # no architecture: config.json decides
+    model_data["spec"]["architecture"] = _arch(mtp=False)
+    assert _check(model_data, deploy_data) == [("spec.roles.decode.mtp", "mtp_without_layers")]
+    model_data["spec"]["architecture"] = _arch(mtp=True)
+    assert _check(model_data, deploy_data) == []
+    model_data["spec"]["architecture"] = _arch(mtp=False)
+    model_data["spec"]["components"].append(
+        {"name": "draft", "kind": "draft", "source": {"uri": "hf://org/draft"}}
+    )
+    assert _check(model_data, deploy_data) == []
+
+
+def test_vllm_backend_serves_ar_decode_loops_only(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    deploy_data["spec"]["backend"] = "vllm"
+    assert _check(model_data, deploy_data) == []
+    model_data["spec"]["loops"].append(
+        {"name": "embed", "kind": "encode", "components": ["decoder"]}
+    )
+    assert _check(model_data, deploy_data) == [("spec.backend", "backend_loop_kind")]
