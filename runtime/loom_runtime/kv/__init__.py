@@ -8,7 +8,7 @@ from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.errors import BlockStateError, KVConfigError, OutOfBlocksError
 from loom_runtime.kv.event_publisher import KVEventPublisher
-from loom_runtime.kv.events import (
+from loom_runtime.wire.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -16,7 +16,7 @@ from loom_runtime.kv.events import (
     KVEvent,
     KVEventSink,
 )
-from loom_runtime.kv.prefix_hash import BlockHash, PrefixHasher
+from loom_runtime.wire.prefix_hash import BlockHash, PrefixHasher
 
 __all__ = [
     "AllBlocksCleared",

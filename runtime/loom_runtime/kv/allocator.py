@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.errors import BlockStateError, KVConfigError
-from loom_runtime.kv.prefix_hash import BlockHash, PrefixHasher
+from loom_runtime.wire.prefix_hash import BlockHash, PrefixHasher
 
 
 class KVAllocator:

@@ -17,14 +17,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loom_runtime.kv.errors import BlockStateError, KVConfigError, OutOfBlocksError
-from loom_runtime.kv.events import (
+from loom_runtime.wire.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventSink,
 )
-from loom_runtime.kv.prefix_hash import BlockHash
+from loom_runtime.wire.prefix_hash import BlockHash
 
 KV_CACHE_SPEC_KIND = "full_attention"  # what vLLM reports for a single full-attention group
 

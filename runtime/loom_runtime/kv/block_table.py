@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from loom_runtime.kv.prefix_hash import BlockHash
+from loom_runtime.wire.prefix_hash import BlockHash
 
 
 @dataclass

@@ -6,9 +6,10 @@ Owns the error types only; raising sites say what was wrong and what to do, noth
 from __future__ import annotations
 
 from loom_runtime.errors import AdmissionError, LoomError
+from loom_runtime.wire.errors import WireConfigError
 
 
-class KVConfigError(LoomError, ValueError):
+class KVConfigError(WireConfigError):
     """A KV setting is out of range or unknown (block size, hash algorithm, event layout)."""
 
 

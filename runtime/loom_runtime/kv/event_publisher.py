@@ -20,8 +20,13 @@ from collections import deque
 import zmq
 
 from loom_runtime.kv.errors import KVConfigError
-from loom_runtime.kv.event_wire import EventLayout, HashFormat, check_wire_options, encode_batch
-from loom_runtime.kv.events import EventBuffer, KVEvent
+from loom_runtime.wire.kv_event_codec import (
+    EventLayout,
+    HashFormat,
+    check_wire_options,
+    encode_batch,
+)
+from loom_runtime.wire.kv_events import EventBuffer, KVEvent
 
 logger = logging.getLogger(__name__)
 

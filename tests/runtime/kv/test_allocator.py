@@ -9,8 +9,8 @@ from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.errors import BlockStateError, KVConfigError
-from loom_runtime.kv.events import BlockStored, EventBuffer
-from loom_runtime.kv.prefix_hash import PrefixHasher
+from loom_runtime.wire.kv_events import BlockStored, EventBuffer
+from loom_runtime.wire.prefix_hash import PrefixHasher
 
 BS = 4
 

@@ -12,8 +12,9 @@ import zmq
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.errors import KVConfigError
 from loom_runtime.kv.event_publisher import END_SEQ, KVEventPublisher
-from loom_runtime.kv.event_wire import encode_batch, wire_hash
-from loom_runtime.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBuffer
+from loom_runtime.wire.errors import WireConfigError
+from loom_runtime.wire.kv_event_codec import encode_batch, wire_hash
+from loom_runtime.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBuffer
 
 H1, H2, H3 = bytes(range(32)), bytes(range(100, 132)), bytes([0xFF] * 32)
 TS = 1757500000.25
@@ -110,9 +111,9 @@ def test_int_block_hash_is_the_low_64_bits_big_endian() -> None:
 
 
 def test_bad_wire_options_are_typed_errors() -> None:
-    with pytest.raises(KVConfigError):
+    with pytest.raises(WireConfigError):
         encode_batch(TS, [], 0, layout="json")  # type: ignore[arg-type]
-    with pytest.raises(KVConfigError):
+    with pytest.raises(WireConfigError):
         KVEventPublisher("tcp://127.0.0.1:*", hash_format="hex")  # type: ignore[arg-type]
 
 

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import msgpack
 
-from loom_runtime.kv.errors import KVConfigError
-from loom_runtime.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from loom_runtime.kv.prefix_hash import BlockHash
+from loom_runtime.wire.errors import WireConfigError
+from loom_runtime.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from loom_runtime.wire.prefix_hash import BlockHash
 
 EventLayout = Literal["map", "array"]
 HashFormat = Literal["int", "bytes"]
@@ -51,9 +51,9 @@ _REMOVED_FIELDS: tuple[tuple[str, bool], ...] = (
 
 def check_wire_options(layout: str, hash_format: str) -> None:
     if layout not in ("map", "array"):
-        raise KVConfigError(f"event layout must be 'map' or 'array', got {layout!r}")
+        raise WireConfigError(f"event layout must be 'map' or 'array', got {layout!r}")
     if hash_format not in ("int", "bytes"):
-        raise KVConfigError(f"hash format must be 'int' or 'bytes', got {hash_format!r}")
+        raise WireConfigError(f"hash format must be 'int' or 'bytes', got {hash_format!r}")
 
 
 def wire_hash(block_hash: BlockHash, hash_format: HashFormat = "int") -> int | bytes:

@@ -19,7 +19,7 @@ from typing import Any
 
 import cbor2
 
-from loom_runtime.kv.errors import KVConfigError
+from loom_runtime.wire.errors import WireConfigError
 
 BlockHash = bytes
 """A block's full digest (32 bytes for the SHA-256 algorithms)."""
@@ -51,7 +51,7 @@ def _hash_fn(algo: str) -> Callable[[Any], bytes]:
     try:
         return HASH_ALGORITHMS[algo]
     except KeyError:
-        raise KVConfigError(
+        raise WireConfigError(
             f"unknown prefix hash algorithm {algo!r}; use one of {sorted(HASH_ALGORITHMS)}"
         ) from None
 
@@ -74,7 +74,7 @@ class PrefixHasher:
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
-            raise KVConfigError(f"block_size must be positive, got {self.block_size}")
+            raise WireConfigError(f"block_size must be positive, got {self.block_size}")
         object.__setattr__(self, "none_hash", _none_hash(self.algo, self.seed))
 
     def hash_block(
@@ -85,7 +85,7 @@ class PrefixHasher:
     ) -> BlockHash:
         """Hash one full block given its parent's hash (None for the first block)."""
         if len(token_ids) != self.block_size:
-            raise KVConfigError(
+            raise WireConfigError(
                 f"only full blocks are hashed: got {len(token_ids)} tokens, "
                 f"block_size is {self.block_size}"
             )
@@ -118,7 +118,7 @@ class PrefixHasher:
         `start_block - 1` (None when starting at block 0).
         """
         if start_block < 0:
-            raise KVConfigError(f"start_block must be >= 0, got {start_block}")
+            raise WireConfigError(f"start_block must be >= 0, got {start_block}")
         bs = self.block_size
         hashes: list[BlockHash] = []
         prev = parent

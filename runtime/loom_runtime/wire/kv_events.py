@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loom_runtime.kv.errors import KVConfigError
-from loom_runtime.kv.prefix_hash import BlockHash
+from loom_runtime.wire.errors import WireConfigError
+from loom_runtime.wire.prefix_hash import BlockHash
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class EventBuffer:
 
     def __init__(self, max_events: int = 100_000) -> None:
         if max_events <= 0:
-            raise KVConfigError(f"max_events must be positive, got {max_events}")
+            raise WireConfigError(f"max_events must be positive, got {max_events}")
         self._events: deque[KVEvent] = deque(maxlen=max_events)
         self._lock = threading.Lock()
         self._emitted = 0

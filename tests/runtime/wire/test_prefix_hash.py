@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loom_runtime.kv.errors import KVConfigError
-from loom_runtime.kv.prefix_hash import PrefixHasher, sha256_cbor
+from loom_runtime.wire.errors import WireConfigError
+from loom_runtime.wire.prefix_hash import PrefixHasher, sha256_cbor
 
 # NONE_HASH for PYTHONHASHSEED=0 under sha256_cbor, as published by independent vLLM-compatible
 # routers (the SHA-256 of canonical CBOR "0", bytes 61 30).
@@ -68,7 +68,7 @@ def test_partial_blocks_are_not_hashed() -> None:
     hasher = PrefixHasher(block_size=4)
     assert hasher.hash_blocks([1, 2, 3]) == []
     assert len(hasher.hash_blocks(list(range(11)))) == 2
-    with pytest.raises(KVConfigError):
+    with pytest.raises(WireConfigError):
         hasher.hash_block(None, [1, 2, 3])
 
 
@@ -125,9 +125,9 @@ def test_sha256_pickle_algorithm_matches_vllm_sha256() -> None:
 
 
 def test_bad_settings_are_typed_errors() -> None:
-    with pytest.raises(KVConfigError, match="xxhash"):
+    with pytest.raises(WireConfigError, match="xxhash"):
         PrefixHasher(block_size=4, algo="xxhash")
-    with pytest.raises(KVConfigError):
+    with pytest.raises(WireConfigError):
         PrefixHasher(block_size=0)
 
 
