@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from loom_operator.api import load_documents
 from loom_runtime.card import load_model_card
 

@@ -5,10 +5,9 @@ Pure: lists every problem with its path in the DeploymentCard; never loads or pr
 
 from __future__ import annotations
 
+from loom_operator.api.deployment_card import DeploymentCard
 from loom_runtime.card.errors import Problem
 from loom_runtime.card.model_card import ModelCard
-
-from loom_operator.api.deployment_card import DeploymentCard
 
 
 def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:

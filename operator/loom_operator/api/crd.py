@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from loom_runtime.card.base import API_GROUP, API_VERSION, CardModel
-from loom_runtime.card.model_card import ModelCardSpec, ModelCardStatus
 
 from loom_operator.api.deployment_card import DeploymentCardSpec
 from loom_operator.api.status import DeploymentCardStatus
 from loom_operator.api.structural import Schema, structural_schema
 from loom_operator.api.structural_check import structural_problems
+from loom_runtime.card.base import API_GROUP, API_VERSION, CardModel
+from loom_runtime.card.model_card import ModelCardSpec, ModelCardStatus
 
 VERSION = API_VERSION.split("/")[1]
 HEADER = (

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta
 from pydantic import Field
 
 from loom_operator.api.roles import Roles
 from loom_operator.api.serving import Failover, PrefixCaching, Router, WeightSync
 from loom_operator.api.status import DeploymentCardStatus
+from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta
 
 Backend = Literal["native", "vllm"]
 

@@ -9,13 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from loom_operator.api.compatibility import compatibility_problems
+from loom_operator.api.deployment_card import DeploymentCard
 from loom_runtime.card.base import API_GROUP
 from loom_runtime.card.errors import CardError, FieldError, format_path
 from loom_runtime.card.load import document_kind, document_source, parse_card, read_documents
 from loom_runtime.card.model_card import ModelCard
-
-from loom_operator.api.compatibility import compatibility_problems
-from loom_operator.api.deployment_card import DeploymentCard
 
 KINDS = ("ModelCard", "DeploymentCard")
 

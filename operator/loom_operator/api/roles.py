@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from loom_runtime.card.base import CardModel, cel_rules
-from loom_runtime.card.checks import validate_with_rules
 from pydantic import (
     AfterValidator,
     BeforeValidator,
@@ -27,6 +25,8 @@ from loom_operator.api.role_rules import (
     ROLE_RULES,
     ROLES_RULES,
 )
+from loom_runtime.card.base import CardModel, cel_rules
+from loom_runtime.card.checks import validate_with_rules
 
 RoleName = Literal["prefill", "decode", "aggregated"]
 ROLE_NAMES: tuple[RoleName, ...] = ("prefill", "decode", "aggregated")

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import ConfigDict, Field, model_validator
+
 from loom_runtime.card.base import CardModel, cel_rules
 from loom_runtime.card.checks import raise_for
-from pydantic import ConfigDict, Field, model_validator
 
 
 class Scorers(CardModel):

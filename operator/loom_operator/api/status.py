@@ -8,11 +8,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from loom_runtime.card.base import CardModel, list_map
-from loom_runtime.card.conditions import Condition
 from pydantic import Field
 
 from loom_operator.api.roles import RoleName
+from loom_runtime.card.base import CardModel, list_map
+from loom_runtime.card.conditions import Condition
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "WeightSyncing", "Invalid", "Failed"]
 SyncPhase = Literal["Idle", "Syncing", "Done", "Failed"]

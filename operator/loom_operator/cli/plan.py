@@ -13,7 +13,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loom_runtime.card import CardError
 from rich.console import Console
 from rich.table import Table
 
@@ -27,6 +26,7 @@ from loom_operator.fleet.capacity import (
     role_plans,
 )
 from loom_operator.fleet.kv_layout import CapacityError, MLAAttention, ModelShape, model_shape
+from loom_runtime.card import CardError
 
 DEFAULT_CONTEXT = 1_048_576
 DEFAULT_BUDGET_GIB = 15.0  # what an H200 has left for KV after a GLM-5-class model's weights

@@ -8,9 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from loom_runtime.card.errors import CardError
-
 from loom_operator.api.documents import CardSet, load_documents
+from loom_runtime.card.errors import CardError
 
 
 def add_parser(sub: Any) -> None:

@@ -11,6 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
 from loom_operator.api import DeploymentCard, crd_files
 from loom_operator.api.structural_check import structural_problems
 from loom_runtime.card import ModelCard

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from loom_operator.api import DeploymentCard
 from loom_runtime.card import CardError
 from loom_runtime.card.load import parse_card

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from loom_operator.api import load_documents, parse_documents
 from loom_runtime.card import CardError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from loom_operator.api.reference import BEGIN, END, field_tables, splice
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "cards.md"

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pytest
+from pydantic import ConfigDict, Field
+
 from loom_operator.api.structural import structural_schema
 from loom_operator.api.structural_check import structural_problems
 from loom_runtime.card.base import CardModel, cel_rules
-from pydantic import ConfigDict, Field
 
 
 class _Leaf(CardModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from loom_operator.api import crd_files
 from loom_operator.cli import main
 

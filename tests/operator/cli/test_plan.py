@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from loom_operator.cli import main, plan
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "glm-5-class.yaml"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from loom_operator.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]

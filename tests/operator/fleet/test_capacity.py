@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loom_operator.fleet.capacity import (
     GIB,
     H200,

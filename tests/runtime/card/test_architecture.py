@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from loom_runtime.card import Architecture, CardError
 from loom_runtime.card.load import parse_card
 

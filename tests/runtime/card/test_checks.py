@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import Field, ValidationError, model_validator
+from pydantic.functional_validators import ModelWrapValidatorHandler
+
 from loom_runtime.card.base import CardModel
 from loom_runtime.card.checks import validate_with_rules
 from loom_runtime.card.errors import Problem, field_errors
-from pydantic import Field, ValidationError, model_validator
-from pydantic.functional_validators import ModelWrapValidatorHandler
 
 
 class Part(CardModel):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import Field, ValidationError
+
 from loom_runtime.card.base import CardModel
 from loom_runtime.card.errors import CardError, FieldError, field_errors, format_path
-from pydantic import Field, ValidationError
 
 
 class _Inner(CardModel):

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from loom_runtime.card import CardError, load_model_card, read_documents
 
 

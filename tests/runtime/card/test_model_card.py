@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+
 from loom_runtime.card import CardError, ModelCard
 from loom_runtime.card.load import parse_card
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from loom_runtime.card import CardError, Source
 from pydantic import ValidationError
+
+from loom_runtime.card import CardError, Source
 
 
 @pytest.mark.parametrize(

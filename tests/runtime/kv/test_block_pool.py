@@ -8,6 +8,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.errors import BlockStateError, OutOfBlocksError
 from loom_runtime.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import msgpack
 import pytest
 import zmq
+
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.errors import KVConfigError
 from loom_runtime.kv.event_publisher import END_SEQ, KVEventPublisher

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from loom_runtime.wire.errors import WireConfigError
 from loom_runtime.wire.prefix_hash import PrefixHasher, sha256_cbor
 

@@ -1,0 +1,389 @@
+"""The autoregressive-decode loop: prefill the prompt, then one token per step until a stop.
+
+Owns the per-request state (tokens, sampling params, seeded generator, KV block table, text,
+timestamps) and the rules that fold a step's result into it; never batches or schedules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
+
+import torch
+
+from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenWork
+from loom_runtime.engine.sampler import SampledToken, is_greedy, make_generator, sample
+from loom_runtime.engine.scheduler import RunningSeq, WaitingSeq
+from loom_runtime.engine.stop import find_stop, holdback
+from loom_runtime.engine.types import (
+    EngineRequest,
+    FinishReason,
+    RequestMetrics,
+    RequestOutput,
+    TokenLogprob,
+)
+from loom_runtime.kv.allocator import KVAllocator
+from loom_runtime.kv.block_table import BlockTable
+from loom_runtime.kv.errors import OutOfBlocksError
+from loom_runtime.loop.contract import Done, LoopContext, ResourceRequest, WorkPlan
+from loom_runtime.loop.runner import LoopRunner
+from loom_runtime.wire.prefix_hash import BlockHash
+
+
+class TextDecoder(Protocol):
+    """Per-request incremental detokenizer (models.tokenizer.IncrementalDecoder fits)."""
+
+    def step(self, token_id: int) -> str:
+        """The text a new token completes ("" while a character is still incomplete)."""
+        ...
+
+    def flush(self) -> str:
+        """Whatever text is left at the end of the stream."""
+        ...
+
+
+@dataclass(frozen=True)
+class TokenResult:
+    """What one executed plan did: `num_tokens` KV rows written, and the token sampled from the
+    last one when the plan reached the end of the sequence."""
+
+    num_tokens: int
+    sampled: SampledToken | None = None
+
+
+@dataclass(frozen=True)
+class CompletedRequest:
+    """The whole result of one request (what `finalize` and `Engine.generate` return)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    num_cached_tokens: int
+    logprobs: tuple[TokenLogprob, ...]
+    weights_version: str
+    metrics: RequestMetrics
+
+
+@dataclass(eq=False)
+class ARDecodeState:
+    """Everything one request owns. Mutated only by ARDecodeLoop methods; compared by identity."""
+
+    request: EngineRequest
+    ctx: LoopContext
+    tokens: list[int]  # prompt, then output
+    num_prompt_tokens: int
+    table: BlockTable
+    generator: torch.Generator | None
+    decoder: TextDecoder
+    num_computed: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int | None = None  # prefix hits at first admission
+    text: str = ""  # detokenized output, trimmed at a stop string
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    emitted_tokens: int = 0
+    emitted_chars: int = 0
+    arrival_time: float = 0.0
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    inter_token_latencies: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
+    hashes: list[BlockHash] = field(default_factory=list)  # memo of full-block prefix hashes
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class ARDecodeLoop:
+    """The AR-decode loop over one model runner and one KV allocator (bound at construction).
+
+    Besides the loop contract it offers the engine the KV steps that change a state's blocks
+    (admit, grow, preempt) and the views and outputs the engine reads.
+    """
+
+    kind = "ar_decode"
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        kv: KVAllocator,
+        new_decoder: Callable[[Sequence[int]], TextDecoder],
+        eos_token_ids: Sequence[int] = (),
+        prefix_caching: bool = True,
+    ) -> None:
+        self.runner = runner
+        self.kv = kv
+        self.new_decoder = new_decoder
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.prefix_caching = prefix_caching
+        self.block_size = kv.block_size
+
+    # --- the loop contract ------------------------------------------------------------------
+
+    def init(self, req: EngineRequest, ctx: LoopContext) -> ARDecodeState:
+        params = req.sampling
+        gen = None if is_greedy(params) else make_generator(params.seed)
+        return ARDecodeState(
+            request=req,
+            ctx=ctx,
+            tokens=list(req.prompt_token_ids),
+            num_prompt_tokens=len(req.prompt_token_ids),
+            table=BlockTable(),
+            generator=gen,
+            decoder=self.new_decoder(req.prompt_token_ids),
+            arrival_time=req.arrival_time or ctx.clock(),
+        )
+
+    def next(self, state: ARDecodeState) -> WorkPlan[TokenResult] | Done:
+        if state.finished:
+            return Done(reason=str(state.finish_reason))
+        return self._plan(state, len(state.tokens) - state.num_computed)
+
+    def advance(self, state: ARDecodeState, result: TokenResult) -> ARDecodeState:
+        state.num_computed += result.num_tokens
+        if state.num_computed > len(state.tokens):
+            raise ValueError(f"request {state.request_id!r}: computed past its tokens")
+        if (
+            self.prefix_caching
+            and state.num_computed // self.block_size > state.table.num_committed
+        ):
+            self.kv.commit(state.table, state.tokens[: state.num_computed])
+        if result.sampled is not None:
+            self._append(state, result.sampled)
+        return state
+
+    def finalize(self, state: ARDecodeState) -> CompletedRequest:
+        """Release the blocks and stamp the end; the state must not be run again."""
+        self.kv.free(state.table)
+        if state.finish_reason is None:
+            state.finish_reason = "abort"
+        if state.finished_time is None:
+            state.finished_time = state.ctx.clock()
+        return CompletedRequest(
+            request_id=state.request_id,
+            prompt_token_ids=tuple(state.tokens[: state.num_prompt_tokens]),
+            output_token_ids=tuple(state.tokens[state.num_prompt_tokens :]),
+            text=state.text,
+            finish_reason=state.finish_reason,
+            num_cached_tokens=state.num_cached_tokens or 0,
+            logprobs=tuple(state.logprobs),
+            weights_version=state.ctx.weights_version,
+            metrics=self.metrics(state),
+        )
+
+    def plain_runner(
+        self,
+    ) -> LoopRunner[EngineRequest, LoopContext, ARDecodeState, TokenResult, CompletedRequest]:
+        """The plain path for this loop: one request at a time, each plan run alone."""
+        return LoopRunner(self)
+
+    # --- plans --------------------------------------------------------------------------------
+
+    def _plan(self, state: ARDecodeState, num_tokens: int) -> WorkPlan[TokenResult]:
+        start = state.num_computed
+        end = start + num_tokens
+        work = TokenWork(
+            request_id=state.request_id,
+            token_ids=tuple(state.tokens[start:end]),
+            start=start,
+            table=state.table,
+            want_logits=end == len(state.tokens),
+        )
+        decode = num_tokens == 1 and end == len(state.tokens) and end > state.num_prompt_tokens
+        new_blocks = max(0, self.kv.blocks_for(end) - len(state.table.block_ids))
+        return WorkPlan(
+            kind="decode_token" if decode else "prefill_chunk",
+            shape=TOKEN_FORWARD,
+            resources=ResourceRequest(compute_tokens=num_tokens, cache_blocks=new_blocks),
+            thunk=partial(self._run_alone, state, work),
+            work=work,
+            split=partial(self._plan, state) if num_tokens > 1 else None,
+            request_id=state.request_id,
+        )
+
+    def _run_alone(self, state: ARDecodeState, work: TokenWork) -> TokenResult:
+        """The plain path: take this plan's blocks, run it as a batch of one, sample."""
+        if not self.kv.grow(state.table, work.end):
+            need = self.kv.blocks_for(work.end) - len(state.table.block_ids)
+            raise OutOfBlocksError(need, self.kv.pool.num_free)
+        if state.scheduled_time is None:
+            state.scheduled_time = state.ctx.clock()
+            state.num_cached_tokens = 0
+        (logits,) = self.runner.execute([work])
+        return self.result_of(state, work, logits)
+
+    def result_of(
+        self, state: ARDecodeState, work: TokenWork, logits: torch.Tensor | None
+    ) -> TokenResult:
+        """Sample this state's token from its logits row (if any) with its own generator."""
+        if logits is None:
+            return TokenResult(len(work.token_ids))
+        (tok,) = sample(logits.unsqueeze(0), [state.request.sampling], [state.generator])
+        return TokenResult(len(work.token_ids), tok)
+
+    # --- folding a token in -------------------------------------------------------------------
+
+    def _append(self, state: ARDecodeState, tok: SampledToken) -> None:
+        now = state.ctx.clock()
+        if state.last_token_time is not None:
+            state.inter_token_latencies.append(now - state.last_token_time)
+        if state.first_token_time is None:
+            state.first_token_time = now
+        state.last_token_time = now
+        state.tokens.append(tok.token_id)
+        if tok.logprob is not None:
+            state.logprobs.append(tok.logprob)
+        params = state.request.sampling
+        stop_token = tok.token_id in params.stop_token_ids or (
+            not params.ignore_eos and tok.token_id in self.eos_token_ids
+        )
+        piece = "" if stop_token else state.decoder.step(tok.token_id)
+        if self._add_text(state, piece):
+            return
+        # At the end of the stream a trailing incomplete character still belongs to it.
+        ends = stop_token or state.num_output_tokens >= params.max_tokens
+        if ends and not self._add_text(state, state.decoder.flush()):
+            state.finish_reason = "stop" if stop_token else "length"
+
+    def _add_text(self, state: ARDecodeState, piece: str) -> bool:
+        """Append detokenized text; on a stop string trim it there and finish. True if stopped."""
+        if not piece:
+            return False
+        stops = state.request.sampling.stop
+        searched = len(state.text)
+        state.text += piece
+        at = find_stop(state.text, stops, searched) if stops else None
+        if at is None:
+            return False
+        state.text = state.text[: max(at, state.emitted_chars)]
+        state.finish_reason = "stop"
+        return True
+
+    def abort(self, state: ARDecodeState) -> None:
+        if state.finish_reason is None:
+            state.finish_reason = "abort"
+
+    # --- KV steps the engine takes ------------------------------------------------------------
+
+    def admission_view(self, state: ARDecodeState) -> WaitingSeq:
+        """What admitting this state would cost now: cached tokens and free blocks consumed."""
+        n = len(state.tokens)
+        if not self.prefix_caching:
+            return WaitingSeq(state.request_id, n, 0, self.kv.blocks_for(n))
+        hit_ids = self.kv.pool.lookup(self._prompt_hashes(state))
+        reclaimed = sum(1 for b in hit_ids if self.kv.pool.ref_count(b) == 0)
+        new = max(self.kv.blocks_for(n), len(hit_ids)) - len(hit_ids)
+        return WaitingSeq(state.request_id, n, len(hit_ids) * self.block_size, new + reclaimed)
+
+    def admit(self, state: ARDecodeState) -> bool:
+        """Reserve blocks for all its tokens (taking prefix hits); False changes nothing."""
+        n = len(state.tokens)
+        if self.prefix_caching:
+            if not self.kv.admit(state.table, state.tokens, n):
+                return False
+            state.num_computed = state.table.num_cached_tokens
+        else:
+            if not self.kv.grow(state.table, n):
+                return False
+            state.num_computed = 0
+        if state.num_cached_tokens is None:
+            state.num_cached_tokens = state.num_computed
+        if state.scheduled_time is None:
+            state.scheduled_time = state.ctx.clock()
+        return True
+
+    def running_view(self, state: ARDecodeState, exact_free: bool) -> RunningSeq:
+        """The scheduler's view; `exact_free` counts unshared blocks (else assumes all are)."""
+        held = state.table.block_ids
+        pool = self.kv.pool
+        freeable = sum(1 for b in held if pool.ref_count(b) == 1) if exact_free else len(held)
+        return RunningSeq(
+            request_id=state.request_id,
+            num_new_tokens=len(state.tokens) - state.num_computed,
+            context_len=state.num_computed,
+            blocks_held=len(held),
+            freeable_blocks=freeable,
+        )
+
+    def grow(self, state: ARDecodeState, num_new_tokens: int) -> bool:
+        return self.kv.grow(state.table, state.num_computed + num_new_tokens)
+
+    def preempt(self, state: ARDecodeState) -> None:
+        """Free its blocks; its output so far is kept and recomputed as prompt on readmission."""
+        self.kv.free(state.table)
+        state.num_computed = 0
+        state.num_preemptions += 1
+
+    def _prompt_hashes(self, state: ARDecodeState) -> list[BlockHash]:
+        # At least one token must be computed to produce logits: hash below len(tokens).
+        full = max(len(state.tokens) - 1, 0) // self.block_size
+        if len(state.hashes) < full:
+            done = len(state.hashes)
+            state.hashes.extend(
+                self.kv.hasher.hash_blocks(
+                    state.tokens[: full * self.block_size],
+                    parent=state.hashes[-1] if done else None,
+                    start_block=done,
+                    cache_salt=state.table.cache_salt,
+                    lora_name=state.table.lora_name,
+                )
+            )
+        return state.hashes[:full]
+
+    # --- what the engine reports --------------------------------------------------------------
+
+    def take_output(self, state: ARDecodeState) -> RequestOutput | None:
+        """The increment since the last call; the final one (after finalize) has finished=True.
+
+        While running, text that could be the start of a stop string is held back.
+        """
+        final = state.finished_time is not None
+        first_new = state.num_prompt_tokens + state.emitted_tokens
+        new_tokens = tuple(state.tokens[first_new:])
+        end = len(state.text)
+        if not final and state.request.sampling.stop:
+            end = max(state.emitted_chars, end - holdback(state.text, state.request.sampling.stop))
+        new_text = state.text[state.emitted_chars : end]
+        if not final and not new_tokens and not new_text:
+            return None
+        new_logprobs = tuple(state.logprobs[state.emitted_tokens :]) if state.logprobs else ()
+        state.emitted_tokens += len(new_tokens)
+        state.emitted_chars = end
+        return RequestOutput(
+            request_id=state.request_id,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            finished=final,
+            finish_reason=state.finish_reason if final else None,
+            num_prompt_tokens=state.num_prompt_tokens,
+            num_cached_tokens=state.num_cached_tokens or 0,
+            num_output_tokens=state.num_output_tokens,
+            logprobs=new_logprobs,
+            weights_version=state.ctx.weights_version,
+            metrics=self.metrics(state) if final else None,
+        )
+
+    def metrics(self, state: ARDecodeState) -> RequestMetrics:
+        return RequestMetrics(
+            arrival_time=state.arrival_time,
+            scheduled_time=state.scheduled_time,
+            first_token_time=state.first_token_time,
+            last_token_time=state.last_token_time,
+            finished_time=state.finished_time if state.finished_time is not None else -1.0,
+            num_preemptions=state.num_preemptions,
+            inter_token_latencies=tuple(state.inter_token_latencies),
+        )

@@ -1,0 +1,80 @@
+"""EngineConfig: the engine's typed settings, each default documented next to its field.
+
+A frozen record built once (from a card or the CLI); never read from the environment here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block (must match the router's prefix index)
+    # KV capacity: give num_blocks or kv_cache_bytes, not both. With neither, the engine sizes
+    # the cache for max_num_seqs requests at a quarter of max_model_len each (see
+    # resolve_num_blocks), and never below one request of max_model_len.
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 64  # requests running at once (decode batch width)
+    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
+    max_model_len: int | None = None  # prompt + output limit; None: max_position_embeddings
+    dtype: torch.dtype = torch.float32  # weights, activations and KV
+    prefix_caching: bool = True
+    prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
+    weights_version: str = "v1"
+    model_name: str = "loom"
+    device: str = "cpu"
+    max_waiting: int = 4096  # bound of the waiting queue; beyond it add_request is refused
+    idle_wait_s: float = 0.05  # how long an idle step thread sleeps on its condition per wait
+
+    def __post_init__(self) -> None:
+        positive = {
+            "block_size": self.block_size,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_waiting": self.max_waiting,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1, got {value}")
+        if self.num_blocks is not None and self.kv_cache_bytes is not None:
+            raise ValueError("EngineConfig: set num_blocks or kv_cache_bytes, not both")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"EngineConfig.num_blocks must be >= 1, got {self.num_blocks}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError(f"EngineConfig.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.idle_wait_s <= 0:
+            raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
+
+    def resolve_max_model_len(self, max_position_embeddings: int) -> int:
+        if self.max_model_len is None:
+            return max_position_embeddings
+        if self.max_model_len > max_position_embeddings:
+            raise ValueError(
+                f"EngineConfig.max_model_len {self.max_model_len} exceeds the model's "
+                f"max_position_embeddings {max_position_embeddings}"
+            )
+        return self.max_model_len
+
+    def resolve_num_blocks(self, bytes_per_block: int, max_model_len: int) -> int:
+        """KV blocks to allocate; at least enough for one request of max_model_len."""
+        one_request = -(-max_model_len // self.block_size)
+        if self.num_blocks is not None:
+            blocks = self.num_blocks
+        elif self.kv_cache_bytes is not None:
+            blocks = self.kv_cache_bytes // bytes_per_block
+        else:
+            tokens = self.max_num_seqs * max_model_len // 4
+            blocks = max(one_request, -(-tokens // self.block_size))
+        if blocks < one_request:
+            raise ValueError(
+                f"EngineConfig: {blocks} KV blocks of {self.block_size} tokens cannot hold one "
+                f"request of max_model_len {max_model_len} (needs {one_request}); add KV "
+                "capacity or lower max_model_len"
+            )
+        return blocks

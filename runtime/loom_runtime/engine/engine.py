@@ -1,0 +1,360 @@
+"""The Engine: the thread-safe shell around one StepLoop (admission, abort, pause, weights).
+
+Owns the step thread, the bounded inbox between callers and that thread, and the in-flight
+set; never decides scheduling itself and never calls a client callback while holding a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.collector import OutputCollector
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.runner import ModelRunner
+from loom_runtime.engine.step import StepLoop
+from loom_runtime.engine.types import (
+    EngineRequest,
+    EngineStats,
+    RequestOutput,
+    SamplingParams,
+)
+from loom_runtime.engine.validate import validate_request
+from loom_runtime.errors import AdmissionError, InvalidRequestError
+from loom_runtime.kv.allocator import KVAllocator
+from loom_runtime.kv.block_pool import BlockPool
+from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.loop.contract import LoopContext
+from loom_runtime.models.loader import LoadedModel, load_model, read_weights
+from loom_runtime.wire.kv_events import KVEventSink
+from loom_runtime.wire.prefix_hash import PrefixHasher
+
+logger = logging.getLogger(__name__)
+
+OnOutput = Callable[[RequestOutput], None]
+
+
+class Engine:
+    """Continuous-batching engine over one model. Public methods are thread-safe.
+
+    Without `start()`, `generate` and `pause` drive steps on the calling thread, which tests use
+    for deterministic runs; with it, a daemon thread runs the steps.
+    """
+
+    def __init__(
+        self, loaded: LoadedModel, config: EngineConfig, events: KVEventSink | None = None
+    ) -> None:
+        if loaded.model.dtype != config.dtype:
+            raise ValueError(
+                f"model weights are {loaded.model.dtype} but EngineConfig.dtype is "
+                f"{config.dtype}; load the model with the config's dtype"
+            )
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.config
+        self._model = loaded.model
+        mc, bs = loaded.config, config.block_size
+        self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
+        per_block = mc.kv_spec(bs, 1, config.dtype).bytes_per_block
+        self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
+        cache = PagedKVCache(mc.kv_spec(bs, self.num_blocks, config.dtype), loaded.model.device)
+        self._pool = BlockPool(self.num_blocks, bs, events=events)
+        self._kv = KVAllocator(self._pool, PrefixHasher(bs, seed=config.prefix_hash_seed))
+        self._runner = ModelRunner(loaded.model, cache)
+        self._loop = ARDecodeLoop(
+            self._runner,
+            self._kv,
+            new_decoder=loaded.tokenizer.incremental_decoder,
+            eos_token_ids=loaded.tokenizer.eos_token_ids,
+            prefix_caching=config.prefix_caching,
+        )
+        self._core = StepLoop(
+            self._loop,
+            self._runner,
+            (config.max_num_batched_tokens, config.max_num_seqs),
+            self._emit,
+        )
+        self._weights_version = config.weights_version
+        # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._inbox: deque[ARDecodeState] = deque()
+        self._aborts: set[str] = set()
+        self._callbacks: dict[str, OnOutput] = {}  # in flight: added, final output not yet sent
+        self._admission_open = True
+        self._closed = False  # shut down: never reopens
+        self._stop_thread = False
+        self._thread: threading.Thread | None = None
+        self._stats = self._snapshot()
+        # Held around every step and every weight swap: the step boundary.
+        self._step_lock = threading.Lock()
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, config: EngineConfig, events: KVEventSink | None = None
+    ) -> Engine:
+        return cls(load_model(path, dtype=config.dtype, device=config.device), config, events)
+
+    @property
+    def weights_version(self) -> str:
+        return self._weights_version
+
+    @property
+    def tokens_run(self) -> int:
+        """Tokens pushed through the model so far (prefill, decode and recompute)."""
+        return self._runner.tokens_run
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise AdmissionError("the engine was shut down; build a new one")
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop_thread = False
+            self._thread = threading.Thread(
+                target=self._run, name=f"loom-engine-{self.config.model_name}", daemon=True
+            )
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 10) -> None:
+        """Abort everything in flight, stop the step thread and join it (bounded by timeout)."""
+        with self._lock:
+            self._closed = True
+            self._admission_open = False
+            self._aborts.update(self._callbacks)
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        if not self._wait_idle(deadline):
+            logger.warning("shutdown: requests still in flight after %.1fs", timeout)
+        with self._lock:
+            self._stop_thread = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def add_request(self, req: EngineRequest, on_output: OnOutput) -> None:
+        """Queue a request; raises InvalidRequestError (bad input) or AdmissionError (closed)."""
+        validate_request(req, self.max_model_len, self.model_config.vocab_size)
+        with self._lock:
+            if not self._admission_open:
+                raise AdmissionError(
+                    f"request {req.request_id!r} refused: admission is closed "
+                    f"({'shut down' if self._closed else 'paused'}); retry on another worker"
+                )
+            if req.request_id in self._callbacks:
+                raise InvalidRequestError(
+                    f"request id {req.request_id!r} is already in flight", param="request_id"
+                )
+            limit = self.config.max_waiting + self.config.max_num_seqs
+            if len(self._callbacks) >= limit:
+                raise AdmissionError(
+                    f"request {req.request_id!r} refused: {len(self._callbacks)} requests in "
+                    f"flight (limit {limit}: max_num_seqs + max_waiting); retry later"
+                )
+            ctx = LoopContext(weights_version=self._weights_version)
+            self._inbox.append(self._loop.init(req, ctx))
+            self._callbacks[req.request_id] = on_output
+            self._cond.notify_all()
+
+    def abort(self, request_id: str) -> None:
+        """Finish the request at the next step boundary with finish_reason "abort"."""
+        with self._lock:
+            if request_id in self._callbacks:
+                self._aborts.add(request_id)
+                self._cond.notify_all()
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._callbacks)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            s = self._stats
+            return replace(
+                s,
+                num_waiting=s.num_waiting + len(self._inbox),
+                admission_open=self._admission_open,
+                weights_version=self._weights_version,
+            )
+
+    # --- drain and weights --------------------------------------------------------------------
+
+    def pause(self, mode: Literal["wait", "abort"] = "wait", timeout: float | None = None) -> bool:
+        """Close admission now. "wait": True once nothing is in flight, False on timeout.
+        "abort": abort everything in flight, then True once their final outputs are out."""
+        if mode not in ("wait", "abort"):
+            raise InvalidRequestError(f"pause mode must be 'wait' or 'abort', got {mode!r}", "mode")
+        with self._lock:
+            self._admission_open = False
+            if mode == "abort":
+                self._aborts.update(self._callbacks)
+            self._cond.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._wait_idle(deadline)
+
+    def resume(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise AdmissionError("the engine was shut down; it cannot resume")
+            self._admission_open = True
+
+    def load_weights(self, path: str, version: str) -> None:
+        """Swap weights in place at a step boundary; needs paused with nothing in flight."""
+        self._require_drained(version)
+        tensors = read_weights(path)
+        with self._step_lock:
+            self._require_drained(version)
+            self._model.load_state(tensors)
+            dropped = self._kv.reset_prefix_cache()
+            with self._lock:
+                self._weights_version = version
+                self._stats = self._snapshot()
+        logger.info("weights loaded", extra={"version": version, "uncached_blocks": dropped})
+
+    def _require_drained(self, version: str) -> None:
+        with self._lock:
+            if self._admission_open or self._callbacks:
+                raise AdmissionError(
+                    f"load_weights({version!r}) needs a paused engine with nothing in flight "
+                    f"(admission {'open' if self._admission_open else 'closed'}, "
+                    f"{len(self._callbacks)} in flight); call pause() first"
+                )
+
+    # --- convenience --------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        timeout: float = 300.0,
+    ) -> CompletedRequest:
+        """Run one request to the end and return all of it (blocking; for tests and tools)."""
+        rid = request_id or f"generate-{time.monotonic_ns()}"
+        req = EngineRequest(rid, tuple(prompt_token_ids), sampling or SamplingParams())
+        collector = OutputCollector(req)
+        self.add_request(req, collector)
+        drive = None if self.step_thread_alive() else self.step
+        if not collector.wait(time.monotonic() + timeout, drive):
+            self.abort(rid)
+            raise TimeoutError(f"request {rid!r} did not finish within {timeout}s")
+        return collector.result()
+
+    # --- the step thread ----------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One step on the calling thread: take the inbox and aborts, then schedule/run/update.
+
+        False when there was nothing to run. The step thread calls this in a loop.
+        """
+        with self._step_lock:
+            with self._lock:
+                new = list(self._inbox)
+                self._inbox.clear()
+                aborts, self._aborts = self._aborts, set()
+            for state in new:
+                self._core.add(state)
+            if aborts:
+                self._core.abort(aborts)
+            ran = self._core.step()
+            with self._lock:
+                self._stats = self._snapshot()
+            return ran
+
+    def _run(self) -> None:
+        logger.info("step thread started", extra={"model": self.config.model_name})
+        while True:
+            with self._lock:
+                while not self._stop_thread and not self._has_work():
+                    self._cond.wait(self.config.idle_wait_s)
+                if self._stop_thread:
+                    break
+            try:
+                ran = self.step()
+            except Exception:
+                logger.exception("engine step raised; aborting all requests")
+                with self._step_lock:
+                    self._core.abort_all()
+                ran = True
+            if not ran:
+                with self._lock:  # nothing schedulable: wait for a change instead of spinning
+                    self._cond.wait(self.config.idle_wait_s)
+        logger.info("step thread stopped", extra={"model": self.config.model_name})
+
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._aborts or self._core.has_work)
+
+    def step_thread_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _wait_idle(self, deadline: float | None) -> bool:
+        """Until nothing is in flight (True) or the deadline passes (False).
+
+        Drives steps on this thread when no step thread runs.
+        """
+        while True:
+            with self._lock:
+                if not self._callbacks:
+                    return True
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if self.step_thread_alive():
+                    wait = self.config.idle_wait_s if remaining is None else remaining
+                    self._cond.wait(min(wait, 1.0))
+                    continue
+            if not self.step():
+                with self._lock:  # nothing can run now: do not spin
+                    self._cond.wait(self.config.idle_wait_s)
+
+    def _emit(self, out: RequestOutput) -> None:
+        """Deliver to the request's callback (never under _lock); a failing callback aborts."""
+        with self._lock:
+            callback = self._callbacks.get(out.request_id)
+        if callback is None:
+            return
+        try:
+            callback(out)
+        except Exception:
+            logger.exception("on_output raised; aborting", extra={"request_id": out.request_id})
+            if not out.finished:
+                self.abort(out.request_id)
+        if out.finished:
+            with self._lock:
+                self._callbacks.pop(out.request_id, None)
+                self._cond.notify_all()
+
+    def _snapshot(self) -> EngineStats:
+        c, pool = self._core.counters, self._pool
+        return EngineStats(
+            num_running=len(self._core.running),
+            num_waiting=len(self._core.waiting),
+            kv_usage=pool.usage,
+            num_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free,
+            block_size=pool.block_size,
+            admission_open=self._admission_open,
+            weights_version=self._weights_version,
+            num_preemptions=c.num_preemptions,
+            prefix_queries=self._kv.prefix_queries,
+            prefix_hits=self._kv.prefix_hits,
+            num_prompt_tokens=c.num_prompt_tokens,
+            num_generation_tokens=c.num_generation_tokens,
+            num_tokens_computed=c.num_tokens_computed,
+            num_requests_finished=c.num_requests_finished,
+            num_requests_aborted=c.num_requests_aborted,
+        )

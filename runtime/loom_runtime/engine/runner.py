@@ -1,0 +1,110 @@
+"""The model runner: turns scheduled token work into one ForwardBatch and runs the model on it.
+
+Owns batch layout (varlen prefill chunks and decode tokens flattened, slots, logits rows);
+never decides what runs, never samples, and never changes a block table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from loom_runtime.kv.block_table import BlockTable
+from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.models.batch import ForwardBatch
+from loom_runtime.models.causal_lm import CausalLM
+
+TOKEN_FORWARD = "token_forward"
+"""Shape signature of every plan the runner can fold into one forward."""
+
+
+@dataclass(frozen=True)
+class TokenWork:
+    """One sequence's share of a forward: run `token_ids` at positions start.. of the sequence.
+
+    `table` is the owning loop state's live block table (read when the batch is built, after
+    the scheduler grew it). `want_logits` asks for the last token's logits row.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    start: int
+    table: BlockTable
+    want_logits: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+class ModelRunner:
+    """Runs one CausalLM over one PagedKVCache. Counts what it ran (tokens, forwards)."""
+
+    def __init__(self, model: CausalLM, cache: PagedKVCache) -> None:
+        self.model = model
+        self.cache = cache
+        self.block_size = cache.spec.block_size
+        self.device = model.device
+        self.tokens_run = 0  # tokens pushed through the model since construction
+        self.forwards = 0
+
+    def build_batch(self, works: Sequence[TokenWork]) -> ForwardBatch:
+        if not works:
+            raise ValueError("build_batch needs at least one TokenWork")
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        query_start = [0]
+        context_lens: list[int] = []
+        tables: list[list[int]] = []
+        logits_rows: list[int] = []
+        for w in works:
+            n = len(w.token_ids)
+            if n == 0:
+                raise ValueError(f"request {w.request_id!r}: TokenWork with no tokens")
+            num_blocks = -(-w.end // bs)
+            if num_blocks > len(w.table.block_ids):
+                raise ValueError(
+                    f"request {w.request_id!r}: tokens up to {w.end} need {num_blocks} blocks, "
+                    f"table holds {len(w.table.block_ids)}"
+                )
+            ids.extend(w.token_ids)
+            pos = torch.arange(w.start, w.end, dtype=torch.long)
+            blocks = torch.as_tensor(w.table.block_ids[:num_blocks], dtype=torch.long)
+            positions.append(pos)
+            slots.append(blocks[pos // bs] * bs + pos % bs)
+            query_start.append(query_start[-1] + n)
+            context_lens.append(w.end)
+            tables.append(list(w.table.block_ids[:num_blocks]))
+            if w.want_logits:
+                logits_rows.append(query_start[-1] - 1)
+        dev = self.device
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.cat(positions).to(dev),
+            query_start=query_start,
+            context_lens=context_lens,
+            block_tables=tables,
+            slot_mapping=torch.cat(slots).to(dev),
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
+        )
+
+    @torch.inference_mode()
+    def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
+        """One forward over all `works`; per work its logits row ([vocab]) or None."""
+        batch = self.build_batch(works)
+        logits = self.model.forward(batch, self.cache)
+        self.tokens_run += batch.num_tokens
+        self.forwards += 1
+        out: list[torch.Tensor | None] = []
+        row = 0
+        for w in works:
+            if w.want_logits:
+                out.append(logits[row])
+                row += 1
+            else:
+                out.append(None)
+        return out

@@ -1,0 +1,54 @@
+"""Request validation at the engine's door: every check that must fail with a 400, not a crash.
+
+Pure checks over an EngineRequest and the engine's limits; never queues or touches state.
+"""
+
+from __future__ import annotations
+
+import math
+
+from loom_runtime.engine.types import EngineRequest
+from loom_runtime.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
+def validate_request(req: EngineRequest, max_model_len: int, vocab_size: int) -> None:
+    """Raise InvalidRequestError (with the offending parameter) if the engine cannot serve it."""
+    rid, n, p = req.request_id, len(req.prompt_token_ids), req.sampling
+    if not rid:
+        raise InvalidRequestError("request_id must be non-empty", param="request_id")
+    if n == 0:
+        raise InvalidRequestError(f"request {rid!r}: the prompt is empty", param="prompt")
+    if n > max_model_len - 1:
+        raise InvalidRequestError(
+            f"request {rid!r}: prompt of {n} tokens exceeds the limit of {max_model_len - 1} "
+            f"(max_model_len {max_model_len} minus one generated token); shorten it",
+            param="prompt",
+        )
+    bad = [t for t in req.prompt_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"request {rid!r}: token id {bad[0]} is outside the vocabulary 0..{vocab_size - 1}",
+            param="prompt",
+        )
+    if p.max_tokens < 1:
+        raise InvalidRequestError(f"max_tokens must be >= 1, got {p.max_tokens}", "max_tokens")
+    if n + p.max_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"request {rid!r}: prompt ({n}) + max_tokens ({p.max_tokens}) exceeds "
+            f"max_model_len {max_model_len}; lower max_tokens to at most {max_model_len - n}",
+            param="max_tokens",
+        )
+    if math.isnan(p.temperature) or p.temperature < 0:
+        raise InvalidRequestError(f"temperature must be >= 0, got {p.temperature}", "temperature")
+    if math.isnan(p.top_p) or not 0 < p.top_p <= 1:
+        raise InvalidRequestError(f"top_p must be in (0, 1], got {p.top_p}", "top_p")
+    if p.top_k < 0:
+        raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {p.top_k}", "top_k")
+    if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
+        raise InvalidRequestError(
+            f"logprobs must be in 0..{MAX_LOGPROBS}, got {p.logprobs}", param="logprobs"
+        )
+    if any(not s for s in p.stop):
+        raise InvalidRequestError("stop strings must be non-empty", param="stop")

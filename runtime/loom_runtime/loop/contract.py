@@ -1,0 +1,118 @@
+"""The loop contract: a request is a driven loop, init -> (next -> execute -> advance)* -> finalize.
+
+Owns the Protocols and the records a loop hands the runtime (WorkPlan, ResourceRequest, Done);
+never runs a kernel and never holds per-request state: that lives in each loop's state object.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+ResultT_co = TypeVar("ResultT_co", covariant=True)
+ReqT_contra = TypeVar("ReqT_contra", contravariant=True)
+CtxT_contra = TypeVar("CtxT_contra", contravariant=True)
+StateT = TypeVar("StateT")
+ResultT = TypeVar("ResultT")
+OutT_co = TypeVar("OutT_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    """What running a plan costs, so a scheduler can decide when and with whom it runs.
+
+    All counts are for running the whole plan; a scheduler that narrows a plan (see
+    `WorkPlan.chunk`) gets the narrowed plan's own request.
+    """
+
+    compute_tokens: int = 0  # tokens pushed through the model: the unit of the token budget
+    cache_blocks: int = 0  # KV blocks the loop must add to what it holds before running
+    resident_bytes: int = 0  # memory the plan keeps after it ran (e.g. new KV)
+    peak_bytes: int = 0  # transient memory while it runs (activations, gathered KV)
+    transfer_bytes: int = 0  # bytes moved between workers (KV pulls)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "compute_tokens",
+            "cache_blocks",
+            "resident_bytes",
+            "peak_bytes",
+            "transfer_bytes",
+        ):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"ResourceRequest.{name} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class WorkPlan(Generic[ResultT_co]):
+    """The next step of one loop, described and not yet run.
+
+    `shape` is the batching signature: plans whose shapes are equal may be executed together
+    by one batched executor that reads their `work` payloads (e.g. one varlen forward for all
+    prefill chunks and decode tokens). `thunk` runs this plan alone, the plain path, and gives
+    the same result the batched executor gives for it. `split`, when present, narrows the
+    plan to its first n compute tokens (chunked prefill); a plan without it is atomic.
+    """
+
+    kind: str  # "prefill_chunk", "decode_token", "diffusion_step", "vae_tile", ...
+    shape: Hashable
+    resources: ResourceRequest
+    thunk: Callable[[], ResultT_co] = field(repr=False)
+    work: object = field(default=None, repr=False)
+    split: Callable[[int], WorkPlan[ResultT_co]] | None = field(default=None, repr=False)
+    request_id: str = ""
+
+    @property
+    def splittable(self) -> bool:
+        return self.split is not None
+
+    def chunk(self, num_tokens: int) -> WorkPlan[ResultT_co]:
+        """This plan narrowed to its first `num_tokens` compute tokens (itself if they cover it)."""
+        if num_tokens >= self.resources.compute_tokens:
+            return self
+        if self.split is None:
+            raise ValueError(
+                f"plan {self.kind!r} of request {self.request_id!r} is atomic: cannot run "
+                f"{num_tokens} of its {self.resources.compute_tokens} tokens"
+            )
+        if num_tokens < 1:
+            raise ValueError(f"a chunk needs at least one token, got {num_tokens}")
+        return self.split(num_tokens)
+
+
+@dataclass(frozen=True)
+class LoopContext:
+    """What the runtime tells a loop at `init`: the weights it runs on and the clock it reads."""
+
+    weights_version: str = ""
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+
+
+@dataclass(frozen=True)
+class Done:
+    """`next()` has nothing left to run; the loop may be finalized."""
+
+    reason: str = ""
+
+
+class Loop(Protocol[ReqT_contra, CtxT_contra, StateT, ResultT, OutT_co]):
+    """A kind of request loop. The loop object holds its model components and shared services
+    (bound when it is built, standing in for the `model` argument of the reference design);
+    everything that belongs to one request lives in the state `init` returns.
+
+    `next` describes and never executes; `advance` folds a result in; only a runner iterates.
+    """
+
+    @property
+    def kind(self) -> str: ...
+
+    def init(self, req: ReqT_contra, ctx: CtxT_contra) -> StateT: ...
+
+    def next(self, state: StateT) -> WorkPlan[ResultT] | Done: ...
+
+    def advance(self, state: StateT, result: ResultT) -> StateT: ...
+
+    def finalize(self, state: StateT) -> OutT_co: ...

@@ -1,0 +1,160 @@
+"""Grouped-query attention over the paged KV cache for a mixed batch of prefill chunks and decodes.
+
+Reads block tables from the ForwardBatch and KV from the cache; never allocates or frees blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.models.batch import ForwardBatch
+
+
+@dataclass(frozen=True)
+class PrefillSeq:
+    """One sequence with more than one new token: rows start:end of T, context_len keys."""
+
+    start: int
+    end: int
+    context_len: int
+    blocks: torch.Tensor  # [ceil(context_len / block_size)] int64
+    mask: torch.Tensor | None  # [n, context_len] bool; None when the chunk is the whole context
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """All single-token sequences of the batch, attended in one padded call."""
+
+    rows: torch.Tensor | None  # [B] rows of T; None when they are exactly 0..T-1
+    blocks: torch.Tensor  # [B, max_blocks] int64, padded with block 0
+    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool; None if lengths equal
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Per-forward attention layout, built once and shared by every layer."""
+
+    prefills: tuple[PrefillSeq, ...]
+    decode: DecodeGroup | None
+
+
+def plan_attention(batch: ForwardBatch, block_size: int, device: torch.device) -> AttentionPlan:
+    """Split the batch into prefill chunks and one decode group; checks the block tables."""
+    prefills: list[PrefillSeq] = []
+    decode_rows: list[int] = []
+    decode_seqs: list[int] = []
+    for i, ctx in enumerate(batch.context_lens):
+        start, end = batch.query_start[i], batch.query_start[i + 1]
+        n = end - start
+        table = batch.block_tables[i]
+        if n < 1 or ctx < n or len(table) * block_size < ctx:
+            raise ValueError(
+                f"ForwardBatch sequence {i}: {n} new tokens, context_len {ctx}, "
+                f"{len(table)} blocks of {block_size}: the blocks must hold the context"
+            )
+        if n == 1:
+            decode_rows.append(start)
+            decode_seqs.append(i)
+            continue
+        blocks = torch.as_tensor(table[: -(-ctx // block_size)], dtype=torch.long, device=device)
+        mask = None
+        if ctx != n:
+            keys = torch.arange(ctx, device=device)
+            last_key = ctx - n + torch.arange(n, device=device)
+            mask = keys[None, :] <= last_key[:, None]
+        prefills.append(PrefillSeq(start, end, ctx, blocks, mask))
+    decode = _plan_decode(batch, decode_rows, decode_seqs, block_size, device)
+    return AttentionPlan(prefills=tuple(prefills), decode=decode)
+
+
+def _plan_decode(
+    batch: ForwardBatch,
+    rows: list[int],
+    seqs: list[int],
+    block_size: int,
+    device: torch.device,
+) -> DecodeGroup | None:
+    if not rows:
+        return None
+    lens = [batch.context_lens[i] for i in seqs]
+    max_blocks = -(-max(lens) // block_size)
+    padded = [batch.block_tables[i][:max_blocks] for i in seqs]
+    padded = [t + [0] * (max_blocks - len(t)) for t in padded]
+    blocks = torch.as_tensor(padded, dtype=torch.long, device=device)
+    mask = None
+    if min(lens) != max(lens) or max(lens) != max_blocks * block_size:
+        positions = torch.arange(max_blocks * block_size, device=device)
+        length = torch.as_tensor(lens, device=device)
+        mask = (positions[None, :] < length[:, None])[:, None, None, :]
+    all_rows = rows == list(range(batch.num_tokens))
+    row_index = None if all_rows else torch.as_tensor(rows, dtype=torch.long, device=device)
+    return DecodeGroup(rows=row_index, blocks=blocks, mask=mask)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: PagedKVCache,
+    layer: int,
+    plan: AttentionPlan,
+    slot_mapping: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Write k, v ([T, kv_heads, D]) to their slots, then attend q ([T, heads, D]) -> [T, heads, D].
+
+    Each token sees its sequence's cached prefix plus the causal part of its own chunk.
+    """
+    kv.write(layer, slot_mapping, k, v)
+    out = torch.empty_like(q)
+    for seq in plan.prefills:
+        out[seq.start : seq.end] = _prefill(q, k, v, kv, layer, seq, scale)
+    if plan.decode is not None:
+        rows = plan.decode.rows
+        q_dec = q if rows is None else q.index_select(0, rows)
+        o_dec = _decode(q_dec, kv, layer, plan.decode, scale)
+        if rows is None:
+            out = o_dec
+        else:
+            out[rows] = o_dec
+    return out
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv: PagedKVCache,
+    layer: int,
+    seq: PrefillSeq,
+    scale: float,
+) -> torch.Tensor:
+    q_s = q[seq.start : seq.end].transpose(0, 1)[None]  # [1, H, n, D]
+    if seq.mask is None:  # a fresh prompt: its keys are exactly this chunk's
+        k_s, v_s = k[seq.start : seq.end], v[seq.start : seq.end]
+    else:
+        k_s = kv.keys(layer)[seq.blocks].flatten(0, 1)[: seq.context_len]
+        v_s = kv.values(layer)[seq.blocks].flatten(0, 1)[: seq.context_len]
+    k_s = k_s.to(q.dtype).transpose(0, 1)[None]  # [1, KVH, L, D]
+    v_s = v_s.to(q.dtype).transpose(0, 1)[None]
+    o = F.scaled_dot_product_attention(
+        q_s, k_s, v_s, attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True
+    )
+    return o[0].transpose(0, 1)
+
+
+def _decode(
+    q: torch.Tensor, kv: PagedKVCache, layer: int, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    """One query per sequence: the query heads of a KV head act as rows against its keys."""
+    b, heads, dim = q.shape
+    kv_heads = kv.spec.num_kv_heads
+    k = kv.keys(layer)[group.blocks].flatten(1, 2).to(q.dtype).transpose(1, 2)  # [B, KVH, L, D]
+    v = kv.values(layer)[group.blocks].flatten(1, 2).to(q.dtype).transpose(1, 2)
+    q_g = q.view(b, kv_heads, heads // kv_heads, dim)
+    o = F.scaled_dot_product_attention(q_g, k, v, attn_mask=group.mask, scale=scale)
+    return o.reshape(b, heads, dim)

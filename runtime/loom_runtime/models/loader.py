@@ -1,0 +1,122 @@
+"""Load a Hugging Face checkpoint directory into a runnable model, its config and its tokenizer.
+
+Reads files only (config, safetensors, tokenizer); never downloads, and never runs a forward.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from loom_runtime.errors import CheckpointError
+from loom_runtime.models.causal_lm import CausalLM
+from loom_runtime.models.config import ModelConfig
+from loom_runtime.models.llama import LlamaForCausalLM
+from loom_runtime.models.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to serve: weights in place, its config and its tokenizer."""
+
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Build the model of config.json, fill it from the safetensors, load the tokenizer."""
+    root = _checkpoint_dir(path)
+    config = ModelConfig.from_dir(root)
+    tokenizer = Tokenizer.from_dir(root, extra_eos_token_ids=config.eos_token_ids)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"{root}: tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is "
+            f"{config.vocab_size}; the tokenizer does not belong to these weights"
+        )
+    model = build_model(config, dtype, device)
+    model.load_state(read_weights(root))
+    logger.info(
+        "loaded checkpoint",
+        extra={"path": str(root), "model_type": config.model_type, "dtype": str(dtype)},
+    )
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer)
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
+    """An empty (zero-weight) model of the config's family."""
+    # Every supported model_type (see config.SUPPORTED_MODEL_TYPES) is a llama-family decoder.
+    return LlamaForCausalLM(config, dtype=dtype, device=device)
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (or one .safetensors file), by name, on the CPU.
+
+    Sharded checkpoints are read through model.safetensors.index.json.
+    """
+    files = weight_files(Path(path))
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            shard = load_file(str(file), device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{file}: cannot read safetensors: {exc}") from exc
+        duplicates = sorted(set(shard) & set(tensors))
+        if duplicates:
+            raise CheckpointError(f"{file}: tensor {duplicates[0]} also appears in another shard")
+        tensors.update(shard)
+    return tensors
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files that make up a checkpoint, in a stable order."""
+    if path.is_file():
+        return [path]
+    root = _checkpoint_dir(path)
+    index = root / INDEX_FILE
+    if index.is_file():
+        return _shards_from_index(index)
+    if (root / SINGLE_FILE).is_file():
+        return [root / SINGLE_FILE]
+    found = sorted(root.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(
+            f"{root}: no weights found (expected {SINGLE_FILE}, {INDEX_FILE} or *.safetensors; "
+            "PyTorch .bin checkpoints are not supported: convert them to safetensors)"
+        )
+    return found
+
+
+def _shards_from_index(index: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{index}: not a safetensors index with a weight_map ({exc})"
+        ) from exc
+    names = sorted(set(weight_map.values()))
+    files = [index.parent / name for name in names]
+    absent = [name for name, file in zip(names, files, strict=True) if not file.is_file()]
+    if absent:
+        raise CheckpointError(f"{index}: shard(s) missing from the directory: {', '.join(absent)}")
+    return files
+
+
+def _checkpoint_dir(path: str | Path) -> Path:
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"{root} is not a directory: point the model source at a checkpoint")
+    return root

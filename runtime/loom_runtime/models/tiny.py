@@ -1,0 +1,183 @@
+"""`loom model init-tiny`: a deterministic tiny llama checkpoint, and model source URIs -> paths.
+
+Writes random (nonsense-producing) weights from a fixed seed; never downloads real weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from loom_runtime.errors import CheckpointError
+from loom_runtime.models.config import ModelConfig
+from loom_runtime.models.llama import LlamaForCausalLM
+from loom_runtime.models.tiny_tokenizer import tokenizer_config, train_tiny_tokenizer
+
+logger = logging.getLogger(__name__)
+
+TINY_URI = "loom://tiny"
+INIT_STD = 0.02
+
+README = """# Loom tiny checkpoint (random weights)
+
+This directory was written by `loom model init-tiny` (seed {seed}). It is a real llama-style
+checkpoint in Hugging Face format -- config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json (with a ChatML chat template) and generation_config.json -- but its
+~{millions:.1f}M weights are **random numbers** drawn from a fixed seed. It produces
+**nonsense text**. It exists so that tests, benchmarks and `make run` exercise the whole
+serving path (tokenizer, paged KV cache, batching, streaming, P/D transfer) in seconds on a
+CPU, with byte-identical files on every machine.
+
+The tokenizer is a real byte-level BPE ({vocab} tokens) trained on a small English text
+that ships with Loom, so any UTF-8 text round-trips.
+
+To serve a real model, point the component's source in your ModelCard at a Hugging Face
+checkpoint directory (llama, mistral, qwen2 or qwen3 with safetensors weights and a
+tokenizer.json), for example:
+
+```yaml
+components:
+  - name: decoder
+    kind: transformer
+    source: {{uri: "file:///models/Qwen3-0.6B"}}
+```
+"""
+
+
+def tiny_config_dict(vocab_size: int, bos_id: int, eos_ids: list[int]) -> dict[str, Any]:
+    """config.json of the tiny model (legacy rope_theta layout, as real checkpoints have)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "hidden_size": 384,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "initializer_range": INIT_STD,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_ids,
+        "torch_dtype": "float32",
+    }
+
+
+def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """N(0, 0.02) matrices and unit norm weights, drawn in sorted-name order from one generator."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {name: tuple(t.shape) for name, t in LlamaForCausalLM(config).targets().items()}
+    weights = {}
+    for name in sorted(shapes):
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(shapes[name])
+        else:
+            weights[name] = torch.randn(shapes[name], generator=generator) * INIT_STD
+    return weights
+
+
+def init_tiny(dir: Path, seed: int = 0) -> Path:
+    """Write the tiny checkpoint into `dir` (created if needed); same bytes on every run."""
+    root = Path(dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tiny = train_tiny_tokenizer()
+    eos_ids = [tiny.im_end_id, tiny.end_of_text_id]
+    raw = tiny_config_dict(tiny.vocab_size, tiny.bos_id, eos_ids)
+    config = ModelConfig.from_dict(raw)
+    save_file(random_weights(config, seed), str(root / "model.safetensors"), {"format": "pt"})
+    tiny.tokenizer.save(str(root / "tokenizer.json"), pretty=True)
+    generation = {"bos_token_id": tiny.bos_id, "eos_token_id": eos_ids, "do_sample": False}
+    for name, data in (
+        ("config.json", raw),
+        ("tokenizer_config.json", tokenizer_config()),
+        ("generation_config.json", generation),
+    ):
+        (root / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", "utf-8")
+    readme = README.format(seed=seed, millions=config.num_parameters / 1e6, vocab=tiny.vocab_size)
+    (root / "README.md").write_text(readme, "utf-8")
+    logger.info("wrote tiny checkpoint", extra={"path": str(root), "seed": seed})
+    return root
+
+
+def cache_root() -> Path:
+    """Where generated models live: $LOOM_CACHE, else ~/.cache/loom."""
+    configured = os.environ.get("LOOM_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "loom"
+
+
+def resolve_source(uri: str) -> Path:
+    """A local checkpoint directory for a component source URI.
+
+    `loom://tiny` -> <cache>/models/tiny (generated on first use); `file:///PATH`,
+    `file:PATH` and plain paths -> PATH. Other schemes are fetched by the operator, not the runtime.
+    """
+    if uri == TINY_URI:
+        return _ensure_tiny(cache_root() / "models" / "tiny")
+    if uri.startswith("file:"):  # file:///abs/path or file:relative/path
+        return Path(uri.removeprefix("file:").removeprefix("//"))
+    scheme, sep, _ = uri.partition("://")
+    if scheme == "loom":
+        raise CheckpointError(
+            f"model source {uri!r}: the only built-in model is {TINY_URI}; "
+            "point real checkpoints at file://PATH"
+        )
+    if sep:
+        raise CheckpointError(
+            f"model source {uri!r}: the runtime reads local checkpoints only ({TINY_URI}, "
+            f"file://PATH); fetch {scheme}:// sources to a directory first and use file://"
+        )
+    return Path(uri)
+
+
+def _ensure_tiny(target: Path) -> Path:
+    if (target / "config.json").is_file():
+        return target
+    logger.info("generating the tiny checkpoint (first use)", extra={"path": str(target)})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    try:
+        init_tiny(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the checkpoint is not
+        os.rename(staging, target)  # atomic: readers see a complete checkpoint or none
+    except OSError:
+        if not (target / "config.json").is_file():  # not just a concurrent winner
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def add_parser(sub: Any) -> None:
+    """Register `init-tiny DIR [--seed N]` on the `model` subcommand's parsers."""
+    parser = sub.add_parser(
+        "init-tiny",
+        help="write a deterministic tiny llama checkpoint (random weights: nonsense text)",
+        description="Write a tiny llama checkpoint with random weights from a fixed seed and a "
+        "real byte-level BPE tokenizer. It produces nonsense text; it is for tests and demos.",
+    )
+    parser.add_argument("dir", type=Path, help="directory to write the checkpoint into")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    path = init_tiny(args.dir, seed=args.seed)
+    print(f"wrote tiny checkpoint (random weights, nonsense text) to {path}")
+    return 0

@@ -1,0 +1,158 @@
+"""One worker's servers on one event loop: the HTTP app (OpenAI + probes) and the gRPC control.
+
+Owns wiring, the error middleware and the shutdown order; never runs engine steps (the engine's
+own thread does) and never decides a status code (errors.py does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+
+from loom_runtime.engine.engine import Engine
+from loom_runtime.errors import LoomError
+from loom_runtime.serve import openai_api, probes
+from loom_runtime.serve.control_service import (
+    ControlService,
+    ControlSettings,
+    start_control_server,
+)
+from loom_runtime.serve.errors import classify, http_error
+from loom_runtime.serve.metrics import ServerMetrics
+from loom_runtime.serve.prepare import ModelLimits
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the worker listens and how long it waits; defaults documented here."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    role: str = "aggregated"
+    control_port: int | None = None  # None: no control service
+    control_token: str = ""  # required when control_port is set
+    stall_timeout_s: float = 300.0  # longest wait for a request's next engine output
+    drain_timeout_s: float = 600.0  # Pause(WAIT) default and upper bound
+    shutdown_drain_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
+    max_body_bytes: int = 16 * 1024 * 1024  # largest request body accepted (413 beyond)
+
+
+class EngineHealth:
+    """What /health and /ready report about an engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def healthy(self) -> bool:
+        return self._engine.step_thread_alive()
+
+    def ready(self) -> bool:
+        return self.healthy() and self._engine.stats().admission_open
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as an OpenAI error object with the status errors.py chose."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reply = http_error(exc.status, f"{request.method} {request.path}: {exc.reason}")
+    except Exception as exc:
+        reply = classify(exc, request.headers.get(openai_api.REQUEST_ID_HEADER))
+        if not isinstance(exc, LoomError):
+            logger.exception("request failed", extra={"path": request.path})
+        elif reply.http_status >= 500:
+            logger.warning("request failed: %s", reply.message, extra={"path": request.path})
+        else:
+            logger.info("request refused: %s", reply.message, extra={"path": request.path})
+    return web.json_response(reply.body(), status=reply.http_status)
+
+
+def build_http_app(
+    engine: Engine, settings: ServeSettings, metrics: ServerMetrics
+) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    limits = ModelLimits(
+        model_name=engine.config.model_name,
+        max_model_len=engine.max_model_len,
+        vocab_size=engine.model_config.vocab_size,
+    )
+    api = openai_api.ApiContext(engine, limits, metrics, settings.stall_timeout_s, int(time.time()))
+    openai_api.add_routes(app, api)
+    probes.add_routes(app, probes.ProbeContext(EngineHealth(engine), metrics))
+    return app
+
+
+class Worker:
+    """The running servers of one worker; `stop()` drains and closes them in order."""
+
+    def __init__(
+        self, engine: Engine, settings: ServeSettings, resolve_source: Callable[[str], Path]
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = ServerMetrics(engine.config.model_name, engine)
+        self._resolve_source = resolve_source
+        self._runner: web.AppRunner | None = None
+        self._control: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        app = build_http_app(self.engine, s, self.metrics)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, s.host, s.port).start()
+        if s.control_port is not None:
+            control = ControlSettings(
+                model_name=self.engine.config.model_name,
+                role=s.role,
+                drain_timeout_s=s.drain_timeout_s,
+                resolve_source=self._resolve_source,
+                healthy=self.engine.step_thread_alive,
+            )
+            server, _ = await start_control_server(
+                ControlService(self.engine, control), s.host, s.control_port, s.control_token
+            )
+            self._control = server
+        logger.info(
+            "serving",
+            extra={"host": s.host, "port": s.port, "control_port": s.control_port, "role": s.role},
+        )
+
+    async def stop(self) -> None:
+        """Close admission, let in-flight requests finish (bounded), then close the servers."""
+        drained = await asyncio.to_thread(self.engine.pause, "wait", self.settings.shutdown_drain_s)
+        if not drained:
+            logger.warning("shutdown: requests still in flight; they will be aborted")
+        if self._control is not None:
+            await self._control.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def serve_until_signalled(worker: Worker) -> None:
+    """Run the worker until SIGTERM or SIGINT, then stop it gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await worker.start()
+    try:
+        await stop.wait()
+        logger.info("stopping")
+    finally:
+        await worker.stop()

@@ -1,0 +1,161 @@
+"""`loom runtime`: parse flags, load the card, build the engine, serve until signalled.
+
+Owns the command line and turning a card into engine settings; never serves requests itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loom_runtime.card import CardError, load_model_card
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.errors import CheckpointError
+from loom_runtime.kv.event_publisher import KVEventPublisher
+from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
+from loom_runtime.serve.sources import checkpoint_path
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}  # fmt: skip
+TOKEN_ENV = "LOOM_CONTROL_TOKEN"
+
+
+class UsageError(Exception):
+    """The flags ask for something this worker cannot do; the message says what to do instead."""
+
+
+def add_parser(sub: Any) -> None:
+    """Register `runtime` on the top-level subcommand parsers."""
+    p = sub.add_parser(
+        "runtime",
+        help="serve one role of a model (OpenAI HTTP + gRPC control)",
+        description="Serve the first component of a ModelCard: OpenAI-compatible HTTP, "
+        "/health, /ready, /metrics, and (with --control-port) the gRPC control service.",
+    )
+    p.add_argument("--card", type=Path, required=True, help="ModelCard YAML file")
+    p.add_argument("--role", choices=("aggregated", "prefill", "decode"), default="aggregated")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--control-port", type=int, help="gRPC control port (default: no control)")
+    p.add_argument("--control-token", help=f"shared control token (default ${TOKEN_ENV})")
+    p.add_argument("--kv-events-port", type=int, help="ZMQ PUB port for KV events (default off)")
+    p.add_argument("--kv-events-replay-port", type=int, help="ZMQ ROUTER port for KV replay")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--num-blocks", type=int, help="KV blocks (default: sized from max-num-seqs)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="running requests (default 64)")
+    p.add_argument("--max-model-len", type=int, help="prompt + output tokens (default: model's)")
+    p.add_argument("--weights-version", help="reported version (default: the card's)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="default float32")
+    p.add_argument("--drain-timeout", type=float, default=600.0, help="Pause(WAIT) bound, s")
+    p.set_defaults(run=run)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    checkpoint: Path
+    engine: EngineConfig
+    serve: ServeSettings
+
+
+def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
+    """What to load and how to serve it; CardError / CheckpointError / UsageError if impossible."""
+    if args.role != "aggregated":
+        raise UsageError(
+            f"--role {args.role}: prefill/decode roles come with the P/D disaggregation work and "
+            "are not implemented in this runtime yet; run --role aggregated"
+        )
+    token = args.control_token or env.get(TOKEN_ENV, "")
+    if args.control_port is not None and not token:
+        raise UsageError(
+            f"--control-port needs a shared token: pass --control-token or set ${TOKEN_ENV}"
+        )
+    card = load_model_card(args.card)
+    component = card.spec.components[0]
+    path = checkpoint_path(component.source.uri, args.card)
+    try:
+        engine = EngineConfig(
+            block_size=args.block_size,
+            num_blocks=args.num_blocks,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len,
+            dtype=DTYPES[args.dtype],
+            weights_version=args.weights_version or component.weights_version,
+            model_name=card.name,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    serve = ServeSettings(
+        host=args.host,
+        port=args.port,
+        role=args.role,
+        control_port=args.control_port,
+        control_token=token,
+        drain_timeout_s=args.drain_timeout,
+    )
+    return WorkerPlan(path, engine, serve)
+
+
+def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
+    if args.kv_events_port is None:
+        return None
+    replay = args.kv_events_replay_port
+    return KVEventPublisher(
+        f"tcp://{args.host}:{args.kv_events_port}",
+        None if replay is None else f"tcp://{args.host}:{replay}",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    _configure_logging()
+    try:
+        plan = plan_worker(args, dict(os.environ))
+        publisher = _publisher(args)
+    except (UsageError, CardError, CheckpointError, ValueError) as exc:
+        print(f"loom runtime: {exc}", file=sys.stderr)
+        return 2
+    try:
+        try:
+            engine = Engine.from_checkpoint(plan.checkpoint, plan.engine, events=publisher)
+        except (CheckpointError, ValueError) as exc:
+            print(f"loom runtime: cannot load {plan.checkpoint}: {exc}", file=sys.stderr)
+            return 2
+        engine.start()
+        try:
+            asyncio.run(serve_until_signalled(Worker(engine, plan.serve, checkpoint_path)))
+        except OSError as exc:  # a port in use, an address that cannot be bound
+            print(f"loom runtime: cannot listen: {exc}", file=sys.stderr)
+            return 2
+        finally:
+            engine.shutdown()
+    finally:
+        if publisher is not None:
+            publisher.close()
+    return 0
+
+
+class _ExtrasFormatter(logging.Formatter):
+    """Appends `extra={...}` fields (request_id, …) to each line as key=value."""
+
+    _standard = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = {k: v for k, v in record.__dict__.items() if k not in self._standard}
+        return line + "".join(f" {k}={v}" for k, v in extras.items())
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ExtrasFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])

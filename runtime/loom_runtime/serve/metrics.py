@@ -1,0 +1,142 @@
+"""Prometheus metrics of one worker: vLLM's names (REFERENCE.md §C) plus `loom:*`, one registry.
+
+Owns metric names and buckets; never uses the global registry, never times requests itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from loom_runtime.engine.types import EngineStats, RequestMetrics
+
+logger = logging.getLogger(__name__)
+
+# vLLM's buckets, so dashboards built for vLLM read Loom unchanged.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class StatsSource(Protocol):
+    """What the metrics read from the engine (the Engine satisfies it)."""
+
+    def stats(self) -> EngineStats: ...
+
+    def in_flight(self) -> int: ...
+
+
+class _EngineCollector(Collector):
+    """Reads one EngineStats snapshot per scrape: gauges and the engine's own counters."""
+
+    def __init__(self, model_name: str, source: StatsSource) -> None:
+        self._model = model_name
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            s = self._source.stats()
+            in_flight = self._source.in_flight()
+        except Exception:
+            logger.exception("engine stats unavailable; scrape has no engine metrics")
+            return
+        m = [self._model]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(m, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(m, value)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", s.kv_usage)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up.", s.prefix_queries)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found cached.", s.prefix_hits)
+        yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
+        yield counter("vllm:prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens)
+        yield counter("vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens)
+        yield gauge("loom:admission_open", "1 when new requests are admitted.", s.admission_open)
+        yield gauge("loom:in_flight_requests", "Requests admitted, not finished.", in_flight)
+        yield gauge("loom:kv_free_blocks", "KV blocks free or evictable.", s.num_free_blocks)
+        info = InfoMetricFamily(
+            "loom:weights_version", "Weights version served.", labels=["model_name"]
+        )
+        info.add_metric(m, {"version": s.weights_version})
+        yield info
+        cache = InfoMetricFamily("vllm:cache_config", "KV cache config.", labels=["model_name"])
+        cache.add_metric(m, {"block_size": str(s.block_size), "num_gpu_blocks": str(s.num_blocks)})
+        yield cache
+
+
+class ServerMetrics:
+    """The worker's registry: engine snapshots at scrape time, request latencies at finish."""
+
+    def __init__(self, model_name: str, source: StatsSource) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        reg, labels = self.registry, ["model_name"]
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, registry=reg, buckets=buckets)
+
+        self.request_success = Counter(
+            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=reg
+        )
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Request latency.", REQUEST_BUCKETS)
+        self.queue_time = hist(
+            "vllm:request_queue_time_seconds",
+            "Time before first scheduled.",
+            REQUEST_BUCKETS,
+        )
+        self.prefill_time = hist(
+            "vllm:request_prefill_time_seconds", "Time in prefill.", REQUEST_BUCKETS
+        )
+        self.decode_time = hist(
+            "vllm:request_decode_time_seconds", "First to last token.", REQUEST_BUCKETS
+        )
+        self.registry.register(_EngineCollector(model_name, source))
+
+    def render(self) -> bytes:
+        """The exposition text. Reads engine stats: call it off the event loop."""
+        return generate_latest(self.registry)
+
+    def observe_finished(self, reason: str, m: RequestMetrics | None) -> None:
+        """Count a finished request and observe its latencies (the engine timed them)."""
+        name = self.model_name
+        self.request_success.labels(name, reason).inc()
+        if m is None:
+            return
+        self.e2e.labels(name).observe(m.e2e_latency)
+        for value, hist in (
+            (m.time_to_first_token, self.ttft),
+            (m.queue_time, self.queue_time),
+            (m.prefill_time, self.prefill_time),
+            (m.decode_time, self.decode_time),
+        ):
+            if value is not None:
+                hist.labels(name).observe(value)
+        itl = self.itl.labels(name)
+        for gap in m.inter_token_latencies:
+            itl.observe(gap)

@@ -1,0 +1,251 @@
+"""The OpenAI routes: /v1/completions, /v1/chat/completions (JSON or SSE) and /v1/models.
+
+Owns turning one HTTP request into one engine request and back; never maps errors to statuses
+itself (errors.py does) and never blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from loom_runtime.engine.types import EngineRequest, RequestOutput
+from loom_runtime.errors import LoomError
+from loom_runtime.serve.bridge import OutputStream, RequestSink, submitted
+from loom_runtime.serve.errors import RequestAbortedError, classify
+from loom_runtime.serve.metrics import ServerMetrics
+from loom_runtime.serve.prepare import (
+    ModelLimits,
+    PromptTokenizer,
+    prepare_chat,
+    prepare_completion,
+)
+from loom_runtime.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
+from loom_runtime.serve.responses import (
+    Accumulated,
+    Kind,
+    ResponseMeta,
+    chat_logprobs,
+    chunk,
+    completion_logprobs,
+    full_body,
+    usage_chunk,
+)
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_HEADER = "x-loom-weights-version"
+REQUEST_ID_HEADER = "x-request-id"
+
+
+class ServingTokenizer(PromptTokenizer, Protocol):
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ServingEngine(RequestSink, Protocol):
+    """What the routes need of the engine (the Engine satisfies it)."""
+
+    @property
+    def tokenizer(self) -> ServingTokenizer: ...
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    engine: ServingEngine
+    limits: ModelLimits
+    metrics: ServerMetrics
+    stall_timeout_s: float  # longest wait for the engine's next output before giving up
+    started: int  # unix time the worker started (the model's `created`)
+
+
+API_CONTEXT = web.AppKey("api_context", ApiContext)
+
+
+def _request_id(request: web.Request, prefix: str) -> str:
+    """A unique id; a client's x-request-id is kept in it for tracing (never trusted unique)."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    if given and len(given) <= 128 and given.isprintable():
+        return f"{prefix}-{given}-{uuid.uuid4().hex[:8]}"
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _sse(data: dict[str, Any] | str) -> bytes:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+class _Run:
+    """One request in flight: its accumulated result, logprob rendering and metrics."""
+
+    def __init__(self, ctx: ApiContext, kind: Kind, num_logprobs: int | None) -> None:
+        self.ctx = ctx
+        self.kind = kind
+        self.want_logprobs = num_logprobs is not None
+        self.acc = Accumulated()
+        self.text_len = 0
+
+    def take(self, out: RequestOutput) -> None:
+        self.acc.add(out)
+        if out.finished:
+            self.ctx.metrics.observe_finished(out.finish_reason or "abort", out.metrics)
+            if out.finish_reason == "abort":
+                raise RequestAbortedError(
+                    f"request {out.request_id} was aborted by the worker (paused or stopping); "
+                    "retry it on another worker"
+                )
+
+    def logprobs(self, out: RequestOutput | None) -> dict[str, Any] | None:
+        """The logprobs of `out` (or of the whole request when None), if they were asked for."""
+        if not self.want_logprobs:
+            return None
+        entries = self.acc.logprobs if out is None else out.logprobs
+        token_text = self._token_text
+        if self.kind == "chat":
+            return chat_logprobs(entries, token_text)
+        offset = 0 if out is None else self.text_len
+        return completion_logprobs(entries, token_text, offset)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.ctx.engine.tokenizer.decode([token_id])
+
+
+async def _collect(run: _Run, outputs: OutputStream, first: RequestOutput) -> None:
+    out = first
+    while True:
+        run.take(out)
+        if out.finished:
+            return
+        out = await outputs.next(run.ctx.stall_timeout_s)
+
+
+async def _stream(
+    request: web.Request,
+    run: _Run,
+    outputs: OutputStream,
+    first: RequestOutput,
+    meta: ResponseMeta,
+    include_usage: bool,
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            WEIGHTS_HEADER: meta.weights_version,
+            REQUEST_ID_HEADER: meta.id,
+        }
+    )
+    await resp.prepare(request)
+    try:
+        await _write_events(resp, run, outputs, first, meta, include_usage)
+    except ConnectionResetError:  # the caller's `submitted` block aborts the request
+        logger.info("client left mid-stream", extra={"request_id": meta.id})
+    return resp
+
+
+async def _write_events(
+    resp: web.StreamResponse,
+    run: _Run,
+    outputs: OutputStream,
+    first: RequestOutput,
+    meta: ResponseMeta,
+    include_usage: bool,
+) -> None:
+    if run.kind == "chat":
+        await resp.write(_sse(chunk("chat", meta, "", None, None, include_usage, role=True)))
+    out = first
+    try:
+        while True:
+            run.take(out)
+            if out.new_text or out.logprobs or out.finished:
+                lp = run.logprobs(out)
+                reason = run.acc.finish_reason if out.finished else None
+                await resp.write(
+                    _sse(chunk(run.kind, meta, out.new_text, lp, reason, include_usage))
+                )
+                run.text_len += len(out.new_text)
+            if out.finished:
+                break
+            out = await outputs.next(run.ctx.stall_timeout_s)
+        if include_usage:
+            await resp.write(_sse(usage_chunk(run.kind, meta, run.acc)))
+    except LoomError as exc:  # headers are sent: the error travels as an SSE event
+        logger.warning("stream ended by error: %s", exc, extra={"request_id": meta.id})
+        await resp.write(_sse(classify(exc, meta.id).body()))
+    await resp.write(_sse("[DONE]"))
+    await resp.write_eof()
+
+
+async def _serve(
+    request: web.Request,
+    kind: Kind,
+    parsed: CompletionRequest | ChatCompletionRequest,
+    ereq: EngineRequest,
+) -> web.StreamResponse:
+    ctx = request.app[API_CONTEXT]
+    run = _Run(ctx, kind, ereq.sampling.logprobs)
+    async with submitted(ctx.engine, ereq) as outputs:
+        try:
+            first = await outputs.next(ctx.stall_timeout_s)
+            if first.finished and first.finish_reason == "abort":
+                run.take(first)  # raises RequestAbortedError before any header is sent
+            meta = ResponseMeta(ereq.request_id, int(time.time()), ctx.limits.model_name,
+                                first.weights_version)  # fmt: skip
+            if parsed.stream:
+                return await _stream(request, run, outputs, first, meta, parsed.include_usage_chunk)
+            await _collect(run, outputs, first)
+        finally:
+            if not outputs.finished:  # the client left or the engine stalled: counted as aborted
+                ctx.metrics.observe_finished("abort", None)
+    body = full_body(kind, meta, run.acc, run.logprobs(None))
+    return web.json_response(
+        body, headers={WEIGHTS_HEADER: meta.weights_version, REQUEST_ID_HEADER: meta.id}
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
+    ctx = request.app[API_CONTEXT]
+    parsed = parse_request(CompletionRequest, await request.read())
+    rid = _request_id(request, "cmpl")
+    ereq = prepare_completion(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    return await _serve(request, "completion", parsed, ereq)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    arrival = time.monotonic()
+    ctx = request.app[API_CONTEXT]
+    parsed = parse_request(ChatCompletionRequest, await request.read())
+    rid = _request_id(request, "chatcmpl")
+    ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    return await _serve(request, "chat", parsed, ereq)
+
+
+async def models(request: web.Request) -> web.Response:
+    ctx = request.app[API_CONTEXT]
+    card = {
+        "id": ctx.limits.model_name,
+        "object": "model",
+        "created": ctx.started,
+        "owned_by": "loom",
+        "root": ctx.limits.model_name,
+        "max_model_len": ctx.limits.max_model_len,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+def add_routes(app: web.Application, ctx: ApiContext) -> None:
+    app[API_CONTEXT] = ctx
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)

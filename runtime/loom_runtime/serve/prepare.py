@@ -1,0 +1,140 @@
+"""Turns a parsed OpenAI request into an EngineRequest: tokens, context checks, sampling params.
+
+Owns the context-length and max_tokens rules; never talks to the engine or the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
+from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+class PromptTokenizer(Protocol):
+    """What the server needs of the engine's tokenizer."""
+
+    def encode(self, text: str) -> Sequence[int]: ...
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """The served model's name and the numbers requests are checked against."""
+
+    model_name: str
+    max_model_len: int  # prompt + output tokens
+    vocab_size: int
+
+
+def check_model(requested: str, limits: ModelLimits) -> None:
+    if requested != limits.model_name:
+        raise ModelNotFoundError(
+            f"model {requested!r} is not served here; this worker serves {limits.model_name!r} "
+            "(see GET /v1/models)"
+        )
+
+
+def resolve_max_tokens(
+    requested: int | None, default: int | None, prompt_len: int, limits: ModelLimits, param: str
+) -> int:
+    """max_tokens to run with; InvalidRequestError when prompt + output cannot fit the context.
+
+    `default` None means "the rest of the context" (chat); a default larger than the room left
+    is clamped, an explicit value is not.
+    """
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise InvalidRequestError(
+            f"this model's maximum context length is {limits.max_model_len} tokens, but the "
+            f"prompt has {prompt_len}; shorten the prompt",
+            param=param,
+        )
+    if requested is None:
+        return room if default is None else min(default, room)
+    if requested > room:
+        raise InvalidRequestError(
+            f"this model's maximum context length is {limits.max_model_len} tokens, but "
+            f"{prompt_len} prompt tokens + max_tokens {requested} = {prompt_len + requested}; "
+            f"lower max_tokens to at most {room} or shorten the prompt",
+            param="max_tokens",
+        )
+    return requested
+
+
+def _check_token_ids(ids: Sequence[int], limits: ModelLimits) -> None:
+    bad = [t for t in ids if t >= limits.vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"token id {bad[0]} is outside the vocabulary (size {limits.vocab_size})",
+            param="prompt",
+        )
+
+
+def _sampling(
+    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
+) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=max(req.top_k, 0),
+        seed=req.seed,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+    )
+
+
+def prepare_completion(
+    req: CompletionRequest,
+    tokenizer: PromptTokenizer,
+    limits: ModelLimits,
+    request_id: str,
+    arrival: float,
+) -> EngineRequest:
+    """`arrival` is time.monotonic() when the HTTP request came in."""
+    check_model(req.model, limits)
+    if isinstance(req.prompt, str):
+        ids = tuple(tokenizer.encode(req.prompt))
+    else:
+        ids = req.prompt
+        _check_token_ids(ids, limits)
+    if not ids:
+        raise InvalidRequestError("the prompt encodes to no tokens", param="prompt")
+    max_tokens = resolve_max_tokens(
+        req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
+    )
+    return EngineRequest(
+        request_id, ids, _sampling(req, max_tokens, req.logprobs), arrival_time=arrival
+    )
+
+
+def prepare_chat(
+    req: ChatCompletionRequest,
+    tokenizer: PromptTokenizer,
+    limits: ModelLimits,
+    request_id: str,
+    arrival: float,
+) -> EngineRequest:
+    check_model(req.model, limits)
+    messages: list[dict[str, Any]] = [
+        {"role": m.role, "content": m.content} | ({"name": m.name} if m.name else {})
+        for m in req.messages
+    ]
+    ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=True))
+    if not ids:
+        raise InvalidRequestError("the messages encode to no tokens", param="messages")
+    max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")
+    return EngineRequest(
+        request_id, ids, _sampling(req, max_tokens, req.num_logprobs), arrival_time=arrival
+    )

@@ -1,0 +1,148 @@
+"""Fixtures for the engine tests: the tiny checkpoint (float64 for parity, float32 for speed),
+a plain-path runner (LoopRunner over one AR-decode loop, no batching, no prefix cache) and a
+forward spy that records what actually ran through the model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from loom_runtime.engine.ar_decode import ARDecodeLoop, CompletedRequest
+from loom_runtime.engine.runner import ModelRunner
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.kv.allocator import KVAllocator
+from loom_runtime.kv.block_pool import BlockPool
+from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.loop.contract import LoopContext
+from loom_runtime.models.batch import ForwardBatch
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.tiny import init_tiny
+from loom_runtime.wire.prefix_hash import PrefixHasher
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The tiny model's matmuls gain nothing from intra-op threads, and on a shared 2-core
+    machine two OpenMP threads stall each other (6x slower decode). Restored after each test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_tiny(tmp_path_factory.mktemp("engine-tiny") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny64(tiny_dir: Path) -> LoadedModel:
+    return load_model(tiny_dir, dtype=torch.float64)
+
+
+@pytest.fixture(scope="session")
+def tiny32(tiny_dir: Path) -> LoadedModel:
+    return load_model(tiny_dir, dtype=torch.float32)
+
+
+def random_prompt(n: int, seed: int, vocab: int = 4000) -> tuple[int, ...]:
+    """n token ids in 10..vocab-1 (no special tokens), reproducible from the seed."""
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(int(t) for t in torch.randint(10, vocab, (n,), generator=gen))
+
+
+@pytest.fixture
+def prompt() -> Callable[[int, int], tuple[int, ...]]:
+    return random_prompt
+
+
+PlainRun = Callable[[EngineRequest], CompletedRequest]
+
+
+@pytest.fixture
+def plain(tiny64: LoadedModel) -> PlainRun:
+    """The plain way: one request alone through LoopRunner, float64, unbatched, uncached."""
+    return make_plain(tiny64)
+
+
+def build_loop(
+    loaded: LoadedModel,
+    num_blocks: int,
+    block_size: int = 16,
+    eos_token_ids: tuple[int, ...] | None = None,
+    prefix_caching: bool = False,
+) -> ARDecodeLoop:
+    spec = loaded.config.kv_spec(block_size, num_blocks, loaded.model.dtype)
+    return ARDecodeLoop(
+        ModelRunner(loaded.model, PagedKVCache(spec)),
+        KVAllocator(BlockPool(num_blocks, block_size), PrefixHasher(block_size)),
+        new_decoder=loaded.tokenizer.incremental_decoder,
+        eos_token_ids=loaded.tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids,
+        prefix_caching=prefix_caching,
+    )
+
+
+@pytest.fixture
+def make_loop() -> Callable[..., ARDecodeLoop]:
+    """make_loop(loaded, num_blocks, block_size=16, eos_token_ids=None, prefix_caching=False)."""
+    return build_loop
+
+
+def make_plain(loaded: LoadedModel, block_size: int = 16) -> PlainRun:
+    def run(req: EngineRequest) -> CompletedRequest:
+        total = len(req.prompt_token_ids) + req.sampling.max_tokens
+        loop = build_loop(loaded, -(-total // block_size), block_size)
+        out = loop.plain_runner().run(req, LoopContext(weights_version="plain"))
+        assert loop.kv.pool.is_whole()
+        return out
+
+    return run
+
+
+@pytest.fixture
+def greedy() -> Callable[..., SamplingParams]:
+    """greedy(max_tokens, **more) -> greedy SamplingParams that ignore EOS (fixed lengths)."""
+
+    def make(max_tokens: int, **more: object) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **more)  # type: ignore[arg-type]
+
+    return make
+
+
+@dataclass
+class ForwardSpy:
+    """Wraps a model's forward and records each batch's per-sequence query lengths."""
+
+    batches: list[list[int]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(sum(b) for b in self.batches)
+
+
+@pytest.fixture
+def spy_forward() -> Iterator[Callable[[LoadedModel], ForwardSpy]]:
+    """spy_forward(loaded) -> ForwardSpy; the model's forward is restored after the test."""
+    restore: list[tuple[object, object]] = []
+
+    def install(loaded: LoadedModel) -> ForwardSpy:
+        spy = ForwardSpy()
+        model = loaded.model
+        original = model.forward
+
+        def forward(batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+            qs = batch.query_start
+            spy.batches.append([qs[i + 1] - qs[i] for i in range(batch.num_seqs)])
+            return original(batch, kv)
+
+        model.forward = forward  # type: ignore[method-assign]
+        restore.append((model, original))
+        return spy
+
+    yield install
+    for model, _ in reversed(restore):
+        del model.forward  # type: ignore[attr-defined]

@@ -1,0 +1,97 @@
+"""`loom runtime` flags -> what the worker loads and how it serves; refusals say what to do."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from loom_runtime.card import CardError
+from loom_runtime.cli import build_parser
+from loom_runtime.serve import main
+from loom_runtime.serve.main import UsageError, plan_worker
+
+CARD = """\
+apiVersion: loom.dev/v1alpha1
+kind: ModelCard
+metadata: {{name: my-model}}
+spec:
+  family: llama
+  components:
+    - name: decoder
+      kind: transformer
+      source: {{uri: "{uri}"}}
+      weightsVersion: v5
+      requiredFor: [generate]
+  loops: [{{name: generate, kind: ar_decode, components: [decoder]}}]
+  recipe: {{method: base, assumesLoop: generate, assumesPrecision: bf16}}
+"""
+
+
+def _card(tmp_path: Path, uri: str = "file:ckpt") -> Path:
+    path = tmp_path / "card.yaml"
+    path.write_text(CARD.format(uri=uri))
+    return path
+
+
+def _args(card: Path, *flags: str) -> argparse.Namespace:
+    return build_parser().parse_args(["runtime", "--card", str(card), *flags])
+
+
+def test_the_cli_routes_runtime_to_serve_main() -> None:
+    args = build_parser().parse_args(["runtime", "--card", "c.yaml", "--port", "9"])
+    assert args.run is main.run
+    assert (args.role, args.host, args.port, args.block_size) == ("aggregated", "127.0.0.1", 9, 16)
+
+
+def test_card_and_flags_become_engine_and_serve_settings(tmp_path: Path) -> None:
+    card = _card(tmp_path)
+    plan = plan_worker(
+        _args(card, "--num-blocks", "40", "--max-model-len", "256", "--dtype", "float64",
+              "--control-port", "7001"),
+        {"LOOM_CONTROL_TOKEN": "from-env"},
+    )  # fmt: skip
+    assert plan.checkpoint == (tmp_path / "ckpt").resolve()  # file:relative is card-relative
+    assert plan.engine.model_name == "my-model"
+    assert plan.engine.weights_version == "v5"
+    assert (plan.engine.num_blocks, plan.engine.max_model_len) == (40, 256)
+    assert plan.engine.dtype == torch.float64
+    assert (plan.serve.control_port, plan.serve.control_token) == (7001, "from-env")
+
+
+def test_flags_override_the_card_version_and_the_env_token(tmp_path: Path) -> None:
+    args = _args(_card(tmp_path), "--weights-version", "v9", "--control-port", "1",
+                 "--control-token", "flag")  # fmt: skip
+    plan = plan_worker(args, {"LOOM_CONTROL_TOKEN": "env"})
+    assert plan.engine.weights_version == "v9"
+    assert plan.serve.control_token == "flag"
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_pd_roles_are_refused_until_pd_exists(tmp_path: Path, role: str) -> None:
+    with pytest.raises(UsageError, match="P/D") as info:
+        plan_worker(_args(_card(tmp_path), "--role", role), {})
+    assert "--role aggregated" in str(info.value)
+
+
+def test_a_control_port_needs_a_token(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="LOOM_CONTROL_TOKEN"):
+        plan_worker(_args(_card(tmp_path), "--control-port", "7001"), {})
+
+
+def test_bad_engine_settings_and_cards_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="block_size"):
+        plan_worker(_args(_card(tmp_path), "--block-size", "0"), {})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: ModelCard\nspec: {}\n")
+    with pytest.raises(CardError):
+        plan_worker(_args(broken), {})
+
+
+def test_run_exits_2_with_a_message_for_a_pd_role(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.run(_args(_card(tmp_path), "--role", "decode")) == 2
+    assert "P/D" in capsys.readouterr().err

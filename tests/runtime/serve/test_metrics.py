@@ -1,0 +1,100 @@
+"""Worker metrics: vLLM names from engine snapshots, loom:* gauges, latencies, own registry."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from loom_runtime.engine.types import EngineStats, RequestMetrics
+from loom_runtime.serve.metrics import ServerMetrics
+
+
+class Snapshot:
+    """A fixed stats source (the real engine is exercised by the server tests)."""
+
+    def __init__(self, stats: EngineStats, in_flight: int) -> None:
+        self._stats, self._in_flight = stats, in_flight
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def in_flight(self) -> int:
+        return self._in_flight
+
+
+STATS = EngineStats(
+    num_running=2, num_waiting=1, kv_usage=0.25, num_blocks=64, num_free_blocks=48,
+    block_size=16, admission_open=False, weights_version="v7", num_preemptions=3,
+    prefix_queries=100, prefix_hits=40, num_prompt_tokens=120, num_generation_tokens=33,
+)  # fmt: skip
+
+
+def _samples(m: ServerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_engine_snapshot_is_exported_under_vllm_and_loom_names() -> None:
+    s = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=3)))
+    m = (("model_name", "tiny"),)
+    assert s[("vllm:num_requests_running", m)] == 2
+    assert s[("vllm:num_requests_waiting", m)] == 1
+    assert s[("vllm:kv_cache_usage_perc", m)] == 0.25
+    assert s[("vllm:prefix_cache_queries_total", m)] == 100
+    assert s[("vllm:prefix_cache_hits_total", m)] == 40
+    assert s[("vllm:num_preemptions_total", m)] == 3
+    assert s[("vllm:prompt_tokens_total", m)] == 120
+    assert s[("vllm:generation_tokens_total", m)] == 33
+    assert s[("loom:admission_open", m)] == 0
+    assert s[("loom:in_flight_requests", m)] == 3
+    assert s[("loom:kv_free_blocks", m)] == 48
+    assert s[("loom:weights_version_info", (("model_name", "tiny"), ("version", "v7")))] == 1
+    cache = (("block_size", "16"), ("model_name", "tiny"), ("num_gpu_blocks", "64"))
+    assert s[("vllm:cache_config_info", cache)] == 1
+
+
+def test_finished_requests_feed_the_latency_histograms() -> None:
+    metrics = ServerMetrics("tiny", Snapshot(STATS, 0))
+    timing = RequestMetrics(
+        arrival_time=10.0, scheduled_time=10.5, first_token_time=11.0, last_token_time=12.0,
+        finished_time=12.0, inter_token_latencies=(0.5, 0.5),
+    )  # fmt: skip
+    metrics.observe_finished("length", timing)
+    metrics.observe_finished("stop", None)
+    s = _samples(metrics)
+    m = (("model_name", "tiny"),)
+    assert s[("vllm:request_success_total", (("finished_reason", "length"), *m))] == 1
+    assert s[("vllm:request_success_total", (("finished_reason", "stop"), *m))] == 1
+    assert s[("vllm:time_to_first_token_seconds_sum", m)] == 1.0
+    assert s[("vllm:request_queue_time_seconds_sum", m)] == 0.5
+    assert s[("vllm:request_prefill_time_seconds_sum", m)] == 0.5
+    assert s[("vllm:request_decode_time_seconds_sum", m)] == 1.0
+    assert s[("vllm:e2e_request_latency_seconds_sum", m)] == 2.0
+    assert s[("vllm:inter_token_latency_seconds_count", m)] == 2
+
+
+def test_two_servers_in_one_process_keep_separate_registries() -> None:
+    a = ServerMetrics("a", Snapshot(STATS, 0))
+    b = ServerMetrics("b", Snapshot(STATS, 0))
+    a.observe_finished("stop", None)
+    assert ("vllm:request_success_total", (("finished_reason", "stop"), ("model_name", "a"))) in (
+        _samples(a)
+    )
+    assert not any(name == "vllm:request_success_total" for name, _ in _samples(b))
+
+
+def test_a_failing_engine_does_not_break_the_scrape() -> None:
+    class Broken:
+        def stats(self) -> EngineStats:
+            raise RuntimeError("engine gone")
+
+        def in_flight(self) -> int:
+            return 0
+
+    metrics = ServerMetrics("tiny", Broken())
+    metrics.observe_finished("stop", None)
+    names = {name for name, _ in _samples(metrics)}
+    assert "vllm:request_success_total" in names
+    assert "vllm:num_requests_running" not in names

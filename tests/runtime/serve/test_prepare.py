@@ -1,0 +1,52 @@
+"""Context rules: prompt + max_tokens must fit max_model_len; defaults follow OpenAI."""
+
+from __future__ import annotations
+
+import pytest
+
+from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
+from loom_runtime.serve.prepare import ModelLimits, check_model, resolve_max_tokens
+
+LIMITS = ModelLimits(model_name="tiny", max_model_len=100, vocab_size=500)
+
+OK = [
+    # (requested, default, prompt_len, expected)
+    (None, 16, 10, 16),  # completions default
+    (None, 16, 95, 5),  # default clamped to the room left
+    (None, None, 10, 90),  # chat default: the rest of the context
+    (90, 16, 10, 90),  # exactly fills the context
+    (1, None, 99, 1),
+]
+
+
+@pytest.mark.parametrize(("requested", "default", "prompt_len", "expected"), OK)
+def test_max_tokens_resolves(
+    requested: int | None, default: int | None, prompt_len: int, expected: int
+) -> None:
+    assert resolve_max_tokens(requested, default, prompt_len, LIMITS, "prompt") == expected
+
+
+BAD = [
+    # (requested, prompt_len, param, words)
+    (91, 10, "max_tokens", "at most 90"),
+    (10**12, 10, "max_tokens", "lower max_tokens"),
+    (None, 100, "prompt", "prompt has 100"),
+    (5, 150, "prompt", "shorten the prompt"),
+]
+
+
+@pytest.mark.parametrize(("requested", "prompt_len", "param", "words"), BAD)
+def test_too_long_requests_are_refused_naming_the_field(
+    requested: int | None, prompt_len: int, param: str, words: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        resolve_max_tokens(requested, 16, prompt_len, LIMITS, "prompt")
+    assert info.value.param == param
+    assert words in str(info.value)
+    assert "100" in str(info.value)  # the context length is stated
+
+
+def test_unknown_model_is_refused_and_the_served_one_named() -> None:
+    check_model("tiny", LIMITS)
+    with pytest.raises(ModelNotFoundError, match="'tiny'"):
+        check_model("gpt-4", LIMITS)

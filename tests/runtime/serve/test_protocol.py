@@ -1,0 +1,106 @@
+"""OpenAI request parsing: good bodies become typed requests, bad ones name the field at fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loom_runtime.errors import InvalidRequestError
+from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"model": "m", "prompt": "hi"}
+
+
+def _body(base: dict[str, object], **changes: object) -> bytes:
+    return json.dumps({**base, **changes}).encode()
+
+
+def test_completion_accepts_string_or_token_prompt_and_a_batch_of_one() -> None:
+    assert parse_request(CompletionRequest, _body(COMPLETION)).prompt == "hi"
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[1, 2])).prompt == (1, 2)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=["x"])).prompt == "x"
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[[3]])).prompt == (3,)
+
+
+def test_stop_string_becomes_a_tuple_and_stream_options_are_read() -> None:
+    req = parse_request(
+        CompletionRequest,
+        _body(COMPLETION, stop="\n", stream=True, stream_options={"include_usage": True}),
+    )
+    assert req.stop == ("\n",)
+    assert req.include_usage_chunk
+
+
+def test_chat_content_parts_are_joined_and_max_completion_tokens_wins() -> None:
+    req = parse_request(
+        ChatCompletionRequest,
+        _body(
+            CHAT,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                   {"type": "text", "text": "b"}]}],
+            max_tokens=5,
+            max_completion_tokens=7,
+            logprobs=True,
+            top_logprobs=3,
+        ),
+    )  # fmt: skip
+    assert req.messages[0].content == "ab"
+    assert req.requested_max_tokens == 7
+    assert req.num_logprobs == 3
+
+
+BAD = [
+    # (request class, body, param, words the message must contain)
+    (CompletionRequest, b"{not json", None, "not valid JSON"),
+    (CompletionRequest, b"[1, 2]", None, "JSON object"),
+    (CompletionRequest, _body({"prompt": "x"}), "model", "required"),
+    (CompletionRequest, _body(COMPLETION, prompt=""), "prompt", "empty"),
+    (CompletionRequest, _body(COMPLETION, prompt=[]), "prompt", "empty"),
+    (CompletionRequest, _body(COMPLETION, prompt=[1, -2]), "prompt", "non-negative"),
+    (CompletionRequest, _body(COMPLETION, prompt=["a", "b"]), "prompt", "batched"),
+    (CompletionRequest, _body(COMPLETION, max_tokens=-1), "max_tokens", "greater than"),
+    (CompletionRequest, _body(COMPLETION, max_tokens=0), "max_tokens", "greater than"),
+    (CompletionRequest, _body(COMPLETION, max_tokens="9"), "max_tokens", "integer"),
+    (CompletionRequest, _body(COMPLETION, temperature=-0.1), "temperature", "greater than"),
+    (CompletionRequest, _body(COMPLETION, temperature=2.5), "temperature", "less than"),
+    (CompletionRequest, _body(COMPLETION, top_p=0), "top_p", "greater than"),
+    (CompletionRequest, _body(COMPLETION, top_p=1.5), "top_p", "less than"),
+    (CompletionRequest, _body(COMPLETION, top_k=-2), "top_k", "greater than"),
+    (CompletionRequest, _body(COMPLETION, n=2), "n", "only n=1"),
+    (CompletionRequest, _body(COMPLETION, best_of=3), "best_of", "not supported"),
+    (CompletionRequest, _body(COMPLETION, echo=True), "echo", "not supported"),
+    (CompletionRequest, _body(COMPLETION, logprobs=21), "logprobs", "less than"),
+    (CompletionRequest, _body(COMPLETION, presence_penalty=0.5), "presence_penalty", "penalties"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"1": 5}), "logit_bias", "not supported"),
+    (CompletionRequest, _body(COMPLETION, stop=[""]), "stop", "non-empty"),
+    (CompletionRequest, _body(COMPLETION, stream_options={}), "stream_options", "stream is true"),
+    (CompletionRequest, _body(COMPLETION, frobnicate=1), "frobnicate", "unsupported field"),
+    (ChatCompletionRequest, _body(CHAT, messages=[]), "messages", "at least one"),
+    (ChatCompletionRequest, _body(CHAT, messages="hi"), "messages", "valid array"),
+    (ChatCompletionRequest, _body(CHAT, messages=[{"role": "robot", "content": "x"}]),
+     "messages[0].role", "'user'"),
+    (ChatCompletionRequest, _body(CHAT, messages=[{"role": "user"}]),
+     "messages[0].content", "required"),
+    (ChatCompletionRequest,
+     _body(CHAT, messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+     "messages[0].content", "only 'text'"),
+    (ChatCompletionRequest, _body(CHAT, top_logprobs=2), "top_logprobs", "logprobs: true"),
+    (ChatCompletionRequest, _body(CHAT, tools=[{"type": "function"}]), "tools", "not supported"),
+    (ChatCompletionRequest, _body(CHAT, response_format={"type": "json_object"}),
+     "response_format", "text"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cls", "body", "param", "words"), BAD)
+def test_bad_request_names_its_field(
+    cls: type[CompletionRequest] | type[ChatCompletionRequest],
+    body: bytes,
+    param: str | None,
+    words: str,
+) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request(cls, body)
+    assert info.value.param == param
+    assert words in str(info.value)
