@@ -1,0 +1,70 @@
+"""The mutable state one router replica keeps (indexes, sessions, load) and its upkeep.
+
+Owns creating that state from RouterSettings, pruning it when endpoints leave or change
+weights, and recording where requests went; never picks (the Scheduler does) and no I/O.
+"""
+
+from __future__ import annotations
+
+from loom_operator.router.approx_index import ApproxIndex
+from loom_operator.router.decision import RoutingDecision
+from loom_operator.router.endpoints import EndpointSnapshot
+from loom_operator.router.load import LoadTracker
+from loom_operator.router.pipeline import PrefixLookup, RoutingInputs
+from loom_operator.router.prefix_index import PrefixIndex
+from loom_operator.router.request import RequestFeatures
+from loom_operator.router.scorers.session import SessionTable
+from loom_operator.router.settings import RouterSettings
+from loom_runtime.wire.prefix_hash import PrefixHasher
+
+
+class RouterState:
+    """Everything a pick reads besides the request. Every part is bounded by its setting.
+
+    Call `on_endpoints` from the endpoint source's listener, `remember` after each pick, and
+    `inputs(snapshot, now)` to get a pick's inputs. Thread-safe as its parts are.
+    """
+
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.hasher = PrefixHasher(settings.block_size, settings.hash_seed, settings.hash_algo)
+        self.prefix = PrefixIndex(settings.max_index_entries, self.hasher)
+        self.approx = ApproxIndex(settings.approx_blocks_per_endpoint)
+        self.sessions = SessionTable(settings.max_sessions)
+        self.load = LoadTracker(settings.stale_after_s)
+        self._versions: dict[str, str] = {}
+
+    @property
+    def lookup(self) -> PrefixLookup:
+        """The index the configured prefix scorer reads."""
+        return self.prefix if self.settings.prefix_scorer == "precise" else self.approx
+
+    def inputs(self, snapshot: EndpointSnapshot, now: float) -> RoutingInputs:
+        return RoutingInputs(snapshot, self.load.view(now), self.lookup, self.sessions)
+
+    def on_endpoints(self, snapshot: EndpointSnapshot) -> tuple[str, ...]:
+        """Drop what is known about endpoints that left; forget the approximate cache of
+        endpoints whose weights version changed (their engines cleared it). Returns the ids
+        that left."""
+        current = {e.id: e.weights_version for e in snapshot.endpoints}
+        gone = tuple(sorted(set(self._versions) - set(current)))
+        for endpoint_id in gone:
+            self.prefix.remove_endpoint(endpoint_id)
+            self.approx.remove_endpoint(endpoint_id)
+            self.sessions.forget_endpoint(endpoint_id)
+        self.load.forget(gone)
+        for endpoint_id, version in current.items():
+            old = self._versions.get(endpoint_id)
+            if old is not None and old != version:
+                self.approx.clear_endpoint(endpoint_id)
+        self._versions = current
+        return gone
+
+    def remember(self, decision: RoutingDecision, request: RequestFeatures) -> None:
+        """Where the request went: the session's endpoint, and (approximate) what it caches."""
+        if self.settings.session_affinity:
+            self.sessions.record(request.session_token, decision.endpoint.id)
+        if request.text_keys:
+            self.approx.record(decision.endpoint.id, request.text_keys)
+            if decision.prefill is not None:
+                self.approx.record(decision.prefill.id, request.text_keys)

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from loom_operator.router.approx_index import text_keys
+from loom_operator.router.decision import RoutingDecision
+from loom_operator.router.endpoints import Endpoint, StaticEndpoints
+from loom_operator.router.kv_events import DecodedBatch
+from loom_operator.router.load import EngineMetrics
+from loom_operator.router.pd_decider import PDDecision
+from loom_operator.router.request import RequestFeatures
+from loom_operator.router.settings import RouterSettings
+from loom_operator.router.state import RouterState
+from loom_runtime.wire.kv_events import BlockStored
+
+EndpointFactory = Callable[..., Endpoint]
+
+
+def decision_for(endpoint: Endpoint, prefill: Endpoint | None = None) -> RoutingDecision:
+    pd = PDDecision(prefill is not None, "test", 10, 0)
+    return RoutingDecision("r", endpoint, prefill, pd, "test", (), (), 0, 0, (), ())
+
+
+def test_endpoints_leaving_are_dropped_from_every_index(endpoint: EndpointFactory) -> None:
+    state = RouterState(RouterSettings())
+    source = StaticEndpoints([endpoint("a"), endpoint("b")])
+    source.subscribe(state.on_endpoints)
+    state.on_endpoints(source.snapshot())
+    tokens = tuple(range(16))
+    event = BlockStored(tuple(state.hasher.hash_blocks(tokens)), None, tokens, 16)
+    for i in ("a", "b"):
+        state.prefix.apply_batch(i, DecodedBatch(0.0, (event,), 0))
+        state.approx.record(i, (1, 2, 3))
+        state.sessions.record(f"s-{i}", i)
+        state.load.begin(i)
+        state.load.record_scrape(i, EngineMetrics(waiting=1), at=0.0)
+    source.remove("a")
+    assert state.prefix.blocks_of("a") == 0 and state.prefix.blocks_of("b") == 1
+    assert state.approx.match(["a", "b"], (1, 2, 3)) == {"a": 0, "b": 3}
+    assert state.sessions.lookup("s-a") is None and state.sessions.lookup("s-b") == "b"
+    view = state.load.view(0.0)
+    assert view.in_flight_of("a") == 0 and view.metrics("a") is None
+    assert view.in_flight_of("b") == 1 and view.metrics("b") is not None
+
+
+def test_a_new_weights_version_forgets_the_approximate_cache(endpoint: EndpointFactory) -> None:
+    state = RouterState(RouterSettings(prefix_scorer="approximate"))
+    source = StaticEndpoints([endpoint("a", version="v1")])
+    source.subscribe(state.on_endpoints)
+    state.on_endpoints(source.snapshot())
+    state.approx.record("a", (1, 2))
+    source.drain("a")  # same version: kept
+    assert state.approx.match(["a"], (1, 2)) == {"a": 2}
+    source.update(endpoint("a", version="v2"))
+    assert state.approx.match(["a"], (1, 2)) == {"a": 0}
+
+
+def test_remember_records_session_and_approximate_blocks(endpoint: EndpointFactory) -> None:
+    state = RouterState(RouterSettings())
+    keys = text_keys("z" * 640)
+    req = RequestFeatures("r", 160, text_keys=keys, session_token="conv")
+    state.remember(decision_for(endpoint("d1"), endpoint("p1", role="prefill")), req)
+    assert state.sessions.lookup("conv") == "d1"
+    assert state.approx.match(["d1", "p1"], keys) == {"d1": 10, "p1": 10}
+
+
+def test_lookup_follows_the_configured_scorer() -> None:
+    assert RouterState(RouterSettings()).lookup is not None
+    precise = RouterState(RouterSettings(prefix_scorer="precise"))
+    approx = RouterState(RouterSettings(prefix_scorer="approximate"))
+    assert precise.lookup is precise.prefix
+    assert approx.lookup is approx.approx
