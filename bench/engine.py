@@ -3,13 +3,17 @@
 For each model config it runs, on the same prompt token ids and greedy decoding:
   - single stream: prompts one after another (Loom: one streaming request at a time;
     transformers: one `generate` per prompt), and
-  - concurrent: N requests at once (Loom: N concurrent streaming requests to the server;
-    transformers: one left-padded batched `generate`, the best it can do),
+  - concurrent: N requests at once, all with the same output length (Loom: N concurrent
+    streaming requests to the server; transformers: one left-padded batched `generate`, the
+    best a static batcher can do), and
+  - mixed: N requests at once whose output lengths differ (max_tokens/4 .. 2*max_tokens), as
+    real traffic does (transformers' batch runs until its longest request is done; only each
+    request's own tokens count),
 and reports output tok/s, TTFT p50/p90 and Loom/transformers ratios. Each repeat uses fresh
 prompts (so Loom's prefix cache gives it nothing a baseline could not have); the summary is the
 median over repeats. Usage:
 
-    .venv/bin/python bench/engine.py --configs tiny,0.5b --repeats 3 --out bench/results/engine.json
+    .venv/bin/python bench/engine.py --configs tiny,0.5b --repeats 3
 """
 
 from __future__ import annotations
@@ -221,21 +225,29 @@ async def stream_one(
     return ttft, tokens
 
 
-async def loom_phase(
-    url: str, prompts: list[list[int]], max_tokens: int, concurrent: bool
-) -> PhaseResult:
+@dataclass(frozen=True)
+class Phase:
+    """One measured workload: prompts, each request's output length, and whether concurrent."""
+
+    name: str  # single | concurrent | mixed
+    prompts: list[list[int]]
+    lengths: list[int]  # max_tokens of each request (ignore_eos, so exactly this many)
+    concurrent: bool
+
+
+async def loom_phase(url: str, phase: Phase) -> PhaseResult:
     timeout = aiohttp.ClientTimeout(total=3600)
+    work = list(zip(phase.prompts, phase.lengths, strict=True))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         t0 = time.perf_counter()
-        if concurrent:
-            results = await asyncio.gather(
-                *(stream_one(session, url, p, max_tokens) for p in prompts)
-            )
+        if phase.concurrent:
+            results = await asyncio.gather(*(stream_one(session, url, p, n) for p, n in work))
         else:
-            results = [await stream_one(session, url, p, max_tokens) for p in prompts]
+            results = [await stream_one(session, url, p, n) for p, n in work]
         wall = time.perf_counter() - t0
-    phase = "concurrent" if concurrent else "single"
-    return PhaseResult("loom", phase, sum(t for _, t in results), wall, [f for f, _ in results])
+    return PhaseResult(
+        "loom", phase.name, sum(t for _, t in results), wall, [f for f, _ in results]
+    )
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -281,57 +293,56 @@ def hf_generate(model: Any, prompts: list[list[int]], max_tokens: int) -> tuple[
     return timer.first - t0, int(out.shape[1] - width) * len(prompts)
 
 
-def hf_phase(
-    model: Any, prompts: list[list[int]], max_tokens: int, concurrent: bool
-) -> PhaseResult:
+def hf_phase(model: Any, phase: Phase) -> PhaseResult:
+    """Static batching: one padded `generate` runs until the longest request is done.
+
+    Only each request's own tokens count as output (a server would cut the rest off).
+    """
     t0 = time.perf_counter()
-    if concurrent:
-        ttft, tokens = hf_generate(model, prompts, max_tokens)
-        ttfts = [ttft] * len(prompts)
+    if phase.concurrent:
+        ttft, _ = hf_generate(model, phase.prompts, max(phase.lengths))
+        ttfts, tokens = [ttft] * len(phase.prompts), sum(phase.lengths)
     else:
-        pairs = [hf_generate(model, [p], max_tokens) for p in prompts]
+        pairs = [
+            hf_generate(model, [p], n) for p, n in zip(phase.prompts, phase.lengths, strict=True)
+        ]
         ttfts, tokens = [f for f, _ in pairs], sum(t for _, t in pairs)
     wall = time.perf_counter() - t0
-    return PhaseResult(
-        "transformers", "concurrent" if concurrent else "single", tokens, wall, ttfts
-    )
+    return PhaseResult("transformers", phase.name, tokens, wall, ttfts)
 
 
 # ----------------------------------------------------------------------------- driver
 
 
+def phases(ckpt: Path, cfg: BenchConfig, round_: int, singles: int, n: int) -> list[Phase]:
+    """single: one at a time; concurrent: n at once, equal lengths; mixed: n at once, lengths
+    from max_tokens/4 to 2*max_tokens (what real traffic looks like)."""
+    m = cfg.max_tokens
+    mixed = [m // 4 + (i * 37) % (2 * m - m // 4 + 1) for i in range(n)]
+    return [
+        Phase("single", make_prompts(ckpt, cfg, singles, 3 * round_), [m] * singles, False),
+        Phase("concurrent", make_prompts(ckpt, cfg, n, 3 * round_ + 1), [m] * n, True),
+        Phase("mixed", make_prompts(ckpt, cfg, n, 3 * round_ + 2), mixed, True),
+    ]
+
+
 def run_config(cfg: BenchConfig, repeats: int, concurrency: int, singles: int) -> dict[str, Any]:
-    ckpt = checkpoint(cfg.name)
-    rounds = [
-        (make_prompts(ckpt, cfg, singles, 2 * r), make_prompts(ckpt, cfg, concurrency, 2 * r + 1))
-        for r in range(repeats + 1)
-    ]  # round 0 is warm-up
-    results: list[PhaseResult] = []
-
-    server = LoomServer(ckpt, max_num_seqs=max(concurrency, 16))
-    try:
-        server.wait_ready()
-        for r, (single, many) in enumerate(rounds):
-            got = [
-                asyncio.run(loom_phase(server.url, single, cfg.max_tokens, False)),
-                asyncio.run(loom_phase(server.url, many, cfg.max_tokens, True)),
-            ]
-            if r:
-                results += got
-    finally:
-        server.stop()
-
+    """Each round runs Loom's phases, then transformers' on the same prompts, so both see the
+    same machine load; round 0 is a warm-up and is not counted."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    for r, (single, many) in enumerate(rounds):
-        got = [
-            hf_phase(model, single, cfg.max_tokens, False),
-            hf_phase(model, many, cfg.max_tokens, True),
-        ]
-        if r:
-            results += got
-    del model
+    ckpt = checkpoint(cfg.name)
+    results: list[PhaseResult] = []
+    server = LoomServer(ckpt, max_num_seqs=max(concurrency, 16))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+        server.wait_ready()
+        for r in range(repeats + 1):
+            for ph in phases(ckpt, cfg, r, singles, concurrency):
+                got = [asyncio.run(loom_phase(server.url, ph)), hf_phase(model, ph)]
+                results += got if r else []
+    finally:
+        server.stop()
     return summarize(cfg, results)
 
 
@@ -349,7 +360,7 @@ def summarize(cfg: BenchConfig, results: list[PhaseResult]) -> dict[str, Any]:
                 "ttft_p90": res.ttft(0.9),
             }
         )
-    for phase in ("single", "concurrent"):
+    for phase in ("single", "concurrent", "mixed"):
         med: dict[str, float] = {}
         for engine in ("loom", "transformers"):
             runs = [r for r in summary["runs"] if r["engine"] == engine and r["phase"] == phase]
