@@ -4,7 +4,7 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 CACHE     := .cache
-CARD      ?= examples/tiny-aggregated.yaml
+CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto
@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: venv
-	@echo "Loom: serving $(CARD) on http://127.0.0.1:$(PORT)/v1 (Ctrl-C stops it)"
+	@echo "Loom: serving $(CARD) on http://127.0.0.1:$(PORT)/v1 (Ctrl-C drains and stops it)"
 	@echo "  curl http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"model\": \"tiny\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}'"
-	$(BIN)/loom runtime --card $(CARD) --role aggregated --port $(PORT)
+	$(BIN)/loom up $(CARD) --port $(PORT)
 
 lint: venv
 	$(BIN)/ruff check .
@@ -46,6 +46,13 @@ crds: venv
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iruntime --python_out=runtime --pyi_out=runtime \
 		--grpc_python_out=runtime runtime/loom_runtime/serve/control.proto
+	# The operator's copy of the messages (loom_operator.control.client calls the service itself),
+	# registered under the proto's own file name so that both copies load into one process.
+	mkdir -p $(CACHE)/proto
+	$(BIN)/python -m grpc_tools.protoc -Iruntime --python_out=$(CACHE)/proto \
+		--pyi_out=$(CACHE)/proto runtime/loom_runtime/serve/control.proto
+	cp $(CACHE)/proto/loom_runtime/serve/control_pb2.py $(CACHE)/proto/loom_runtime/serve/control_pb2.pyi \
+		operator/loom_operator/control/
 
 bench: venv
 	$(BIN)/python bench/engine.py

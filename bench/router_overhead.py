@@ -7,20 +7,31 @@ in-flight counts for every endpoint. Requests are a group's system prompt plus a
 turn. Reported per fleet size: the pick itself (filters → scorers → hot-spot rule → picker →
 P/D decider) p50/p99/max, building the load view for a pick, and, once, hashing a 6.5k-token
 prompt the way the engine does (per request, independent of fleet size; the proxy shell runs it
-off the event loop). Target: pick p99 < 1 ms at 100 endpoints. Usage:
+off the event loop). Target: pick p99 < 1 ms at 100 endpoints.
 
-    .venv/bin/python bench/router_overhead.py --out bench/results/router_overhead.json
+Proxy overhead: requests/s through the real router process versus straight to the worker, with
+a stub worker (a test double that answers at once with canned bodies, so what is measured is
+the router's cost alone: parsing, picking, relaying, and for streams re-encoding each chunk),
+non-streamed and streamed (16 chunks), at concurrency 1 (added latency) and 16 (throughput).
+Usage:
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/router_overhead.py \
+        --out bench/results/router_overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,12 +175,195 @@ def bench_hashing(repeats: int) -> dict[str, float]:
     return {"prompt_tokens": len(tokens), "p50_us": statistics.median(times)}
 
 
+# --- proxy overhead: router vs direct, against a stub worker ----------------------------------
+
+STUB_CHUNKS = 16
+STUB_MODEL = "stub"
+
+
+def serve_stub(port: int) -> None:
+    """A stub worker (test double): answers /v1/completions at once, JSON or 16 SSE chunks."""
+    from aiohttp import web
+
+    head = {
+        "id": "cmpl-stub",
+        "object": "text_completion",
+        "created": 0,
+        "model": STUB_MODEL,
+        "system_fingerprint": "v1",
+    }
+    usage = {"prompt_tokens": 8, "completion_tokens": STUB_CHUNKS, "total_tokens": 24}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        headers = {"x-loom-weights-version": "v1"}
+        if not body.get("stream"):
+            choice = {
+                "index": 0,
+                "text": "x" * STUB_CHUNKS,
+                "finish_reason": "length",
+                "logprobs": None,
+            }
+            return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
+        resp = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(STUB_CHUNKS):
+            choice = {
+                "index": 0,
+                "text": "x",
+                "logprobs": None,
+                "token_ids": [100 + i],
+                "finish_reason": "length" if i == STUB_CHUNKS - 1 else None,
+            }
+            if i == 0:
+                choice["prompt_token_ids"] = list(range(8))
+            await resp.write(
+                b"data: " + json.dumps({**head, "choices": [choice]}).encode() + b"\n\n"
+            )
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def metrics(_: web.Request) -> web.Response:
+        text = (
+            "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
+        )
+        return web.Response(text=text)
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up")
+
+
+async def _drive(url: str, stream: bool, requests: int, concurrency: int) -> dict[str, float]:
+    import aiohttp
+
+    body = {
+        "model": STUB_MODEL,
+        "prompt": "a short prompt",
+        "max_tokens": STUB_CHUNKS,
+        "stream": stream,
+    }
+    latencies: list[float] = []
+    left = [requests]
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def client() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                start = time.perf_counter()
+                async with http.post(url + "/v1/completions", json=body) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return {"requests_per_s": requests / wall, "p50_ms": statistics.median(latencies) * 1e3}
+
+
+def bench_proxy(requests: int) -> list[dict[str, Any]]:
+    """Router vs direct against the stub worker, in requests/s and latency p50."""
+    from loom_runtime.testing.processes import free_ports
+
+    stub_port, port, admin = free_ports(3)
+    stub_url, router_url = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "router.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "model_name": STUB_MODEL,
+                    "endpoints": [
+                        {
+                            "id": "stub",
+                            "url": stub_url,
+                            "role": "aggregated",
+                            "weights_version": "v1",
+                        }
+                    ],
+                }
+            )
+        )
+        stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)])
+        router = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "loom_operator.router",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--admin-port",
+                str(admin),
+                "--admin-token",
+                "bench",
+                "--log-level",
+                "WARNING",
+            ]
+        )
+        try:
+            _wait_up(stub_url + "/health", stub)
+            _wait_up(router_url + "/ready", router)
+            rows = []
+            for stream in (False, True):
+                for concurrency in (1, 16):
+                    n = requests if concurrency > 1 else requests // 4
+                    asyncio.run(_drive(stub_url, stream, 50, concurrency))  # warm up
+                    asyncio.run(_drive(router_url, stream, 50, concurrency))
+                    direct = asyncio.run(_drive(stub_url, stream, n, concurrency))
+                    routed = asyncio.run(_drive(router_url, stream, n, concurrency))
+                    rows.append(
+                        {
+                            "stream": stream,
+                            "concurrency": concurrency,
+                            "requests": n,
+                            "direct_rps": direct["requests_per_s"],
+                            "router_rps": routed["requests_per_s"],
+                            "router_vs_direct": routed["requests_per_s"] / direct["requests_per_s"],
+                            "direct_p50_ms": direct["p50_ms"],
+                            "router_p50_ms": routed["p50_ms"],
+                            "added_p50_ms": routed["p50_ms"] - direct["p50_ms"],
+                        }
+                    )
+            return rows
+        finally:
+            for proc in (router, stub):
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-stub":
+        serve_stub(int(sys.argv[2]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--picks", type=int, default=2000)
     parser.add_argument("--max-entries", type=int, default=RouterSettings().max_index_entries)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--proxy-requests", type=int, default=2000, help="0 skips the proxy part")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/router_overhead.json")
     args = parser.parse_args()
     rows = []
@@ -213,6 +407,19 @@ def main() -> int:
         "fleets": rows,
         "hashing": hashing,
     }
+    if args.proxy_requests > 0:
+        proxy = bench_proxy(args.proxy_requests)
+        print(
+            f"{'stream':>6} {'conc':>4} {'direct rps':>10} {'router rps':>10} {'ratio':>6} "
+            f"{'added p50':>9}"
+        )
+        for r in proxy:
+            print(
+                f"{r['stream']!s:>6} {r['concurrency']:>4} {r['direct_rps']:>10.0f} "
+                f"{r['router_rps']:>10.0f} {r['router_vs_direct']:>6.2f} "
+                f"{r['added_p50_ms']:>7.2f}ms"
+            )
+        result["proxy"] = proxy
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

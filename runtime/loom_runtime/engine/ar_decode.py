@@ -17,6 +17,7 @@ from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenWork
 from loom_runtime.engine.sampler import SampledToken, is_greedy, make_generator, sample
 from loom_runtime.engine.scheduler import RunningSeq, WaitingSeq
 from loom_runtime.engine.stop import find_stop, holdback
+from loom_runtime.engine.transfer_port import TransferParams
 from loom_runtime.engine.types import (
     EngineRequest,
     FinishReason,
@@ -94,6 +95,8 @@ class ARDecodeState:
     inter_token_latencies: list[float] = field(default_factory=list)
     num_preemptions: int = 0
     hashes: list[BlockHash] = field(default_factory=list)  # memo of full-block prefix hashes
+    kv_transfer_params: TransferParams | None = None  # P/D prefill: the lease it answers with
+    transfer_error: str | None = None  # P/D decode: why the request failed (policy "fail")
 
     @property
     def request_id(self) -> str:
@@ -284,16 +287,14 @@ class ARDecodeLoop:
         n = len(state.tokens)
         if not self.prefix_caching:
             return WaitingSeq(state.request_id, n, 0, self.kv.blocks_for(n))
-        hit_ids = self.kv.pool.lookup(self._prompt_hashes(state))
-        reclaimed = sum(1 for b in hit_ids if self.kv.pool.ref_count(b) == 0)
-        new = max(self.kv.blocks_for(n), len(hit_ids)) - len(hit_ids)
-        return WaitingSeq(state.request_id, n, len(hit_ids) * self.block_size, new + reclaimed)
+        cached, consumed = self.kv.admission_cost(state.tokens, n, self._prompt_hashes(state))
+        return WaitingSeq(state.request_id, n, cached, consumed)
 
     def admit(self, state: ARDecodeState) -> bool:
         """Reserve blocks for all its tokens (taking prefix hits); False changes nothing."""
         n = len(state.tokens)
         if self.prefix_caching:
-            if not self.kv.admit(state.table, state.tokens, n):
+            if not self.kv.admit(state.table, state.tokens, n, self._prompt_hashes(state)):
                 return False
             state.num_computed = state.table.num_cached_tokens
         else:
@@ -375,6 +376,8 @@ class ARDecodeLoop:
             logprobs=new_logprobs,
             weights_version=state.ctx.weights_version,
             metrics=self.metrics(state) if final else None,
+            kv_transfer_params=state.kv_transfer_params if final else None,
+            transfer_error=state.transfer_error if final else None,
         )
 
     def metrics(self, state: ARDecodeState) -> RequestMetrics:

@@ -18,8 +18,10 @@ from typing import Literal
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import ModelRunner
 from loom_runtime.engine.step import StepLoop
+from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
     EngineRequest,
     EngineStats,
@@ -45,12 +47,20 @@ class Engine:
     """Continuous-batching engine over one model. Public methods are thread-safe.
 
     Without `start()`, `generate` and `pause` drive steps on the calling thread, which tests use
-    for deterministic runs; with it, a daemon thread runs the steps.
+    for deterministic runs; with it, a daemon thread runs the steps. A P/D worker passes its
+    role (`disagg`) and a KV connector; the engine registers its KV pool with the connector.
     """
 
     def __init__(
-        self, loaded: LoadedModel, config: EngineConfig, events: KVEventSink | None = None
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        events: KVEventSink | None = None,
+        disagg: DisaggSettings | None = None,
+        connector: KVConnectorPort | None = None,
     ) -> None:
+        if (disagg is None) != (connector is None):
+            raise ValueError("a P/D engine needs both its role (disagg) and a KV connector")
         if loaded.model.dtype != config.dtype:
             raise ValueError(
                 f"model weights are {loaded.model.dtype} but EngineConfig.dtype is "
@@ -75,11 +85,17 @@ class Engine:
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.prefix_caching,
         )
+        self.disagg = disagg
+        remote = None
+        if disagg is not None and connector is not None:
+            connector.bind(cache.data, self._wake)
+            remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
         self._core = StepLoop(
             self._loop,
             self._runner,
             (config.max_num_batched_tokens, config.max_num_seqs),
             self._emit,
+            remote,
         )
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
@@ -98,9 +114,15 @@ class Engine:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, config: EngineConfig, events: KVEventSink | None = None
+        cls,
+        path: str | Path,
+        config: EngineConfig,
+        events: KVEventSink | None = None,
+        disagg: DisaggSettings | None = None,
+        connector: KVConnectorPort | None = None,
     ) -> Engine:
-        return cls(load_model(path, dtype=config.dtype, device=config.device), config, events)
+        loaded = load_model(path, dtype=config.dtype, device=config.device)
+        return cls(loaded, config, events, disagg, connector)
 
     @property
     def weights_version(self) -> str:
@@ -149,6 +171,7 @@ class Engine:
     def add_request(self, req: EngineRequest, on_output: OnOutput) -> None:
         """Queue a request; raises InvalidRequestError (bad input) or AdmissionError (closed)."""
         validate_request(req, self.max_model_len, self.model_config.vocab_size)
+        check_transfer_request(req, self.disagg)
         with self._lock:
             if not self._admission_open:
                 raise AdmissionError(
@@ -194,8 +217,9 @@ class Engine:
     # --- drain and weights --------------------------------------------------------------------
 
     def pause(self, mode: Literal["wait", "abort"] = "wait", timeout: float | None = None) -> bool:
-        """Close admission now. "wait": True once nothing is in flight, False on timeout.
-        "abort": abort everything in flight, then True once their final outputs are out."""
+        """Close admission now. "wait": True once nothing is in flight and no KV lease waits for
+        a remote decode, False on timeout. "abort": abort everything in flight, then True once
+        their final outputs are out."""
         if mode not in ("wait", "abort"):
             raise InvalidRequestError(f"pause mode must be 'wait' or 'abort', got {mode!r}", "mode")
         with self._lock:
@@ -204,7 +228,7 @@ class Engine:
                 self._aborts.update(self._callbacks)
             self._cond.notify_all()
         deadline = None if timeout is None else time.monotonic() + timeout
-        return self._wait_idle(deadline)
+        return self._wait_idle(deadline, leases=mode == "wait")
 
     def resume(self) -> None:
         with self._lock:
@@ -298,17 +322,23 @@ class Engine:
     def _has_work(self) -> bool:
         return bool(self._inbox or self._aborts or self._core.has_work)
 
+    def _wake(self) -> None:
+        """Called by the KV connector from its threads when a pull or a lease finished."""
+        with self._lock:
+            self._cond.notify_all()
+
     def step_thread_alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _wait_idle(self, deadline: float | None) -> bool:
-        """Until nothing is in flight (True) or the deadline passes (False).
+    def _wait_idle(self, deadline: float | None, leases: bool = False) -> bool:
+        """Until nothing is in flight (True) or the deadline passes (False); with `leases`, also
+        until no KV lease waits for its pull (a draining prefill keeps its promises).
 
         Drives steps on this thread when no step thread runs.
         """
         while True:
             with self._lock:
-                if not self._callbacks:
+                if not self._callbacks and not (leases and self._stats.num_kv_leases):
                     return True
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -339,7 +369,8 @@ class Engine:
                 self._cond.notify_all()
 
     def _snapshot(self) -> EngineStats:
-        c, pool = self._core.counters, self._pool
+        c, pool, remote = self._core.counters, self._pool, self._core.remote
+        t = remote.counters if remote is not None else None
         return EngineStats(
             num_running=len(self._core.running),
             num_waiting=len(self._core.waiting),
@@ -357,4 +388,9 @@ class Engine:
             num_tokens_computed=c.num_tokens_computed,
             num_requests_finished=c.num_requests_finished,
             num_requests_aborted=c.num_requests_aborted,
+            num_kv_leases=len(remote.held) if remote is not None else 0,
+            num_kv_pulls=len(remote.waiting) + len(remote.pulling) if remote is not None else 0,
+            kv_expired=t.kv_expired if t is not None else 0,
+            kv_transfer_failures=t.kv_transfer_failures if t is not None else 0,
+            kv_pulled_tokens=t.kv_pulled_tokens if t is not None else 0,
         )

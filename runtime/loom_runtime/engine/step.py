@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, TokenResult
+from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenWork
 from loom_runtime.engine.sampler import SampledToken, sample
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, blocks_for, schedule
@@ -41,6 +42,7 @@ class StepLoop:
     """The continuous batcher: every step folds the plans of all running loops into one forward.
 
     `emit` receives each RequestOutput (increments, then one final) on the calling thread.
+    `remote` (P/D workers only) leases finished prefills and pulls remote prompts first.
     """
 
     def __init__(
@@ -49,6 +51,7 @@ class StepLoop:
         runner: ModelRunner,
         limits: tuple[int, int],  # (max_num_batched_tokens, max_num_seqs)
         emit: Emit,
+        remote: RemoteKV | None = None,
     ) -> None:
         self.loop = loop
         self.runner = runner
@@ -58,27 +61,38 @@ class StepLoop:
         self.waiting: deque[ARDecodeState] = deque()
         self.running: list[ARDecodeState] = []  # admission order, oldest first
         self.counters = StepCounters()
+        self.remote = remote
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or (self.remote and self.remote.has_work))
 
     def add(self, state: ARDecodeState) -> None:
-        self.waiting.append(state)
+        if self.remote is not None and self.remote.wants(state):
+            self.remote.add(state)
+        else:
+            self.waiting.append(state)
 
     def abort(self, request_ids: set[str]) -> None:
-        """Finish these requests now with finish_reason "abort", freeing their blocks."""
+        """Finish these requests now with finish_reason "abort", freeing their blocks (a request
+        whose KV is being pulled finishes once the pull has stopped writing its blocks)."""
         for state in [s for s in [*self.running, *self.waiting] if s.request_id in request_ids]:
             self.loop.abort(state)
             self._finish(state)
+        if self.remote is not None:
+            for state in self.remote.abort(request_ids):
+                self._finish(state)
 
     def abort_all(self) -> None:
-        self.abort({s.request_id for s in [*self.running, *self.waiting]})
+        remote = self.remote.request_ids if self.remote is not None else set()
+        self.abort({s.request_id for s in [*self.running, *self.waiting]} | remote)
 
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> bool:
         """Run one step; False when nothing could be scheduled."""
+        if self.remote is not None:
+            self._remote_step(self.remote)
         decision = self._schedule()
         if decision.empty:
             return False
@@ -96,19 +110,37 @@ class StepLoop:
         self._update(batch, results)
         return True
 
-    def _schedule(self) -> Schedule:
-        pool = self.kv.pool
-        growth = sum(
+    def _remote_step(self, remote: RemoteKV) -> None:
+        """Free pulled/expired leases, fold in finished pulls and start new ones (before the
+        schedule, so a just-pulled request runs its last prompt token in this step)."""
+        remote.reap()
+        free = self.kv.pool.num_free - self._growth()
+        progress = remote.progress(free, self.max_num_seqs - len(self.running))
+        if progress.admitted_prompt_tokens:
+            self._count(num_prompt_tokens=progress.admitted_prompt_tokens)
+        self.running.extend(progress.ready)
+        self.waiting.extend(progress.local)
+        for state in progress.failed:
+            self._finish(state)
+
+    def _growth(self) -> int:
+        """Blocks the running requests need added to run their next tokens."""
+        return sum(
             max(0, blocks_for(len(s.tokens), self.kv.block_size) - len(s.table.block_ids))
             for s in self.running
         )
+
+    def _schedule(self) -> Schedule:
+        pool = self.kv.pool
+        growth = self._growth()
         exact = growth > pool.num_free  # shared-block counts only matter when preempting
         running = [self.loop.running_view(s, exact) for s in self.running]
-        candidates = min(len(self.waiting), self.max_num_seqs - len(self.running))
+        max_seqs = self.max_num_seqs - (len(self.remote.pulling) if self.remote else 0)
+        candidates = min(len(self.waiting), max_seqs - len(self.running))
         waiting: list[WaitingSeq] = [
             self.loop.admission_view(self.waiting[i]) for i in range(max(0, candidates))
         ]
-        limits = StepLimits(self.token_budget, self.max_num_seqs, pool.num_free, self.kv.block_size)
+        limits = StepLimits(self.token_budget, max_seqs, pool.num_free, self.kv.block_size)
         return schedule(running, waiting, limits)
 
     def _apply(self, decision: Schedule) -> list[tuple[ARDecodeState, WorkPlan[TokenResult]]]:
@@ -205,6 +237,8 @@ class StepLoop:
             self.running.remove(state)
         elif state in self.waiting:
             self.waiting.remove(state)
+        if self.remote is not None:
+            self.remote.hold(state)  # a P/D prefill keeps its prompt blocks under a lease
         self.loop.finalize(state)
         out = self.loop.take_output(state)
         if state.finish_reason == "abort":

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from loom_runtime.engine.transfer_port import TransferParams
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -32,6 +34,7 @@ class EngineRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0  # time.monotonic() at arrival; 0: when add_request is called
+    kv_transfer: TransferParams | None = None  # P/D instructions (see engine/remote.py)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class RequestOutput:
     logprobs: tuple[TokenLogprob, ...] = ()
     weights_version: str = ""
     metrics: RequestMetrics | None = None  # set on the final output only
+    kv_transfer_params: TransferParams | None = None  # final output of a P/D prefill: the lease
+    transfer_error: str | None = None  # final output of a decode whose KV pull failed ("fail")
 
 
 @dataclass(frozen=True)
@@ -120,3 +125,8 @@ class EngineStats:
     num_tokens_computed: int = 0  # tokens run through the model (prefill + decode + recompute)
     num_requests_finished: int = 0  # finished with stop or length (vllm:request_success)
     num_requests_aborted: int = 0
+    num_kv_leases: int = 0  # prefill: KV leases waiting for a remote decode to pull them
+    num_kv_pulls: int = 0  # decode: requests waiting for blocks to pull into, or pulling
+    kv_expired: int = 0  # prefill: leases that expired unpulled (counter)
+    kv_transfer_failures: int = 0  # decode: pulls that failed (counter)
+    kv_pulled_tokens: int = 0  # decode: prompt tokens whose KV came from a prefill (counter)

@@ -46,25 +46,51 @@ class KVAllocator:
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
     ) -> int:
         """Prefix-cached tokens of a prompt, read-only; a multiple of block_size, < len."""
-        return len(self._hits_of(token_ids, cache_salt, lora_name)[1]) * self.block_size
+        hashes = self._prompt_hashes(token_ids, cache_salt, lora_name)
+        return len(self.pool.lookup(hashes)) * self.block_size
 
-    def admit(self, table: BlockTable, token_ids: Sequence[int], num_tokens: int) -> bool:
+    def admission_cost(
+        self,
+        token_ids: Sequence[int],
+        num_tokens: int,
+        hashes: Sequence[BlockHash] | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> tuple[int, int]:
+        """(cached_tokens, blocks_consumed) that `admit` would give and take now; read-only.
+
+        `blocks_consumed` counts new blocks plus evictable hits that leave the allocatable
+        count. `hashes` are the prompt's full-block hashes if the caller memoizes them (else
+        they are computed from `token_ids`, `cache_salt` and `lora_name`).
+        """
+        hit_ids, num_new, reclaimed = self._plan(
+            token_ids, num_tokens, hashes, cache_salt, lora_name
+        )
+        return len(hit_ids) * self.block_size, num_new + reclaimed
+
+    def admit(
+        self,
+        table: BlockTable,
+        token_ids: Sequence[int],
+        num_tokens: int,
+        hashes: Sequence[BlockHash] | None = None,
+    ) -> bool:
         """Take the prefix hits of `token_ids` and enough blocks for `num_tokens` tokens in all.
 
         On shortfall nothing changes and False is returned. Sets `table.num_cached_tokens`
-        (the computation of the prompt starts there) and counts the prefix query.
+        (the computation of the prompt starts there) and counts the prefix query. `hashes`:
+        as for `admission_cost`.
         """
         if table.block_ids:
             raise BlockStateError("admit needs an empty block table; free() it first")
-        hashes, hit_ids = self._hits_of(token_ids, table.cache_salt, table.lora_name)
-        num_new = max(self.blocks_for(num_tokens), len(hit_ids)) - len(hit_ids)
-        # Acquiring an evictable hit takes it out of the allocatable count.
-        reclaimed = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
+        if hashes is None:
+            hashes = self._prompt_hashes(token_ids, table.cache_salt, table.lora_name)
+        hit_ids, num_new, reclaimed = self._plan(token_ids, num_tokens, hashes, None, None)
         if num_new > self.pool.num_free - reclaimed:
             return False
         self.pool.acquire(hit_ids)
         table.block_ids = hit_ids + self.pool.allocate(num_new)
-        table.hashes = hashes[: len(hit_ids)]
+        table.hashes = list(hashes[: len(hit_ids)])
         table.num_committed = len(hit_ids)
         table.num_cached_tokens = len(hit_ids) * self.block_size
         self._queries += len(token_ids)
@@ -113,6 +139,26 @@ class KVAllocator:
         table.hashes.extend(new_hashes)
         table.num_committed = num_full
 
+    def split(self, table: BlockTable, num_blocks: int) -> BlockTable:
+        """Move the first `num_blocks` blocks (and their references) into a new table; `table`
+        keeps the rest. A P/D prefill leases a prompt's blocks this way and frees the others."""
+        if not 0 <= num_blocks <= len(table.block_ids):
+            raise BlockStateError(
+                f"cannot split {num_blocks} blocks off a table of {len(table.block_ids)}"
+            )
+        committed = min(table.num_committed, num_blocks)
+        head = BlockTable(
+            block_ids=table.block_ids[:num_blocks],
+            num_committed=committed,
+            hashes=table.hashes[:committed],
+            cache_salt=table.cache_salt,
+            lora_name=table.lora_name,
+        )
+        table.block_ids = table.block_ids[num_blocks:]
+        table.hashes = table.hashes[committed:]
+        table.num_committed -= committed
+        return head
+
     def free(self, table: BlockTable) -> None:
         """Release the table's blocks tail-first (tails are evicted first) and clear it."""
         self.pool.release(reversed(table.block_ids))
@@ -122,12 +168,29 @@ class KVAllocator:
         """Drop every cached block (weight sync); returns how many were uncached."""
         return self.pool.clear_cache()
 
-    def _hits_of(
+    def _prompt_hashes(
         self, token_ids: Sequence[int], cache_salt: str | None, lora_name: str | None
-    ) -> tuple[list[BlockHash], list[int]]:
+    ) -> list[BlockHash]:
         # At least one prompt token must be computed to produce logits: cap below len.
         max_blocks = max(len(token_ids) - 1, 0) // self.block_size
-        hashes = self.hasher.hash_blocks(
+        return self.hasher.hash_blocks(
             token_ids[: max_blocks * self.block_size], cache_salt=cache_salt, lora_name=lora_name
         )
-        return hashes, self.pool.lookup(hashes)
+
+    def _plan(
+        self,
+        token_ids: Sequence[int],
+        num_tokens: int,
+        hashes: Sequence[BlockHash] | None,
+        cache_salt: str | None,
+        lora_name: str | None,
+    ) -> tuple[list[int], int, int]:
+        """The one admission arithmetic: (hit block ids, new blocks, evictable hits reclaimed)."""
+        if hashes is None:
+            hashes = self._prompt_hashes(token_ids, cache_salt, lora_name)
+        max_blocks = max(len(token_ids) - 1, 0) // self.block_size
+        hit_ids = self.pool.lookup(hashes[:max_blocks])
+        num_new = max(self.blocks_for(num_tokens), len(hit_ids)) - len(hit_ids)
+        # Acquiring an evictable hit takes it out of the allocatable count.
+        reclaimed = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
+        return hit_ids, num_new, reclaimed

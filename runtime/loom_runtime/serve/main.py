@@ -19,10 +19,12 @@ import torch
 from loom_runtime.card import CardError, load_model_card
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.errors import CheckpointError
+from loom_runtime.engine.transfer_port import DisaggSettings
+from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
 from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
 from loom_runtime.serve.sources import checkpoint_path
+from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,35 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--weights-version", help="reported version (default: the card's)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="default float32")
     p.add_argument("--drain-timeout", type=float, default=600.0, help="Pause(WAIT) bound, s")
-    p.set_defaults(run=run)
+    pd = p.add_argument_group("P/D disaggregation (--role prefill | decode)")
+    pd.add_argument(
+        "--kv-connector",
+        choices=("nixl", "tcp"),
+        default="nixl",
+        help="how KV moves between prefill and decode (default nixl)",
+    )
+    pd.add_argument(
+        "--kv-side-port",
+        type=int,
+        default=5600,
+        help="prefill: side-channel port for handshakes and leases (default 5600)",
+    )
+    pd.add_argument(
+        "--kv-side-host", help="prefill: the address decodes reach it at (default --host)"
+    )
+    pd.add_argument(
+        "--kv-lease-seconds",
+        type=float,
+        default=30.0,
+        help="prefill: free unpulled KV blocks after this long (default 30)",
+    )
+    pd.add_argument(
+        "--on-transfer-failure",
+        choices=("recompute", "fail"),
+        default="recompute",
+        help="decode: when a KV pull fails, prefill locally or answer 500",
+    )
+    p.set_defaults(run=run)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -66,15 +96,39 @@ class WorkerPlan:
     checkpoint: Path
     engine: EngineConfig
     serve: ServeSettings
+    disagg: DisaggSettings | None = None  # P/D role, None when aggregated
+    connector: ConnectorSettings | None = None
+
+
+def plan_disagg(args: argparse.Namespace) -> tuple[DisaggSettings, ConnectorSettings] | None:
+    """The P/D settings of a prefill or decode worker; None for an aggregated one."""
+    if args.role == "aggregated":
+        return None
+    if args.kv_lease_seconds <= 0:
+        raise UsageError(f"--kv-lease-seconds must be > 0, got {args.kv_lease_seconds}")
+    if not 0 <= args.kv_side_port <= 65535:
+        raise UsageError(f"--kv-side-port must be a port number, got {args.kv_side_port}")
+    side_host = args.kv_side_host or args.host
+    if args.role == "prefill" and side_host in ("0.0.0.0", "::", ""):
+        raise UsageError(
+            f"--host {args.host} listens everywhere, but decodes need an address to reach this "
+            "prefill at: pass --kv-side-host (e.g. the pod IP)"
+        )
+    disagg = DisaggSettings(args.role, args.on_transfer_failure)
+    connector = ConnectorSettings(
+        kind=args.kv_connector,
+        role=args.role,
+        side_host=side_host,
+        side_port=args.kv_side_port,
+        bind_host=args.host,
+        lease_seconds=args.kv_lease_seconds,
+    )
+    return disagg, connector
 
 
 def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
     """What to load and how to serve it; CardError / CheckpointError / UsageError if impossible."""
-    if args.role != "aggregated":
-        raise UsageError(
-            f"--role {args.role}: prefill/decode roles come with the P/D disaggregation work and "
-            "are not implemented in this runtime yet; run --role aggregated"
-        )
+    pd = plan_disagg(args)
     token = args.control_token or env.get(TOKEN_ENV, "")
     if args.control_port is not None and not token:
         raise UsageError(
@@ -103,7 +157,7 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         control_token=token,
         drain_timeout_s=args.drain_timeout,
     )
-    return WorkerPlan(path, engine, serve)
+    return WorkerPlan(path, engine, serve, *(pd or (None, None)))
 
 
 def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
@@ -124,11 +178,18 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, CardError, CheckpointError, ValueError) as exc:
         print(f"loom runtime: {exc}", file=sys.stderr)
         return 2
+    connector: KVConnector | None = None
     try:
         try:
-            engine = Engine.from_checkpoint(plan.checkpoint, plan.engine, events=publisher)
+            connector = None if plan.connector is None else build_connector(plan.connector)
+            engine = Engine.from_checkpoint(
+                plan.checkpoint, plan.engine, publisher, plan.disagg, connector
+            )
         except (CheckpointError, ValueError) as exc:
             print(f"loom runtime: cannot load {plan.checkpoint}: {exc}", file=sys.stderr)
+            return 2
+        except (TransferError, OSError) as exc:  # NIXL missing, side port in use
+            print(f"loom runtime: cannot set up the KV connector: {exc}", file=sys.stderr)
             return 2
         engine.start()
         try:
@@ -139,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             engine.shutdown()
     finally:
+        if connector is not None:
+            connector.close()
         if publisher is not None:
             publisher.close()
     return 0

@@ -78,6 +78,13 @@ class _EngineCollector(Collector):
         yield gauge("loom:admission_open", "1 when new requests are admitted.", s.admission_open)
         yield gauge("loom:in_flight_requests", "Requests admitted, not finished.", in_flight)
         yield gauge("loom:kv_free_blocks", "KV blocks free or evictable.", s.num_free_blocks)
+        yield gauge(
+            "loom:kv_leases", "Prefill KV leases awaiting a decode's pull.", s.num_kv_leases
+        )
+        yield gauge("loom:kv_pulls_in_flight", "Decode requests awaiting their KV.", s.num_kv_pulls)
+        yield counter("loom:kv_expired", "KV leases that expired unpulled.", s.kv_expired)
+        yield counter("loom:kv_transfer_failures", "KV pulls that failed.", s.kv_transfer_failures)
+        yield counter("loom:kv_pulled_tokens", "Prompt tokens pulled.", s.kv_pulled_tokens)
         info = InfoMetricFamily(
             "loom:weights_version", "Weights version served.", labels=["model_name"]
         )

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from loom_runtime.engine.types import EngineRequest, RequestOutput
-from loom_runtime.errors import LoomError
+from loom_runtime.errors import LoomError, TransferError
 from loom_runtime.serve.bridge import OutputStream, RequestSink, submitted
 from loom_runtime.serve.errors import RequestAbortedError, classify
 from loom_runtime.serve.metrics import ServerMetrics
@@ -88,17 +88,29 @@ def _sse(data: dict[str, Any] | str) -> bytes:
 class _Run:
     """One request in flight: its accumulated result, logprob rendering and metrics."""
 
-    def __init__(self, ctx: ApiContext, kind: Kind, num_logprobs: int | None) -> None:
+    def __init__(
+        self,
+        ctx: ApiContext,
+        kind: Kind,
+        num_logprobs: int | None,
+        prompt_ids: tuple[int, ...] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.kind = kind
+        self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
         self.want_logprobs = num_logprobs is not None
         self.acc = Accumulated()
         self.text_len = 0
+        self.kv_transfer_params: dict[str, Any] | None = None  # a P/D prefill's answer
 
     def take(self, out: RequestOutput) -> None:
         self.acc.add(out)
+        if out.kv_transfer_params is not None:
+            self.kv_transfer_params = out.kv_transfer_params.to_dict()
         if out.finished:
             self.ctx.metrics.observe_finished(out.finish_reason or "abort", out.metrics)
+            if out.transfer_error is not None:
+                raise TransferError(out.transfer_error)
             if out.finish_reason == "abort":
                 raise RequestAbortedError(
                     f"request {out.request_id} was aborted by the worker (paused or stopping); "
@@ -161,18 +173,24 @@ async def _write_events(
     meta: ResponseMeta,
     include_usage: bool,
 ) -> None:
+    ids = run.prompt_ids is not None
+    prompt_ids = run.prompt_ids  # sent once, on the first chunk
     if run.kind == "chat":
-        await resp.write(_sse(chunk("chat", meta, "", None, None, include_usage, role=True)))
+        head = chunk("chat", meta, "", None, None, include_usage, True, None, prompt_ids)
+        await resp.write(_sse(head))
+        prompt_ids = None
     out = first
     try:
         while True:
             run.take(out)
-            if out.new_text or out.logprobs or out.finished:
+            if out.new_text or out.logprobs or out.finished or (ids and out.new_token_ids):
                 lp = run.logprobs(out)
                 reason = run.acc.finish_reason if out.finished else None
-                await resp.write(
-                    _sse(chunk(run.kind, meta, out.new_text, lp, reason, include_usage))
-                )
+                tokens = out.new_token_ids if ids else None
+                body = chunk(run.kind, meta, out.new_text, lp, reason, include_usage,
+                             False, tokens, prompt_ids)  # fmt: skip
+                await resp.write(_sse(body))
+                prompt_ids = None
                 run.text_len += len(out.new_text)
             if out.finished:
                 break
@@ -193,7 +211,8 @@ async def _serve(
     ereq: EngineRequest,
 ) -> web.StreamResponse:
     ctx = request.app[API_CONTEXT]
-    run = _Run(ctx, kind, ereq.sampling.logprobs)
+    prompt_ids = ereq.prompt_token_ids if parsed.return_token_ids else None
+    run = _Run(ctx, kind, ereq.sampling.logprobs, prompt_ids)
     async with submitted(ctx.engine, ereq) as outputs:
         try:
             first = await outputs.next(ctx.stall_timeout_s)
@@ -207,7 +226,9 @@ async def _serve(
         finally:
             if not outputs.finished:  # the client left or the engine stalled: counted as aborted
                 ctx.metrics.observe_finished("abort", None)
-    body = full_body(kind, meta, run.acc, run.logprobs(None))
+    body = full_body(kind, meta, run.acc, run.logprobs(None), run.prompt_ids)
+    if run.kv_transfer_params is not None:
+        body["kv_transfer_params"] = run.kv_transfer_params
     return web.json_response(
         body, headers={WEIGHTS_HEADER: meta.weights_version, REQUEST_ID_HEADER: meta.id}
     )

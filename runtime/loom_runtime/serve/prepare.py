@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
 from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
+from loom_runtime.transfer.params import FIELD, KVTransferParams
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -95,6 +96,21 @@ def _sampling(
     )
 
 
+def _transfer(req: CompletionRequest | ChatCompletionRequest) -> KVTransferParams | None:
+    """The request's P/D instructions; a prefill for a remote decode must not stream (its
+    answer, the lease, travels in the response body)."""
+    if req.kv_transfer_params is None:
+        return None
+    params = KVTransferParams.parse(req.kv_transfer_params)
+    if params.do_remote_decode and req.stream:
+        raise InvalidRequestError(
+            f"{FIELD}.do_remote_decode needs stream: false; the prefill answers with "
+            f"{FIELD} in the response body",
+            param="stream",
+        )
+    return params if params.is_transfer else None
+
+
 def prepare_completion(
     req: CompletionRequest,
     tokenizer: PromptTokenizer,
@@ -115,7 +131,11 @@ def prepare_completion(
         req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
     )
     return EngineRequest(
-        request_id, ids, _sampling(req, max_tokens, req.logprobs), arrival_time=arrival
+        request_id,
+        ids,
+        _sampling(req, max_tokens, req.logprobs),
+        arrival_time=arrival,
+        kv_transfer=_transfer(req),
     )
 
 
@@ -136,5 +156,9 @@ def prepare_chat(
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")
     return EngineRequest(
-        request_id, ids, _sampling(req, max_tokens, req.num_logprobs), arrival_time=arrival
+        request_id,
+        ids,
+        _sampling(req, max_tokens, req.num_logprobs),
+        arrival_time=arrival,
+        kv_transfer=_transfer(req),
     )

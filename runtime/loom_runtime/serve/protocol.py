@@ -110,6 +110,8 @@ class _SamplingRequest(_Strict):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted and ignored, as OpenAI does for abuse tracking
+    kv_transfer_params: dict[str, Any] | None = None  # P/D (vLLM NixlConnector's object)
+    return_token_ids: bool = False  # vLLM extension: prompt_token_ids + token_ids answered
 
     @field_validator("n")
     @classmethod

@@ -39,6 +39,7 @@ class Accumulated:
     """One request's result so far (the handler owns it; the engine never sees it)."""
 
     text: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -47,6 +48,7 @@ class Accumulated:
 
     def add(self, out: RequestOutput) -> None:
         self.text.append(out.new_text)
+        self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.logprobs)
         self.prompt_tokens = out.num_prompt_tokens
         self.cached_tokens = out.num_cached_tokens
@@ -94,10 +96,29 @@ def chat_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText) -> dic
     return {"content": content}
 
 
+def _add_token_ids(
+    kind: Kind,
+    body: dict[str, Any],
+    choice: dict[str, Any],
+    token_ids: Sequence[int] | None,
+    prompt_token_ids: Sequence[int] | None,
+) -> None:
+    """`return_token_ids` (vLLM's placement): the choice's `token_ids`; the prompt's ids on the
+    choice of a completion and at the top of a chat response."""
+    if token_ids is not None:
+        choice["token_ids"] = list(token_ids)
+    if prompt_token_ids is not None:
+        (body if kind == "chat" else choice)["prompt_token_ids"] = list(prompt_token_ids)
+
+
 def full_body(
-    kind: Kind, meta: ResponseMeta, acc: Accumulated, logprobs: dict[str, Any] | None
+    kind: Kind,
+    meta: ResponseMeta,
+    acc: Accumulated,
+    logprobs: dict[str, Any] | None,
+    prompt_token_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed response."""
+    """A non-streamed response; with `prompt_token_ids` (return_token_ids) also every id."""
     text = "".join(acc.text)
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": acc.finish_reason}
     if kind == "chat":
@@ -107,6 +128,8 @@ def full_body(
         choice["text"] = text
         body = meta.head("text_completion")
     body["choices"] = [choice]
+    if prompt_token_ids is not None:
+        _add_token_ids(kind, body, choice, acc.token_ids, prompt_token_ids)
     body["usage"] = acc.usage()
     return body
 
@@ -119,8 +142,11 @@ def chunk(
     finish_reason: str | None,
     with_usage_field: bool,
     role: bool = False,
+    token_ids: Sequence[int] | None = None,
+    prompt_token_ids: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """One streamed chunk. Chat chunks carry a delta; the first has the role."""
+    """One streamed chunk. Chat chunks carry a delta; the first has the role. With
+    return_token_ids every chunk has its new `token_ids` and the first the prompt's."""
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -132,6 +158,7 @@ def chunk(
         choice["text"] = text or ""
         body = meta.head("text_completion")
     body["choices"] = [choice]
+    _add_token_ids(kind, body, choice, token_ids, prompt_token_ids)
     if with_usage_field:
         body["usage"] = None
     return body

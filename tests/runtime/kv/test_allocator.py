@@ -75,6 +75,41 @@ def test_admit_shortfall_changes_nothing() -> None:
     assert kv.pool.num_free == 0
 
 
+def test_admission_cost_matches_admit_and_accepts_memoized_hashes() -> None:
+    kv = make(num_blocks=6)
+    kv.free(run_prefill(kv, list(range(9))))  # blocks 0, 1 cached and evictable
+    tokens = [*range(8), 70, 71, 72, 73]
+    hashes = kv.hasher.hash_blocks(tokens[:8])
+    before = pool_state(kv)
+    # 2 evictable hits leave the allocatable count, plus 2 new blocks for 12 + 4 tokens.
+    assert kv.admission_cost(tokens, 16) == (8, 4)
+    assert kv.admission_cost(tokens, 16, hashes) == (8, 4)
+    assert kv.admission_cost(tokens, 16, cache_salt="other") == (0, 4)
+    assert pool_state(kv) == before  # read-only
+    table = BlockTable()
+    assert kv.admit(table, tokens, 16, hashes)
+    assert (table.num_cached_tokens, kv.pool.num_free) == (8, 2)
+
+
+def test_split_moves_the_head_blocks_with_their_references() -> None:
+    kv = make()
+    tokens = list(range(10))
+    table = BlockTable()
+    assert kv.admit(table, tokens, 14)  # 4 blocks, 2 of them committed below
+    kv.commit(table, tokens)
+    ids = list(table.block_ids)
+    head = kv.split(table, 3)
+    assert (head.block_ids, table.block_ids) == (ids[:3], ids[3:])
+    assert (head.num_committed, table.num_committed) == (2, 0)
+    assert head.hashes == kv.hasher.hash_blocks(tokens[:8]) and table.hashes == []
+    kv.free(table)
+    assert kv.pool.leaked() == sorted(ids[:3])  # the head still holds its blocks
+    kv.free(head)
+    kv.pool.assert_whole()
+    with pytest.raises(BlockStateError, match="cannot split"):
+        kv.split(BlockTable(), 1)
+
+
 def test_admit_requires_an_empty_table() -> None:
     kv = make()
     table = run_prefill(kv, [1, 2, 3, 4, 5])
@@ -185,11 +220,16 @@ def test_any_request_mix_leaves_the_pool_whole(prompts: list[list[int]], frees: 
     for prompt, free_now in zip(prompts, frees, strict=False):
         expected_hit = kv.match(prompt)
         assert expected_hit % BS == 0 and expected_hit < len(prompt)
+        cost_hit, consumed = kv.admission_cost(prompt, len(prompt) + 1)
+        assert cost_hit == expected_hit
+        free_before = kv.pool.num_free
         table = BlockTable()
         if not kv.admit(table, prompt, len(prompt) + 1):
             assert table == BlockTable()
+            assert consumed > free_before
             continue
         assert table.num_cached_tokens == expected_hit
+        assert free_before - kv.pool.num_free == consumed  # the cost admit actually paid
         kv.commit(table, prompt)
         kv.pool.check()
         if free_now:

@@ -69,11 +69,42 @@ def test_flags_override_the_card_version_and_the_env_token(tmp_path: Path) -> No
     assert plan.serve.control_token == "flag"
 
 
-@pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_pd_roles_are_refused_until_pd_exists(tmp_path: Path, role: str) -> None:
-    with pytest.raises(UsageError, match="P/D") as info:
-        plan_worker(_args(_card(tmp_path), "--role", role), {})
-    assert "--role aggregated" in str(info.value)
+def test_pd_roles_plan_a_kv_connector(tmp_path: Path) -> None:
+    card = _card(tmp_path)
+    prefill = plan_worker(
+        _args(card, "--role", "prefill", "--host", "10.0.0.7", "--kv-connector", "tcp",
+              "--kv-side-port", "7100", "--kv-lease-seconds", "12"),
+        {},
+    )  # fmt: skip
+    assert prefill.disagg is not None and prefill.connector is not None
+    assert (prefill.disagg.role, prefill.connector.role) == ("prefill", "prefill")
+    assert prefill.connector.kind == "tcp"
+    assert (prefill.connector.side_host, prefill.connector.side_port) == ("10.0.0.7", 7100)
+    assert prefill.connector.lease_seconds == 12
+    decode = plan_worker(_args(card, "--role", "decode", "--on-transfer-failure", "fail"), {})
+    assert decode.disagg is not None and decode.connector is not None
+    assert decode.disagg.on_transfer_failure == "fail"
+    assert decode.connector.kind == "nixl"  # the default
+    aggregated = plan_worker(_args(card), {})
+    assert (aggregated.disagg, aggregated.connector) == (None, None)
+
+
+def test_pd_flags_out_of_range_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="--kv-lease-seconds"):
+        plan_worker(_args(_card(tmp_path), "--role", "prefill", "--kv-lease-seconds", "0"), {})
+    with pytest.raises(UsageError, match="--kv-side-host"):  # 0.0.0.0 is no address to reach
+        plan_worker(_args(_card(tmp_path), "--role", "prefill", "--host", "0.0.0.0"), {})
+    everywhere = plan_worker(
+        _args(
+            _card(tmp_path), "--role", "prefill", "--host", "0.0.0.0", "--kv-side-host", "10.1.2.3"
+        ),
+        {},
+    )
+    assert everywhere.connector is not None
+    assert (everywhere.connector.bind_host, everywhere.connector.side_host) == (
+        "0.0.0.0",
+        "10.1.2.3",
+    )
 
 
 def test_a_control_port_needs_a_token(tmp_path: Path) -> None:
@@ -90,8 +121,8 @@ def test_bad_engine_settings_and_cards_are_reported(tmp_path: Path) -> None:
         plan_worker(_args(broken), {})
 
 
-def test_run_exits_2_with_a_message_for_a_pd_role(
+def test_run_exits_2_with_a_message_for_bad_pd_flags(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main.run(_args(_card(tmp_path), "--role", "decode")) == 2
-    assert "P/D" in capsys.readouterr().err
+    assert main.run(_args(_card(tmp_path), "--role", "decode", "--kv-lease-seconds", "-1")) == 2
+    assert "--kv-lease-seconds" in capsys.readouterr().err

@@ -1,0 +1,217 @@
+"""`loom up CARD.yaml`: run a deployment's fleet on this machine in the foreground — the router
+and every role worker as processes on 127.0.0.1 — until Ctrl-C, which drains and stops them.
+
+Prints progress and events; the fleet itself lives in loom_operator.local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from loom_operator.fleet.conditions import ALL_READY
+from loom_operator.local.cards import LocalCardError, parse_fleet_cards
+from loom_operator.local.checkpoints import CheckpointError
+from loom_operator.local.events import FleetEvent
+from loom_operator.local.fleet import LocalFleet, UpSettings
+from loom_operator.local.launch import ROUTER_MODULE, LaunchOptions
+from loom_operator.local.ports import PortError
+from loom_operator.local.snapshot import FleetStatus
+from loom_operator.local.state import DEFAULT_ROOT, StateError, StatePaths
+
+READY_POLL_S = 0.2
+STYLES = {"info": "", "warning": "yellow", "error": "bold red"}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="run a DeploymentCard's fleet on this machine (router + workers) until Ctrl-C",
+        description="Start the router and every role worker of the card as local processes, "
+        "print the OpenAI endpoint, restart crashed workers, follow edits of the card file "
+        "(replicas, weightsVersion) and drain everything on Ctrl-C.",
+    )
+    p.add_argument("card", type=Path, metavar="CARD.yaml", help="ModelCard + DeploymentCard")
+    p.add_argument("--port", type=int, default=8000, help="the endpoint's port (default 8000)")
+    p.add_argument("--state-dir", type=Path, help=f"default {DEFAULT_ROOT}/<deployment>")
+    p.add_argument("--kv-connector", choices=("nixl", "tcp"), help="P/D KV transfer")
+    p.add_argument(
+        "--ready-timeout", type=float, default=600.0, help="warn if not ready by then (s)"
+    )
+    p.add_argument(
+        "--drain-timeout", type=float, help="Ctrl-C: wait for requests (default: the card's)"
+    )
+    p.add_argument("--router-module", default=ROUTER_MODULE, help=argparse.SUPPRESS)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # events show up at once, piped or not
+    console = Console(highlight=False)
+    try:
+        cards = parse_fleet_cards(args.card)
+    except (LocalCardError, OSError) as exc:
+        console.print(f"[bold red]loom up:[/] {exc}")
+        return 2
+    paths = StatePaths(args.state_dir) if args.state_dir else StatePaths.for_deployment(cards.name)
+    _log_to_file(paths)
+    settings = UpSettings(
+        port=args.port,
+        shutdown_drain_s=args.drain_timeout,
+        options=LaunchOptions(kv_connector=args.kv_connector, router_module=args.router_module),
+    )
+    ui = _Console(console)
+    fleet = LocalFleet(paths, cards, args.card, settings, ui.event)
+    try:
+        return asyncio.run(_up(fleet, ui, args.ready_timeout))
+    except (StateError, PortError, CheckpointError) as exc:
+        console.print(f"[bold red]loom up:[/] {exc}")
+        return 1
+
+
+def _log_to_file(paths: StatePaths) -> None:
+    """The controller's own log goes to the state directory; the console shows events."""
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(paths.log("controller"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("loom_operator")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+class _Console:
+    """Renders fleet events: into the progress display while starting, as lines afterwards."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress: Progress | None = None
+
+    def event(self, event: FleetEvent) -> None:
+        if event.kind == "condition" and event.level == "info" and self.progress is not None:
+            return  # while starting, the progress display says it
+        style = STYLES[event.level] or "default"
+        console = self.progress.console if self.progress is not None else self.console
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] ", end="")
+        console.print(event.message, style=style, markup=False, soft_wrap=True)
+
+
+def _signals(stop: asyncio.Event, force: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            force.set()
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+
+
+async def _up(fleet: LocalFleet, ui: _Console, ready_timeout: float) -> int:
+    stop, force = asyncio.Event(), asyncio.Event()
+    _signals(stop, force)
+    console = ui.console
+    console.print(f"Loom: bringing up [bold]{fleet.cards.name}[/] (state in {fleet.paths.root})")
+    with console.status("starting the router…"):
+        starting = asyncio.create_task(fleet.start())
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not starting.done():  # Ctrl-C while starting: start() undoes what it did
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            console.print("Loom: stopped before the fleet started.")
+            return 0
+        starting.result()  # raises what made the start fail
+    loop_task = asyncio.create_task(fleet.run(stop), name="fleet")
+    try:
+        ready = await _wait_ready(fleet, ui, stop, ready_timeout)
+        if ready:
+            _print_endpoint(console, fleet)
+        await stop.wait()
+    finally:
+        stop.set()
+        await loop_task
+        console.print("Loom: draining and stopping (Ctrl-C again to stop at once)…")
+        drain = asyncio.create_task(fleet.shutdown(drain=True))
+        forced = asyncio.create_task(force.wait())
+        done, _ = await asyncio.wait({drain, forced}, return_when=asyncio.FIRST_COMPLETED)
+        if forced in done and not drain.done():
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
+            await fleet.shutdown(drain=False)
+        forced.cancel()
+    console.print("Loom: stopped.")
+    return 0
+
+
+def _rows(status: FleetStatus | None) -> dict[str, str]:
+    if status is None:
+        return {}
+    return {w.name: f"{w.role:<10} {w.state:<12} {w.version or '-'}" for w in status.workers}
+
+
+async def _wait_ready(fleet: LocalFleet, ui: _Console, stop: asyncio.Event, timeout: float) -> bool:
+    """Progress per worker until the fleet is Ready; False if stopped or not ready in time."""
+    deadline = time.monotonic() + timeout
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=ui.console, transient=False) as progress:
+        ui.progress = progress
+        tasks = {s.name: progress.add_task(s.name, total=1) for s in fleet.cards.desired.slots}
+        try:
+            while not stop.is_set():
+                status = fleet.status
+                rows = _rows(status)
+                for name, task in tasks.items():
+                    row = (
+                        next((w for w in status.workers if w.name == name), None)
+                        if status
+                        else None
+                    )
+                    done = row is not None and row.ready and row.routed
+                    progress.update(task, description=f"{name:<24} {rows.get(name, 'starting')}",
+                                    completed=1 if done else 0)  # fmt: skip
+                ready = status.condition("Ready") if status else None
+                if ready is not None and ready.reason == ALL_READY:
+                    return True
+                if time.monotonic() > deadline:
+                    msg = ready.message if ready else "no status yet"
+                    ui.console.print(
+                        f"[yellow]not every worker is ready after {timeout:g}s: {msg}[/]"
+                    )
+                    return ready is not None and ready.status == "True"
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), READY_POLL_S)
+        finally:
+            ui.progress = None
+    return False
+
+
+def _print_endpoint(console: Console, fleet: LocalFleet) -> None:
+    url = fleet.endpoint
+    model = fleet.cards.model.name
+    console.print(f"\n[bold green]Ready.[/] OpenAI endpoint: [bold]{url}[/]  (model {model!r})")
+    body = f'{{"model": "{model}", "prompt": "Once upon a time", "max_tokens": 16}}'
+    lines = (
+        f"  curl {url}/completions -H 'Content-Type: application/json' -d '{body}'",
+        f"  loom status --state-dir {fleet.paths.root}    (the fleet: workers, versions, load)",
+        "  Edit the card (or `loom apply` it) to change the fleet; Ctrl-C drains and stops.",
+        "",
+    )
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False)
+    sys.stdout.flush()

@@ -1,0 +1,400 @@
+"""The local fleet controller loop: observe → reconcile → save the record → execute, on a
+timer, with the card file watched for edits; plus starting up (adopting what an earlier
+controller left running) and shutting down (drain, then stop everything).
+
+Owns the order of one round and the router process's upkeep; never decides what the fleet
+should do (`loom_operator.fleet.reconcile` does) and never prints (events go to a sink).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.controller import Reconciliation, reconcile
+from loom_operator.fleet.observed import FleetObservation
+from loom_operator.fleet.record import FleetRecord
+from loom_operator.fleet.store import load_record, save_record
+from loom_operator.local.cards import CardWatcher, FleetCards, LocalCardError, parse_fleet_cards
+from loom_operator.local.checkpoints import checkpoint_dir
+from loom_operator.local.events import EventSink, FleetEvent
+from loom_operator.local.executor import Executor, Round
+from loom_operator.local.launch import LaunchOptions, router_config
+from loom_operator.local.observe import Observer, worker_state
+from loom_operator.local.ports import free_ports, port_is_free
+from loom_operator.local.router_admin import RouterAdmin
+from loom_operator.local.routing import RouterLink
+from loom_operator.local.snapshot import FleetStatus, condition_rows, save_status, worker_row
+from loom_operator.local.state import (
+    Applied,
+    ControllerInfo,
+    ControllerLock,
+    Secrets,
+    StateError,
+    StatePaths,
+    load_applied,
+    load_or_create_secrets,
+    save_applied,
+    save_controller,
+    write_atomic,
+)
+from loom_operator.local.workers import ProcessSet
+
+logger = logging.getLogger(__name__)
+
+STATUS_REFRESH_S = 5.0  # status.json is rewritten at least this often, else only on change
+
+
+@dataclass(frozen=True)
+class UpSettings:
+    """How `loom up` runs the fleet; defaults documented here."""
+
+    port: int = 8000
+    """The router's port: the fleet's OpenAI endpoint."""
+    tick_s: float = 0.3
+    """Longest time between two rounds (a round also comes at the core's wake_at)."""
+    busy_tick_s: float = 0.1
+    """Time to the next round after one that acted on workers (a sync or restart in motion)."""
+    router_ready_timeout_s: float = 120.0
+    shutdown_drain_s: float | None = None
+    """How long Ctrl-C waits for requests to finish; None: the card's drainTimeoutSeconds."""
+    stop_grace_s: float = 10.0
+    """SIGTERM to SIGKILL when stopping a process."""
+    router_backoff_cap_s: float = 30.0
+    options: LaunchOptions = dataclasses.field(default_factory=LaunchOptions)
+
+
+class LocalFleet:
+    """One deployment's fleet on this machine, run by `run()` until `stop` is set."""
+
+    def __init__(
+        self,
+        paths: StatePaths,
+        cards: FleetCards,
+        origin: Path,
+        settings: UpSettings,
+        events: EventSink,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.paths = paths
+        self.cards = cards
+        self.settings = settings
+        self._events = events
+        self._env = dict(os.environ if env is None else env)
+        self._origin = origin.resolve()
+        self._lock = ControllerLock(paths)
+        self._secrets: Secrets | None = None
+        self.record = FleetRecord()
+        self.last: Reconciliation | None = None
+        self.status: FleetStatus | None = None
+        """The latest snapshot (also in status.json, rewritten when it changes)."""
+        self._written: FleetStatus | None = None
+        self._router_next_start = 0.0
+        self._router_spawned = False
+        self._router_failures = 0
+        self._origin_watch = CardWatcher(self._origin, cards.sha256)
+        self._state_watch = CardWatcher(paths.card, cards.sha256)
+
+    # -- start ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Lock the state directory, install the card, adopt or start processes, start the
+        router and wait until its admin API answers. On failure (or cancellation) it stops
+        what it started and releases the lock; adopted processes keep running."""
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        try:
+            await self._start()
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _start(self) -> None:
+        secrets = load_or_create_secrets(self.paths)
+        self._secrets = secrets
+        self._install(self.cards, self._origin)
+        self.processes = ProcessSet(self.paths, secrets, self.settings.options, self._env)
+        self.observer = Observer(secrets.control_token)
+        now = time.time()
+        adopted, gone = self.processes.adopt(now)
+        if adopted or gone:
+            msg = f"adopted {len(adopted)} running worker(s)" + (
+                f"; {', '.join(gone)} exited while no controller ran" if gone else ""
+            )
+            self._events(FleetEvent("adopted", msg))
+        self.record = load_record(self.paths.record)
+        await self._start_router(now, first=True)
+        self.router = RouterLink(RouterAdmin(self._router_admin_url(), secrets.admin_token))
+        self.executor = Executor(self.processes, self.observer, self.router, self._events)
+        await self._wait_router()
+        save_controller(self.paths, ControllerInfo(os.getpid(), now, self.endpoint))
+
+    async def _abort_start(self) -> None:
+        processes: ProcessSet | None = getattr(self, "processes", None)
+        if processes is not None and self._router_spawned:
+            await processes.stop_router(self.settings.stop_grace_s)
+        observer: Observer | None = getattr(self, "observer", None)
+        if observer is not None:
+            await observer.close()
+        router: RouterLink | None = getattr(self, "router", None)
+        if router is not None:
+            await router.admin.close()
+        self._lock.release()
+
+    @property
+    def endpoint(self) -> str:
+        router = self.processes.table.router
+        port = router.port if router is not None else self.settings.port
+        return f"http://127.0.0.1:{port}/v1"
+
+    def _router_admin_url(self) -> str:
+        router = self.processes.table.router
+        assert router is not None
+        return router.admin_url
+
+    def _install(self, cards: FleetCards, origin: Path) -> None:
+        applied = Applied(str(origin), cards.sha256, time.time())
+        save_applied(self.paths, cards.text, applied)
+        self._state_watch.seen(cards.sha256)
+
+    async def _start_router(self, now: float, first: bool = False) -> None:
+        old = self.processes.table.router
+        if self.processes.router_alive() and old is not None:
+            self._events(FleetEvent("router", f"adopted the router (pid {old.pid})"))
+            return
+        port = old.port if old is not None else self.settings.port
+        if not port_is_free(port):
+            raise StateError(
+                f"port {port} (the fleet's endpoint) is in use: stop what listens there or "
+                "pass --port"
+            )
+        admin = old.admin_port if old is not None and port_is_free(old.admin_port) else None
+        admin = admin or free_ports(1, self.processes.table.ports() | {port})[0]
+        if first:
+            self._events(FleetEvent("router", f"preparing {self.cards.desired.source_uri}"))
+        tokenizer = await checkpoint_dir(self.cards.desired.source_uri, self._env)
+        write_atomic(self.paths.router_config, router_config(self.cards, tokenizer))
+        entry = self.processes.start_router(port, admin, now)
+        self._router_spawned = True
+        self._events(FleetEvent("router", f"starting the router on port {entry.port}"))
+
+    async def _wait_router(self) -> None:
+        deadline = time.monotonic() + self.settings.router_ready_timeout_s
+        while not await self.router.refresh():
+            if not self.processes.router_alive():
+                raise StateError(f"the router exited at start: see {self.paths.log('router')}")
+            if time.monotonic() > deadline:
+                raise StateError(
+                    f"the router's admin API did not answer within "
+                    f"{self.settings.router_ready_timeout_s:g}s: see {self.paths.log('router')}"
+                )
+            await asyncio.sleep(0.1)
+
+    # -- rounds ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until `stop` is set (then returns; call `shutdown()`). The next round comes
+        after `tick_s`, at the core's wake_at, when a LoadWeights call ends, or — after a round
+        that acted on workers — after `busy_tick_s`, so a sync moves on without waiting."""
+        while not stop.is_set():
+            wake_at = await self.round()
+            acted = self.last is not None and any(
+                not isinstance(a, SetCondition) for a in self.last.actions
+            )
+            delay = self.settings.busy_tick_s if acted else self.settings.tick_s
+            if wake_at is not None:
+                delay = min(delay, max(0.0, wake_at - time.time()))
+            await self._sleep(stop, delay)
+
+    async def _sleep(self, stop: asyncio.Event, delay: float) -> None:
+        waits = {asyncio.create_task(stop.wait()), asyncio.create_task(self.executor.wake.wait())}
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            self.executor.wake.clear()
+
+    async def round(self) -> float | None:
+        """One round; returns the core's wake_at."""
+        self._check_cards()
+        now = time.time()
+        for name in self.processes.notice_exits(now):
+            code = self.processes.exit_code(name)
+            how = "" if code is None else f" (exit status {code})"
+            msg = f"{name} exited{how}; its log: {self.paths.log(name)}"
+            self._events(FleetEvent("exited", msg, name, "warning"))
+        await self._keep_router(now)
+        observed = await self._observe(now)
+        rec = reconcile(self.cards.desired, observed, self.record)
+        save_record(self.paths.record, rec.record)  # persist before acting
+        self.record = rec.record
+        self.last = rec
+        await self.executor.execute(rec.actions, Round(self.cards, observed, now))
+        names = {w.name for w in self.processes.table.workers}
+        if self.router.known:
+            await self._quietly(self.router.remove_unknown(names))
+        self._write_status(observed, rec, now)
+        return rec.wake_at
+
+    async def _observe(self, now: float) -> FleetObservation:
+        members = self.processes.members()
+        alive = {w.name: self.processes.alive(w.name) for w in members}
+        probes = await self.observer.probe_all(members, alive, now)
+        if self.processes.router_alive():
+            await self.router.refresh()
+        loading = self.executor.loading
+        states = [
+            worker_state(
+                w,
+                alive[w.name],
+                probes.get(w.name),
+                self.observer.seen(w.name),
+                self.router.routed(w.name),
+                w.name in loading,
+            )
+            for w in members
+        ]
+        return FleetObservation(tuple(states), now)
+
+    async def _keep_router(self, now: float) -> None:
+        """Restart a router that exited, with backoff (the endpoint keeps its port)."""
+        if self.processes.router_alive():
+            router = self.processes.table.router
+            if router is not None and now - router.started_at > 60:
+                self._router_failures = 0
+            return
+        if now < self._router_next_start:
+            return
+        self._router_failures += 1
+        delay = min(self.settings.router_backoff_cap_s, 2.0 ** (self._router_failures - 1))
+        self._router_next_start = now + delay
+        self._events(FleetEvent("router", "the router exited; restarting it", level="warning"))
+        self.router.forget()
+        await self._start_router(now)
+
+    async def _quietly(self, call: Awaitable[object]) -> None:
+        try:
+            await call
+        except Exception as exc:  # an admin call the next round repeats
+            logger.info("router upkeep failed: %s", exc)
+
+    # -- the card -------------------------------------------------------------------------
+
+    def _check_cards(self) -> None:
+        """Apply an edit of the card file `loom up` was given, or a `loom apply`."""
+        if self._origin_watch.changed():
+            self._reload(self._origin, self._origin, install=True)
+        elif self._state_watch.changed():
+            applied = load_applied(self.paths)
+            origin = Path(applied.origin) if applied is not None else self.paths.card
+            self._reload(self.paths.card, origin, install=False)
+
+    def _reload(self, path: Path, origin: Path, install: bool) -> None:
+        try:
+            cards = parse_fleet_cards(path, origin=origin)
+        except (LocalCardError, OSError) as exc:
+            msg = f"{path}: not applied, still serving the previous card:\n{exc}"
+            self._events(FleetEvent("card", msg, level="error"))
+            return
+        if cards.name != self.cards.name:
+            msg = (
+                f"{path}: DeploymentCard {cards.name} is not {self.cards.name}: a state directory "
+                "runs one deployment (use another --state-dir)"
+            )
+            self._events(FleetEvent("card", msg, level="error"))
+            return
+        if install:
+            self._install(cards, origin)
+        before = self.cards.desired
+        self.cards = cards
+        after = cards.desired
+        what = [f"{t.role} ×{t.replicas}" for t in after.roles]
+        msg = f"card applied: {', '.join(what)} on {after.weights_version}"
+        if after.weights_version != before.weights_version:
+            msg += f" (weight sync {before.weights_version} → {after.weights_version}, "
+            msg += f"{after.sync.strategy})"
+        self._events(FleetEvent("card", msg))
+
+    # -- status ---------------------------------------------------------------------------
+
+    def _write_status(self, observed: FleetObservation, rec: Reconciliation, now: float) -> None:
+        rows = tuple(
+            worker_row(
+                w,
+                observed.get(w.name),
+                self.observer.seen(w.name).status,
+                str(self.paths.log(w.name)),
+            )
+            for w in self.processes.members()
+        )
+        router = self.processes.table.router
+        status = FleetStatus(
+            deployment=self.cards.name,
+            endpoint=self.endpoint,
+            target_version=self.cards.desired.weights_version,
+            strategy=self.cards.desired.sync.strategy,
+            controller_pid=os.getpid(),
+            router_pid=router.pid if router is not None else 0,
+            updated_at=now,
+            workers=rows,
+            conditions=condition_rows(rec.conditions),
+        )
+        self.status = status
+        written = self._written
+        if (
+            written is None
+            or now - written.updated_at > STATUS_REFRESH_S
+            or dataclasses.replace(written, updated_at=now) != status
+        ):
+            save_status(self.paths, status)
+            self._written = status
+
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def shutdown(self, drain: bool = True) -> None:
+        """Drain (router first, then Pause WAIT, bounded), stop workers, stop the router."""
+        try:
+            if drain:
+                await self._drain()
+            await self.processes.stop_all_workers(self.settings.stop_grace_s)
+            await self.processes.stop_router(self.settings.stop_grace_s)
+            if self.status is not None:
+                stopped = dataclasses.replace(
+                    self.status, stopped=True, workers=(), updated_at=time.time()
+                )
+                save_status(self.paths, stopped)
+        finally:
+            await self.observer.close()
+            await self.router.admin.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.paths.controller.unlink()
+            self._lock.release()
+
+    async def _drain(self) -> None:
+        limit = self.settings.shutdown_drain_s
+        if limit is None:
+            limit = self.cards.desired.sync.drain_timeout_s
+        members = [w for w in self.processes.members() if self.processes.alive(w.name)]
+        self._events(FleetEvent("draining", f"draining {len(members)} worker(s) (≤{limit:g}s)"))
+
+        async def drain_one(name: str) -> None:
+            entry = self.processes.table.get(name)
+            if entry is None:
+                return
+            await self._quietly(self.router.drain(name))
+            await self._quietly(self.observer.control(entry).pause("wait", limit))
+
+        await asyncio.gather(*(drain_one(w.name) for w in members))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.executor.wait_loads(), limit)
+        for w in members:  # new requests now get a clear 503 instead of waiting for capacity
+            await self._quietly(self.router.down(w.name))

@@ -1,0 +1,123 @@
+"""The fleet as the controller last saw it, written to `status.json` for `loom status` (and
+scripts) in other shells: workers, their versions and load, and the conditions.
+
+Owns the snapshot's shape and JSON; never probes anything (the controller fills it in).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from loom_operator.control.client import ControlStatus
+from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.observed import WorkerState
+from loom_operator.local.state import StateError, StatePaths, WorkerEntry, write_atomic
+
+SCHEMA = "loom.dev/local-status"
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    name: str
+    role: str
+    address: str
+    pid: int
+    version: str
+    """Weights version it serves ('' while unknown)."""
+    state: str
+    """serving | draining | paused | loading | failed | starting | exited | unknown"""
+    ready: bool
+    routed: bool
+    in_flight: int
+    restarts: int
+    kv_free_blocks: int
+    kv_blocks: int
+    log: str
+
+
+@dataclass(frozen=True)
+class ConditionRow:
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    deployment: str
+    endpoint: str
+    """The OpenAI base URL clients use."""
+    target_version: str
+    strategy: str
+    controller_pid: int
+    router_pid: int
+    updated_at: float
+    workers: tuple[WorkerRow, ...] = ()
+    conditions: tuple[ConditionRow, ...] = ()
+    stopped: bool = False
+
+    def condition(self, type_: str) -> ConditionRow | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, **dataclasses.asdict(self)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> FleetStatus:
+        doc: dict[str, Any] = json.loads(text)
+        if doc.pop("schema", None) != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} document")
+        doc["workers"] = tuple(WorkerRow(**w) for w in doc["workers"])
+        doc["conditions"] = tuple(ConditionRow(**c) for c in doc["conditions"])
+        return cls(**doc)
+
+
+def worker_row(
+    entry: WorkerEntry, state: WorkerState | None, status: ControlStatus | None, log: str
+) -> WorkerRow:
+    """One row of the table from the process entry, the observation and the last Status."""
+    if state is None or not state.alive:
+        phase = "exited"
+    elif not state.ready:
+        phase = "starting" if state.last_seen is None else "unresponsive"
+    else:
+        phase = status.state if status is not None else "unknown"
+    return WorkerRow(
+        name=entry.name,
+        role=entry.role,
+        address=entry.address,
+        pid=entry.pid,
+        version=(state.weights_version if state else None) or "",
+        state=phase,
+        ready=bool(state and state.ready),
+        routed=bool(state and state.routed),
+        in_flight=state.in_flight if state else 0,
+        restarts=entry.restarts,
+        kv_free_blocks=status.num_free_blocks if status else 0,
+        kv_blocks=status.num_blocks if status else 0,
+        log=log,
+    )
+
+
+def condition_rows(conditions: tuple[SetCondition, ...]) -> tuple[ConditionRow, ...]:
+    return tuple(ConditionRow(c.type, c.status, c.reason, c.message) for c in conditions)
+
+
+def save_status(paths: StatePaths, status: FleetStatus) -> None:
+    write_atomic(paths.status, status.to_json())
+
+
+def load_status(paths: StatePaths) -> FleetStatus | None:
+    """The last snapshot, or None when no controller ever ran here."""
+    try:
+        text = paths.status.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return FleetStatus.from_json(text)
+    except (ValueError, TypeError, KeyError) as e:
+        raise StateError(f"{paths.status}: unreadable status: {e}") from e

@@ -1,0 +1,124 @@
+"""The router's Prometheus metrics (`loom_router:*`): counters it bumps, gauges read at scrape time.
+
+Owns names, labels and forgetting an endpoint's series when it leaves (so the registry is
+bounded by the endpoints known now); never decides anything it counts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+P = "loom_router:"
+
+# name -> (help, label names); every counter the shell bumps is declared here.
+COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "requests": ("Client requests answered, by route and status.", ("route", "code")),
+    "routed": ("Requests sent to an endpoint, by why it won.", ("endpoint", "reason")),
+    "migrations": ("Streams moved to another worker, by outcome.", ("outcome",)),
+    "pd": ("Requests by how their prompt was prefilled.", ("mode",)),
+    "pd_fallbacks": ("Remote prefills that failed; decode prefilled locally.", ("reason",)),
+    "upstream_errors": ("Failed calls to workers, by kind.", ("endpoint", "kind")),
+    "marked_down": ("Endpoints the router took out of routing.", ("endpoint", "cause")),
+    "scrape_failures": ("Failed /metrics scrapes.", ("endpoint",)),
+    "kv_batches": ("KV-event batches applied to the prefix index.", ("endpoint", "source")),
+    "kv_gaps": ("KV-event sequence gaps or restarts seen.", ("endpoint",)),
+    "kv_replays": ("KV-event replays asked for, by outcome.", ("endpoint", "outcome")),
+    "kv_decode_errors": ("KV-event messages dropped as malformed.", ("endpoint",)),
+    "client_disconnects": ("Clients that left before their answer ended.", ()),
+}
+
+GaugeSource = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
+
+
+@dataclass(frozen=True)
+class GaugeSpec:
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    read: GaugeSource
+    counter: bool = False
+    """A count kept elsewhere (e.g. index evictions), exposed as a counter."""
+
+
+class RouterMetrics(Collector):
+    """Counters in plain dicts (one lock) plus gauges computed from live state when scraped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, dict[tuple[str, ...], float]] = {n: {} for n in COUNTERS}
+        self._gauges: list[GaugeSpec] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "Client-observed time to the first streamed chunk (or the full answer).",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.overhead = Histogram(
+            P + "pick_seconds",
+            "Time to tokenize, hash and pick an endpoint for one request.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            registry=self.registry,
+        )
+        self.registry.register(self)
+
+    def inc(self, name: str, *labels: str, value: float = 1.0) -> None:
+        if len(labels) != len(COUNTERS[name][1]):
+            raise ValueError(f"{name} takes labels {COUNTERS[name][1]}, got {labels}")
+        with self._lock:
+            table = self._counts[name]
+            table[labels] = table.get(labels, 0.0) + value
+
+    def value(self, name: str, *labels: str) -> float:
+        with self._lock:
+            return self._counts[name].get(labels, 0.0)
+
+    def total(self, name: str) -> float:
+        with self._lock:
+            return sum(self._counts[name].values())
+
+    def add_gauge(
+        self,
+        name: str,
+        help: str,
+        labels: tuple[str, ...],
+        read: GaugeSource,
+        counter: bool = False,
+    ) -> None:
+        """A value read from live state at every scrape."""
+        self._gauges.append(GaugeSpec(name, help, labels, read, counter))
+
+    def forget_endpoint(self, endpoint_id: str) -> None:
+        """Drop every counter series labelled with this endpoint."""
+        with self._lock:
+            for name, (_, labels) in COUNTERS.items():
+                if "endpoint" in labels:
+                    at = labels.index("endpoint")
+                    table = self._counts[name]
+                    for key in [k for k in table if k[at] == endpoint_id]:
+                        del table[key]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshot = {n: dict(t) for n, t in self._counts.items()}
+        for name, (text, labels) in COUNTERS.items():
+            family = CounterMetricFamily(P + name, text, labels=list(labels))
+            for key, value in sorted(snapshot[name].items()):
+                family.add_metric(list(key), value)
+            yield family
+        for spec in self._gauges:
+            kind = CounterMetricFamily if spec.counter else GaugeMetricFamily
+            out = kind(P + spec.name, spec.help, labels=list(spec.labels))
+            for key, value in spec.read():
+                out.add_metric(list(key), value)
+            yield out

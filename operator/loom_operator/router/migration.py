@@ -1,0 +1,323 @@
+"""Request migration's pure core: what a client has received, where a stream can resume, and how
+a replacement worker's chunks continue the client's stream without a repeated or lost token.
+
+Owns `StreamTracker` (per in-flight stream, one owner: its relay) and the replay request it
+builds; never does I/O, never tokenizes (it replays the worker's own token ids), never decides
+which worker to use.
+
+How a resume stays exact (greedy sampling): the router asks the worker for `return_token_ids`,
+so it knows the prompt ids P and every generated id G. A *clean boundary* is a point after
+which the worker had emitted all text of the tokens so far: a chunk of exactly one token whose
+text is non-empty (the detokenizer emits only whole characters, and all of them), and, when stop
+strings are set, whose next text does not begin like a stop string (else text may have been
+held back). The replacement replays P + G[:k] for the last clean boundary k as a
+/v1/completions request with max_tokens reduced by k; it regenerates G[k:], whose tokens and
+text the tracker skips (the client has them), and the rest is forwarded in the client's format
+under the original id. Without a boundary (or without P) it resends the original request and
+skips everything already sent: slower, equally exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["completion", "chat"]
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+COMPLETIONS_PATH = "/v1/completions"
+_NOT_FOR_COMPLETIONS = frozenset(
+    {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+     "response_format", "parallel_tool_calls", "functions", "function_call", "echo",
+     "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs",
+     "documents", "kv_transfer_params", "prompt", "max_tokens"}
+)  # fmt: skip
+_HEAD = ("id", "object", "created", "model", "system_fingerprint")
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """`tokens` generated ids whose text is exactly the first `chars` characters sent."""
+
+    tokens: int
+    chars: int
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One upstream request of a stream and how its chunks map onto the client's stream.
+
+    The upstream's output starts at client position (`token_base`, `char_base`); its first
+    `skip_tokens` ids and `skip_chars` characters were already sent and are dropped.
+    """
+
+    path: str
+    body: dict[str, Any]
+    source_kind: Kind
+    token_base: int = 0
+    char_base: int = 0
+    skip_tokens: int = 0
+    skip_chars: int = 0
+    expected: tuple[int, ...] = ()
+    """The ids being regenerated (skipped); a greedy replay reproduces them exactly."""
+
+    @property
+    def resumes(self) -> bool:
+        return self.token_base > 0 or self.skip_tokens > 0 or self.skip_chars > 0
+
+
+def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list):
+        return tuple(s for s in stop if isinstance(s, str) and s)
+    return ()
+
+
+def first_attempt(path: str, body: Mapping[str, Any], kind: Kind) -> Attempt:
+    """The original request, streamed with token ids (the tracker needs them)."""
+    return Attempt(path, {**body, "stream": True, "return_token_ids": True}, kind)
+
+
+class StreamTracker:
+    """One client stream: its head (id, created, …), the ids and text sent, clean boundaries."""
+
+    def __init__(self, kind: Kind, body: Mapping[str, Any]) -> None:
+        self.kind = kind
+        self.want_ids = body.get("return_token_ids") is True
+        self.stops = stop_strings(body)
+        self.prompt_ids: tuple[int, ...] | None = None
+        self.tokens: list[int] = []
+        self.text_len = 0
+        self.head: dict[str, Any] | None = None
+        self.role_sent = False
+        self.prompt_sent = False
+        self.finished = False
+        self.diverged = False
+        self._clean: list[Boundary] = [Boundary(0, 0)]
+        self._candidate: Boundary | None = None
+        self._attempt: Attempt | None = None
+        self._skip_tokens = 0
+        self._skip_chars = 0
+
+    # --- resuming ---------------------------------------------------------------------------
+
+    def begin(self, attempt: Attempt) -> None:
+        """Chunks from now on come from `attempt`'s upstream."""
+        self._attempt = attempt
+        self._skip_tokens = attempt.skip_tokens
+        self._skip_chars = attempt.skip_chars
+        self._candidate = None  # a boundary needs the next text of the same upstream
+
+    def boundary(self, below_tokens: int | None = None) -> Boundary:
+        """The last clean boundary (with fewer than `below_tokens` tokens, if given)."""
+        for b in reversed(self._clean):
+            if below_tokens is None or b.tokens < below_tokens:
+                return b
+        return self._clean[0]
+
+    def replay(
+        self, path: str, body: Mapping[str, Any], max_model_len: int | None = None
+    ) -> Attempt:
+        """The next attempt after a failure: prompt + tokens so far, or the original again."""
+        original = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+        restart = Attempt(
+            path,
+            {**original, "stream": True, "return_token_ids": True},
+            self.kind,
+            skip_tokens=len(self.tokens),
+            skip_chars=self.text_len,
+            expected=tuple(self.tokens),
+        )
+        if self.prompt_ids is None:
+            return restart
+        total = max_tokens_of(self.kind, body, len(self.prompt_ids), max_model_len)
+        if total is None:
+            return restart
+        point = self.boundary(below_tokens=total)
+        if point.tokens == 0:
+            return restart
+        prompt = [*self.prompt_ids, *self.tokens[: point.tokens]]
+        return Attempt(
+            COMPLETIONS_PATH,
+            completions_body(self.kind, body, prompt, total - point.tokens),
+            "completion",
+            token_base=point.tokens,
+            char_base=point.chars,
+            skip_tokens=len(self.tokens) - point.tokens,
+            skip_chars=self.text_len - point.chars,
+            expected=tuple(self.tokens[point.tokens :]),
+        )
+
+    # --- chunks -----------------------------------------------------------------------------
+
+    def take(self, event: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The client's chunk for an upstream chunk (None: nothing left to send)."""
+        attempt = self._attempt
+        if attempt is None:
+            raise RuntimeError("StreamTracker.take before begin")
+        if self.head is None:
+            self.head = {k: event[k] for k in _HEAD if k in event}
+            if self.kind == "chat":
+                self.head["object"] = "chat.completion.chunk"
+        choices = event.get("choices")
+        if not choices:
+            return self._usage(event, attempt) if "usage" in event else None
+        choice = choices[0]
+        if not attempt.resumes and self.prompt_ids is None:
+            ids = event.get("prompt_token_ids", choice.get("prompt_token_ids"))
+            if isinstance(ids, list):
+                self.prompt_ids = tuple(ids)
+        role = attempt.source_kind == "chat" and "role" in (choice.get("delta") or {})
+        raw_ids = choice.get("token_ids")
+        ids = list(raw_ids) if isinstance(raw_ids, list) else []
+        text = _text(attempt.source_kind, choice)
+        skipped = min(len(ids), self._skip_tokens)
+        at = attempt.skip_tokens - self._skip_tokens
+        if skipped and list(attempt.expected[at : at + skipped]) != ids[:skipped]:
+            self.diverged = True
+        self._skip_tokens -= skipped
+        cut = min(len(text), self._skip_chars)
+        self._skip_chars -= cut
+        self._track(ids, text, skipped, cut)
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            self.finished = True
+        logprobs = _logprobs(attempt, choice.get("logprobs"), skipped, self.kind)
+        out_ids = ids[skipped:]
+        out_text = text[cut:]
+        if role and self.role_sent:
+            role = False
+        if not (role or out_ids or out_text or reason is not None or _has_entries(logprobs)):
+            return None
+        self.role_sent = self.role_sent or role
+        return self._chunk(event, attempt, role, out_text, out_ids, logprobs, reason)
+
+    def _track(self, ids: list[int], text: str, skipped: int, cut: int) -> None:
+        new_text = text[cut:]
+        if self._candidate is not None and new_text:
+            if not any(new_text.startswith(s[0]) for s in self.stops):
+                self._clean.append(self._candidate)
+            self._candidate = None
+        self.tokens.extend(ids[skipped:])
+        self.text_len += len(new_text)
+        if len(ids) == 1 and text and not self._skip_tokens and not self._skip_chars:
+            point = Boundary(len(self.tokens), self.text_len)
+            if self.stops:
+                self._candidate = point
+            elif point != self._clean[-1]:
+                self._clean.append(point)
+            del self._clean[:-64]  # only the last few boundaries are ever used
+            if self._clean[0] != Boundary(0, 0):
+                self._clean.insert(0, Boundary(0, 0))
+
+    def _chunk(
+        self,
+        event: Mapping[str, Any],
+        attempt: Attempt,
+        role: bool,
+        text: str,
+        ids: list[int],
+        logprobs: Any,
+        reason: Any,
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.head or {})
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": reason}
+        if self.kind == "chat":
+            choice["delta"] = ({"role": "assistant"} if role else {}) | {"content": text}
+        else:
+            choice["text"] = text
+        if self.want_ids:
+            choice["token_ids"] = ids
+            if not self.prompt_sent and self.prompt_ids is not None:
+                self.prompt_sent = True
+                (out if self.kind == "chat" else choice)["prompt_token_ids"] = list(self.prompt_ids)
+        out["choices"] = [choice]
+        if "usage" in event:
+            out["usage"] = event["usage"]
+        return out
+
+    def _usage(self, event: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
+        """The usage chunk, counting the whole request: a replay's prompt held k output ids."""
+        out: dict[str, Any] = dict(self.head or {})
+        out["choices"] = []
+        usage = dict(event.get("usage") or {})
+        k = attempt.token_base
+        if k and isinstance(usage.get("prompt_tokens"), int):
+            usage["prompt_tokens"] -= k
+            usage["completion_tokens"] = int(usage.get("completion_tokens") or 0) + k
+            details = dict(usage.get("prompt_tokens_details") or {})
+            if isinstance(details.get("cached_tokens"), int):
+                details["cached_tokens"] = min(details["cached_tokens"], usage["prompt_tokens"])
+                usage["prompt_tokens_details"] = details
+        out["usage"] = usage
+        return out
+
+
+def max_tokens_of(
+    kind: Kind, body: Mapping[str, Any], prompt_len: int, max_model_len: int | None
+) -> int | None:
+    """The output budget the original request ran with (None when it cannot be known)."""
+    if kind == "completion":
+        value = body.get("max_tokens")
+        return value if isinstance(value, int) else COMPLETIONS_DEFAULT_MAX_TOKENS
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int):
+            return value
+    return None if max_model_len is None else max_model_len - prompt_len
+
+
+def completions_body(
+    kind: Kind, body: Mapping[str, Any], prompt: Sequence[int], max_tokens: int
+) -> dict[str, Any]:
+    """A /v1/completions request continuing `body` from token-id `prompt`."""
+    out = {k: v for k, v in body.items() if k not in _NOT_FOR_COMPLETIONS}
+    out.update(prompt=list(prompt), max_tokens=max_tokens, stream=True, return_token_ids=True)
+    if kind == "chat":
+        if body.get("logprobs") is True:
+            out["logprobs"] = int(body.get("top_logprobs") or 0)
+    elif body.get("logprobs") is not None:
+        out["logprobs"] = body["logprobs"]
+    return out
+
+
+def _text(kind: Kind, choice: Mapping[str, Any]) -> str:
+    delta = choice.get("delta") or {}
+    content = delta.get("content") if kind == "chat" else choice.get("text")
+    return content if isinstance(content, str) else ""
+
+
+def _has_entries(logprobs: Any) -> bool:
+    if not isinstance(logprobs, Mapping):
+        return False
+    return bool(logprobs.get("content") or logprobs.get("tokens"))
+
+
+def _logprobs(attempt: Attempt, raw: Any, skipped: int, client_kind: Kind) -> Any:
+    """The chunk's logprobs without the skipped tokens, in the client's format."""
+    if not isinstance(raw, Mapping):
+        return None
+    if attempt.source_kind == "chat":
+        return {"content": list(raw.get("content") or [])[skipped:]}
+    cut = {k: list(raw.get(k) or [])[skipped:] for k in
+           ("tokens", "token_logprobs", "top_logprobs", "text_offset")}  # fmt: skip
+    cut["text_offset"] = [o + attempt.char_base for o in cut["text_offset"]]
+    if client_kind == "completion":
+        return cut
+    return {"content": [_chat_entry(t, lp, top) for t, lp, top in
+                        zip(cut["tokens"], cut["token_logprobs"], cut["top_logprobs"],
+                            strict=False)]}  # fmt: skip
+
+
+def _chat_entry(token: str, logprob: float, top: Any) -> dict[str, Any]:
+    alternatives = top.items() if isinstance(top, Mapping) else ()
+    return {
+        "token": token,
+        "logprob": logprob,
+        "bytes": list(token.encode("utf-8")),
+        "top_logprobs": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in alternatives
+        ],
+    }

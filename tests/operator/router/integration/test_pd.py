@@ -1,0 +1,112 @@
+"""P/D through the router: the decider sends long prompts to the prefill worker first, and the
+answer equals an aggregated worker's token for token (greedy, float64). A prefill that fails
+falls back to a local prefill and says so (header, metric), or fails the request by policy."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+
+from loom_runtime.testing.processes import post
+
+MODEL = "tiny-router"
+PD = {"disaggregation": {"minUncachedTokens": 64}, "sessionAffinity": {"enabled": False}}
+TCP = ("--kv-connector", "tcp")
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 4000) for _ in range(n)]
+
+
+def body(ids: list[int], **more: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "prompt": ids,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 1,
+        **more,
+    }
+
+
+@pytest.fixture(scope="module")
+def fleet(launch_worker: Any) -> Iterator[dict[str, Any]]:
+    """A prefill that takes prompts of at most 511 tokens, a decode, and an aggregated worker
+    (not behind the router) that gives the reference answers."""
+    with ExitStack() as stack:
+        yield {
+            "prefill": stack.enter_context(
+                launch_worker("prefill", "prefill", *TCP, "--max-model-len", "512")
+            ),
+            "decode": stack.enter_context(launch_worker("decode", "decode", *TCP)),
+            "reference": stack.enter_context(launch_worker("reference", kv_events=False)),
+        }
+
+
+def reference(fleet: dict[str, Any], ids: list[int]) -> dict[str, Any]:
+    status, answer, _ = post(fleet["reference"].url + "/v1/completions", body(ids))
+    assert status == 200, answer
+    return dict(answer["choices"][0])
+
+
+def streamed(router: Any, ids: list[int]) -> tuple[dict[str, str], list[str], str]:
+    stream = router.stream("/v1/completions", body(ids))
+    tokens: list[str] = []
+    text = ""
+    for event in stream.events():
+        choice = event["choices"][0]
+        text += choice["text"]
+        if choice["logprobs"]:
+            tokens += choice["logprobs"]["tokens"]
+    stream.close()
+    return stream.headers, tokens, text
+
+
+def test_pd_through_the_router_equals_aggregated(fleet: dict[str, Any], launch_router: Any) -> None:
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        for i, n in enumerate((100, 300, 480)):
+            ids = prompt(i, n)
+            want = reference(fleet, ids)
+            status, answer, headers = router.post("/v1/completions", body(ids))
+            assert status == 200, answer
+            assert headers["x-loom-pd"] == "remote-prefill" and "x-loom-pd-fallback" not in headers
+            got = answer["choices"][0]
+            assert got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+            assert got["text"] == want["text"] and len(want["logprobs"]["tokens"]) == 8
+            headers, tokens, text = streamed(router, prompt(50 + i, n))
+            want = reference(fleet, prompt(50 + i, n))
+            assert headers["x-loom-pd"] == "remote-prefill"
+            assert tokens == want["logprobs"]["tokens"] and text == want["text"]
+        assert router.metric("loom_router:pd_total", mode="remote-prefill") == 6
+        assert fleet["decode"].counter("loom:kv_pulled_tokens_total") > 0
+        # A short prompt is not worth a remote prefill: the decode prefills it itself.
+        status, _, headers = router.post("/v1/completions", body(prompt(9, 20)))
+        assert status == 200 and headers["x-loom-pd"] == "local-prefill"
+
+
+def test_a_failed_prefill_falls_back_and_says_so(fleet: dict[str, Any], launch_router: Any) -> None:
+    ids = prompt(77, 700)  # longer than the prefill worker's context: it answers 400
+    want = reference(fleet, ids)
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/completions", body(ids))
+        assert status == 200, answer
+        assert headers["x-loom-pd"] == "local-prefill"
+        assert headers["x-loom-pd-fallback"].startswith("status on prefill: answered 400")
+        assert answer["choices"][0]["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+        assert router.metric("loom_router:pd_fallbacks_total", reason="status") == 1
+    failing = {**PD}
+    with launch_router(
+        [fleet["prefill"], fleet["decode"]], router=failing, failover={"onTransferFailure": "fail"}
+    ) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, _ = router.post("/v1/completions", body(ids))
+        assert status == 502 and answer["error"]["code"] == "prefill_failed"
+        assert "onTransferFailure" in answer["error"]["message"]

@@ -1,0 +1,48 @@
+"""The proxy's two request rewrites: exactly vLLM's P/D contract (docs/pd.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_runtime.testing.pd_proxy import decode_body, prefill_body
+
+CLIENT: dict[str, Any] = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 50,
+    "max_completion_tokens": 40,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+    "temperature": 0,
+}
+
+
+def test_the_prefill_step_is_a_one_token_unstreamed_remote_decode_request() -> None:
+    body = prefill_body(CLIENT)
+    assert body["kv_transfer_params"] == {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_request_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+        "tp_size": 1,
+    }
+    assert (body["stream"], body["max_tokens"], body["max_completion_tokens"]) == (False, 1, 1)
+    assert "stream_options" not in body
+    assert body["messages"] == CLIENT["messages"] and body["temperature"] == 0
+    assert CLIENT["max_tokens"] == 50 and CLIENT["stream"] is True  # the original is untouched
+
+
+def test_the_decode_step_is_the_original_request_plus_the_prefills_params() -> None:
+    params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e"}
+    body = decode_body(CLIENT, {"choices": [], "kv_transfer_params": params})
+    assert body == {**CLIENT, "kv_transfer_params": params}
+
+
+def test_without_params_from_the_prefill_the_decode_prefills_locally() -> None:
+    assert decode_body(CLIENT, None) == CLIENT
+    assert decode_body(CLIENT, {"choices": []}) == CLIENT
+    smuggled = {**CLIENT, "kv_transfer_params": {"do_remote_prefill": True}}
+    assert "kv_transfer_params" not in decode_body(smuggled, None)

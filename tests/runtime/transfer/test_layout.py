@@ -1,0 +1,109 @@
+"""Copy plans between KV layouts: every token of the range lands in the right slot of the right
+block for any block sizes and orders on the two sides, nothing else is touched, and equal layouts
+move whole runs of blocks in single segments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loom_runtime.transfer.layout import KVLayout, LayoutError, apply_plan, copy_plan
+
+LAYERS, HEADS, DIM = 2, 1, 2
+
+
+def layout(num_blocks: int, block_size: int, order: str = "block_major") -> KVLayout:
+    return KVLayout(num_blocks, LAYERS, block_size, HEADS, DIM, "float32", 4, order)  # type: ignore[arg-type]
+
+
+def pool(lay: KVLayout, fill: bool) -> torch.Tensor:
+    if lay.order == "block_major":
+        shape = (lay.num_blocks, LAYERS, 2, lay.block_size, HEADS, DIM)
+    else:
+        shape = (LAYERS, 2, lay.num_blocks, lay.block_size, HEADS, DIM)
+    n = int(np.prod(shape))
+    return (
+        torch.arange(1, n + 1, dtype=torch.float32).reshape(shape) if fill else torch.zeros(shape)
+    )
+
+
+def token(t: torch.Tensor, lay: KVLayout, blocks: list[int], i: int) -> torch.Tensor:
+    """[LAYERS, 2, HEADS, DIM]: token i of the sequence stored in `blocks`."""
+    b, s = blocks[i // lay.block_size], i % lay.block_size
+    return t[b, :, :, s] if lay.order == "block_major" else t[:, :, b, s]
+
+
+def as_bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    src_bs=st.sampled_from([2, 4, 8, 16]),
+    dst_bs=st.sampled_from([2, 4, 8, 16]),
+    src_order=st.sampled_from(["block_major", "layer_major"]),
+    dst_order=st.sampled_from(["block_major", "layer_major"]),
+    length=st.integers(min_value=1, max_value=60),
+    data=st.data(),
+)
+def test_a_plan_moves_exactly_the_token_range(
+    src_bs: int, dst_bs: int, src_order: str, dst_order: str, length: int, data: st.DataObject
+) -> None:
+    src_l, dst_l = layout(40, src_bs, src_order), layout(40, dst_bs, dst_order)
+    src_blocks = data.draw(st.permutations(range(40)))[: -(-length // src_bs)]
+    dst_blocks = data.draw(st.permutations(range(40)))[: -(-length // dst_bs)]
+    start = data.draw(st.integers(min_value=0, max_value=length))
+    src, dst = pool(src_l, fill=True), pool(dst_l, fill=False)
+    plan = copy_plan(src_l, src_blocks, dst_l, dst_blocks, start, length)
+    apply_plan(plan, as_bytes(src), as_bytes(dst))
+    assert plan.nbytes == (length - start) * src_l.bytes_per_token()
+    for i in range(-(-length // dst_bs) * dst_bs):
+        got = token(dst, dst_l, dst_blocks, i)
+        if start <= i < length:
+            assert torch.equal(got, token(src, src_l, src_blocks, i)), i
+        else:
+            assert not got.any(), i  # outside the range: untouched
+    moved = int((dst != 0).sum())
+    assert moved == (length - start) * LAYERS * 2 * HEADS * DIM  # nothing else was written
+
+
+def test_equal_layouts_move_runs_of_consecutive_blocks_as_one_segment() -> None:
+    lay = layout(64, 16)
+    plan = copy_plan(lay, list(range(8, 16)), lay, list(range(40, 48)), 0, 128)
+    assert (plan.num_segments, plan.nbytes) == (1, 8 * lay.block_bytes)
+    scattered = copy_plan(lay, [3, 9, 1, 7], lay, [5, 2, 8, 0], 0, 64)
+    assert scattered.num_segments == 4  # one descriptor per block: the whole block, all layers
+
+
+def test_incompatible_layouts_are_refused_with_the_difference() -> None:
+    other = KVLayout(8, LAYERS, 4, 2, DIM, "float32", 4)
+    with pytest.raises(LayoutError, match="num_kv_heads 1 != 2"):
+        copy_plan(layout(8, 4), [0], other, [0], 0, 4)
+    half = KVLayout(8, LAYERS, 4, HEADS, DIM, "bfloat16", 2)
+    with pytest.raises(LayoutError, match="dtype float32 != bfloat16"):
+        copy_plan(layout(8, 4), [0], half, [0], 0, 4)
+
+
+def test_missing_or_foreign_blocks_are_refused() -> None:
+    lay = layout(8, 4)
+    with pytest.raises(LayoutError, match="need 3"):
+        copy_plan(lay, [0, 1], lay, [0, 1, 2], 0, 9)
+    with pytest.raises(LayoutError, match="outside"):
+        copy_plan(lay, [0, 99], lay, [0, 1], 0, 8)
+    with pytest.raises(LayoutError, match="range"):
+        copy_plan(lay, [0], lay, [0], 3, 2)
+
+
+def test_an_empty_range_is_an_empty_plan() -> None:
+    plan = copy_plan(layout(8, 4), [0], layout(8, 4), [1], 2, 2)
+    assert (plan.num_segments, plan.nbytes) == (0, 0)
+
+
+def test_layouts_survive_the_handshake() -> None:
+    lay = layout(8, 4, "layer_major")
+    assert KVLayout.from_dict(lay.to_dict()) == lay
+    with pytest.raises(LayoutError, match="malformed"):
+        KVLayout.from_dict({"num_blocks": 1})
