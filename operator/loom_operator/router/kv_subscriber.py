@@ -103,6 +103,9 @@ class KVSubscriber:
                 if self._changed.is_set():
                     self._changed.clear()
                     self._reconcile(ctx, poller)
+                if not self._conns:  # zmq_poll over no socket returns at once: wait here
+                    self._changed.wait(self._poll_ms / 1000)
+                    continue
                 ready = dict(poller.poll(self._poll_ms))
                 for conn in list(self._conns.values()):
                     if conn.sub in ready:

@@ -136,13 +136,21 @@ class _Client:
             self.headers[WEIGHTS_HEADER] = self.version
 
     async def send(self, chunk: Mapping[str, Any] | str) -> None:
+        await self._write(encode(dict(chunk) if not isinstance(chunk, str) else chunk))
+
+    async def send_many(self, chunks: list[Mapping[str, Any]]) -> None:
+        """Several chunks in one write (they arrived together)."""
+        if chunks:
+            await self._write(b"".join(encode(dict(c)) for c in chunks))
+
+    async def _write(self, data: bytes) -> None:
         if self.response is None:
             self.metrics.ttft.observe(time.perf_counter() - self.trip.started)
             headers = {**self.headers, "Content-Type": "text/event-stream",
                        "Cache-Control": "no-cache"}  # fmt: skip
             self.response = web.StreamResponse(headers=headers)
             await self.response.prepare(self.request)
-        await self.response.write(encode(dict(chunk) if not isinstance(chunk, str) else chunk))
+        await self.response.write(data)
 
     async def comment(self, text: str) -> None:
         if self.response is not None:
@@ -276,15 +284,19 @@ class Relay:
                         raise _Move(f"answered {up.status}")
                     return await client.passthrough(up.status, data, up.headers)
                 client.upstream(endpoint, up.headers)
-                async for event in up.events():
-                    if "error" in event:
-                        if _movable(event):
-                            raise _Move(f"error event {event['error'].get('code')}")
-                        await client.send(event)
-                        return await client.finish()
-                    chunk = tracker.take(event)
-                    if chunk is not None:
-                        await client.send(chunk)
+                async for batch in up.batches():
+                    out: list[Mapping[str, Any]] = []
+                    for event in batch:
+                        if "error" in event:
+                            await client.send_many(out)  # the tracker counts them as sent
+                            if _movable(event):
+                                raise _Move(f"error event {event['error'].get('code')}")
+                            await client.send(event)
+                            return await client.finish()
+                        chunk = tracker.take(event)
+                        if chunk is not None:
+                            out.append(chunk)
+                    await client.send_many(out)
                 if tracker.diverged:
                     logger.warning("a resumed stream regenerated other tokens (not greedy?)",
                                    extra={"request_id": client.trip.request_id})  # fmt: skip

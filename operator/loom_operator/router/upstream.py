@@ -102,21 +102,26 @@ class UpstreamStream:
             raise UpstreamBrokenError(self.endpoint.id, f"answer broke: {_why(exc)}") from exc
         return b"".join(parts)
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Each event's JSON; ends after [DONE]; UpstreamBrokenError if the stream breaks."""
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The JSON events of each network read, in order (so a relay writes them at once);
+        ends after [DONE]; UpstreamBrokenError if the stream breaks first."""
         decoder = SSEDecoder()
         eid = self.endpoint.id
         try:
             async for data in self._response.content.iter_any():
+                batch: list[dict[str, Any]] = []
                 for payload in decoder.feed(data):
                     if payload == DONE:
+                        yield batch
                         return
                     try:
                         event = json.loads(payload)
                     except ValueError as exc:
                         raise UpstreamBrokenError(eid, "sent an event that is not JSON") from exc
                     if isinstance(event, dict):
-                        yield event
+                        batch.append(event)
+                if batch:
+                    yield batch
         except (aiohttp.ClientError, TimeoutError, SSEFormatError) as exc:
             raise UpstreamBrokenError(eid, f"stream broke: {_why(exc)}") from exc
         raise UpstreamBrokenError(eid, "stream ended without [DONE]")

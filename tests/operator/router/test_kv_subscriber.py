@@ -4,6 +4,7 @@ shows the gap, and a worker that comes back on a new address starts with an empt
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
@@ -113,3 +114,14 @@ def test_a_restarted_publisher_is_followed_and_its_old_blocks_dropped(
 
         poll(second_live, 10, "the second publisher's block", interval=0.05)
         assert index.match(["w0"], [old[0]]) == {"w0": 0}  # a new process: an empty cache
+
+
+def test_with_no_feeds_the_thread_waits_instead_of_spinning() -> None:
+    sub = KVSubscriber(PrefixIndex(10, HASHER), RouterMetrics(), poll_ms=20)
+    sub.start()
+    try:
+        before = time.process_time()
+        time.sleep(0.5)  # measuring CPU use over a span, not waiting for a condition
+        assert time.process_time() - before < 0.15  # a spinning poll burns the whole 0.5 s
+    finally:
+        sub.close()

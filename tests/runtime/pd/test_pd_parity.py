@@ -58,8 +58,15 @@ FIRST_OF_GROUP = {25 + 5 * g for g in range(5)}
 
 
 def body(prompt: list[int], **more: Any) -> dict[str, Any]:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "ignore_eos": True, "logprobs": 1, **more}  # fmt: skip
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": 1,
+        **more,
+    }
 
 
 def assert_same_tokens(pd: dict[str, Any], agg: dict[str, Any], what: str) -> None:
@@ -67,8 +74,9 @@ def assert_same_tokens(pd: dict[str, Any], agg: dict[str, Any], what: str) -> No
     assert b["logprobs"]["tokens"] and len(b["logprobs"]["tokens"]) == MAX_TOKENS
     assert a["logprobs"]["tokens"] == b["logprobs"]["tokens"], what
     assert a["text"] == b["text"], what
-    assert a["logprobs"]["token_logprobs"] == pytest.approx(b["logprobs"]["token_logprobs"],
-                                                            abs=1e-6), what  # fmt: skip
+    assert a["logprobs"]["token_logprobs"] == pytest.approx(
+        b["logprobs"]["token_logprobs"], abs=1e-6
+    ), what
     assert pd["usage"]["completion_tokens"] == agg["usage"]["completion_tokens"] == MAX_TOKENS
 
 
@@ -174,8 +182,12 @@ def test_streamed_and_chat_pd_equal_aggregated(
     agg = openai.OpenAI(base_url=aggregated.base_url + "/v1", api_key="unused", max_retries=0)
     try:
         prompt = random_prompt(1500, seed=7)
-        kwargs: dict[str, Any] = {"model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0,
-                                  "extra_body": {"ignore_eos": True}}  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "model": MODEL,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "extra_body": {"ignore_eos": True},
+        }
         whole = agg.completions.create(prompt=prompt, **kwargs).choices[0].text
         chunks = list(client.completions.create(prompt=prompt, stream=True, **kwargs))
         assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
