@@ -45,14 +45,7 @@ crds: venv
 
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iruntime --python_out=runtime --pyi_out=runtime \
-		--grpc_python_out=runtime runtime/loom_runtime/serve/control.proto
-	# The operator's copy of the messages (loom_operator.control.client calls the service itself),
-	# registered under the proto's own file name so that both copies load into one process.
-	mkdir -p $(CACHE)/proto
-	$(BIN)/python -m grpc_tools.protoc -Iruntime --python_out=$(CACHE)/proto \
-		--pyi_out=$(CACHE)/proto runtime/loom_runtime/serve/control.proto
-	cp $(CACHE)/proto/loom_runtime/serve/control_pb2.py $(CACHE)/proto/loom_runtime/serve/control_pb2.pyi \
-		operator/loom_operator/control/
+		--grpc_python_out=runtime runtime/loom_runtime/control_api/control.proto
 
 bench: venv
 	$(BIN)/python bench/engine.py

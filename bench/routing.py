@@ -5,7 +5,8 @@ prompt; each user runs a session whose context grows every turn (system prompt +
 user message and answer + the new message); sessions start as a Poisson process and think
 between turns. The same seeded workload is replayed, one fresh set of workers per policy (empty
 caches), through the real router under: random, round-robin, load-only (prefix weight 0, no
-session affinity), approximate-prefix and precise-prefix (the card's defaults). Reported per
+session affinity), approximate-prefix, precise-prefix (the card's defaults) and precise+in-flight
+(precise, with prompts just routed counted as cached for 10 s: inFlightPrefixSeconds). Reported per
 policy: output tok/s, client TTFT p50/p90, prefix-cache hit rate (cached prompt tokens the
 workers reported / prompt tokens) and the hit rate of an oracle that knows every cache (at each
 request, the longest prefix any worker held, read from all workers' KV events). Each policy runs
@@ -56,6 +57,7 @@ POLICIES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "load-only": ({"scorers": {"prefixCache": 0.0}, "sessionAffinity": {"enabled": False}}, ()),
     "approximate-prefix": ({"prefixScorer": "approximate"}, ()),
     "precise-prefix": ({}, ()),
+    "precise+in-flight": ({"inFlightPrefixSeconds": 10.0}, ()),
 }
 
 

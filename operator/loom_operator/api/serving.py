@@ -81,6 +81,11 @@ class Router(CardModel):
     """Sticky sessions by header."""
     hotspot: Hotspot = Field(default_factory=Hotspot)
     """Load spilling from hot endpoints."""
+    in_flight_prefix_seconds: float = Field(default=0.0, ge=0, le=60)
+    """precise: count a prompt's blocks as held by the endpoint it was routed to for this long,
+    until its KV events arrive (better hit rates when a burst shares a new prompt). Each replica
+    knows only what it routed itself, so with replicas > 1 they may decide differently inside
+    this window. 0: off, and replicas decide identically from KV events alone."""
 
 
 class PrefixCaching(CardModel):

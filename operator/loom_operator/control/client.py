@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import grpc
 
-from loom_operator.control import control_pb2 as pb
+from loom_runtime.control_api import control_pb2 as pb
 
 SERVICE = "/loom.control.v1.Control"
 

@@ -164,6 +164,7 @@ def settings_from_spec(
         hash_algo=algo,
         hash_seed=seed,
         migration_limit=failover.migration_limit,
+        in_flight_prefix_s=router.in_flight_prefix_seconds,
     )
 
 

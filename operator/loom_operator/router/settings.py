@@ -72,6 +72,9 @@ class RouterSettings:
     approx_blocks_per_endpoint: int = 31_250
     """Approximate index: text blocks remembered per endpoint (llm-d's default)."""
     max_sessions: int = 100_000
+    in_flight_prefix_s: float = 0.0
+    """Precise: a routed prompt's blocks count as held by its endpoint for this long, before its
+    KV events arrive. Per-replica memory, so replicas may then disagree; 0 turns it off."""
     debug_scores: int = 8
     """Candidates whose score breakdown a RoutingDecision carries (the chosen one first)."""
 
@@ -90,6 +93,8 @@ class RouterSettings:
         ]
         if self.min_uncached_tokens < 0 or self.migration_limit < 0:
             problems.append("min_uncached_tokens and migration_limit must be >= 0")
+        if self.in_flight_prefix_s < 0:
+            problems.append(f"in_flight_prefix_s must be >= 0, got {self.in_flight_prefix_s}")
         if not 0 <= self.spill_margin <= 10:
             problems.append(f"spill_margin must be in [0, 10], got {self.spill_margin}")
         if self.prefix_scorer not in ("precise", "approximate"):
@@ -127,4 +132,5 @@ class RouterSettings:
             hash_algo=spec.prefix_caching.hash_algo,
             hash_seed=spec.prefix_caching.hash_seed,
             migration_limit=spec.failover.migration_limit,
+            in_flight_prefix_s=router.in_flight_prefix_seconds,
         )

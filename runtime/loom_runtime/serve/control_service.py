@@ -18,9 +18,9 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import grpc
 
+from loom_runtime.control_api import control_pb2 as pb
 from loom_runtime.engine.types import EngineStats
 from loom_runtime.errors import InvalidRequestError, LoomError
-from loom_runtime.serve import control_pb2 as pb
 from loom_runtime.serve.errors import ControlStateError, UnauthenticatedError, classify
 from loom_runtime.serve.metrics import StatsSource
 

@@ -66,15 +66,40 @@ def poll(check: Callable[[], bool], timeout: float, what: str, interval: float =
         time.sleep(interval)
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 300) -> tuple[int, Any, dict[str, str]]:
-    """POST JSON; (status, parsed body, lower-cased headers), HTTP errors included."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+def post(
+    url: str, body: bytes | dict[str, Any], timeout: float = 300
+) -> tuple[int, Any, dict[str, str]]:
+    """POST JSON (a dict, or raw bytes sent as they are); (status, parsed body, lower-cased
+    headers), HTTP errors included."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST")
     req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read()), _lower(resp.headers.items())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read()), _lower(err.headers.items())
+
+
+def get_json(url: str, timeout: float = 30) -> tuple[int, Any]:
+    """GET JSON; (status, parsed body), HTTP errors included."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """`name{labels}` -> value for every sample of base_url/metrics."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
 
 
 def _lower(items: Any) -> dict[str, str]:
@@ -98,14 +123,7 @@ class Proc:
 
     def metrics(self) -> dict[str, float]:
         """`name{labels}` -> value for every sample of /metrics."""
-        with urllib.request.urlopen(self.base_url + "/metrics", timeout=30) as resp:
-            text = resp.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+        return scrape(self.base_url)
 
     def metric(self, name: str) -> float:
         return self.metrics().get(f'{name}{{model_name="{self.model}"}}', float("nan"))
@@ -159,9 +177,17 @@ def _ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
 
 
 @contextmanager
-def spawn(name: str, cmd: list[str], log: Path, url: str, ready_path: str) -> Iterator[Proc]:
-    """Run `cmd` until the context ends; yields once GET url+ready_path answers 200."""
-    env = {**os.environ, **WORKER_ENV, "LOOM_CACHE": str(log.parent / "cache")}
+def spawn(
+    name: str,
+    cmd: list[str],
+    log: Path,
+    url: str,
+    ready_path: str,
+    env: dict[str, str] | None = None,
+) -> Iterator[Proc]:
+    """Run `cmd` (with `env` added to ours) until the context ends; yields once GET
+    url+ready_path answers 200."""
+    env = {**os.environ, **WORKER_ENV, "LOOM_CACHE": str(log.parent / "cache"), **(env or {})}
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     handle = Proc(name, url, log, proc)

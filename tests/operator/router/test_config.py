@@ -26,6 +26,7 @@ def doc(**more: Any) -> dict[str, Any]:
             "disaggregation": {"minUncachedTokens": 64},
             "sessionAffinity": {"enabled": False, "header": "x-s"},
             "hotspot": {"spillMargin": 0.5},
+            "inFlightPrefixSeconds": 2.5,
         },
         "failover": {"migrationLimit": 2, "healthTimeoutSeconds": 1.5, "onTransferFailure": "fail"},
         "endpoints": [
@@ -50,6 +51,7 @@ def test_card_sections_become_settings(tmp_path: Path) -> None:
     assert s.prefix_scorer == "approximate" and s.min_uncached_tokens == 64
     assert not s.session_affinity and s.session_header == "x-s" and s.spill_margin == 0.5
     assert (s.block_size, s.hash_seed, s.migration_limit) == (32, "7", 2)
+    assert s.in_flight_prefix_s == 2.5
     assert config.failover.on_transfer_failure == "fail"
     assert config.failover.health_timeout_s == 1.5
     assert config.tokenizer_path == tmp_path / "tok"  # relative to the file
@@ -66,6 +68,7 @@ def test_card_sections_become_settings(tmp_path: Path) -> None:
 def test_defaults_are_the_cards() -> None:
     config = config_from_dict({"model_name": "m"})
     assert config.settings.weights.prefix_cache == 3 and config.settings.block_size == 16
+    assert config.settings.in_flight_prefix_s == 0  # off: replicas decide from KV events alone
     assert config.failover.migration_limit == 3 and config.endpoints == ()
     assert config.tokenizer_path is None
 

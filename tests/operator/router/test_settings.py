@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.router.errors import RouterConfigError
@@ -28,6 +29,7 @@ def test_defaults_follow_the_card_defaults() -> None:
     assert s == RouterSettings()
     assert (s.weights.prefix_cache, s.weights.queue, s.weights.kv_cache_utilization) == (3, 2, 2)
     assert (s.prefix_scorer, s.min_uncached_tokens, s.spill_margin) == ("precise", 2048, 0.2)
+    assert s.in_flight_prefix_s == 0  # off unless the card opts in
     assert (s.hash_algo, s.hash_seed, s.block_size, s.migration_limit) == (
         "sha256_cbor",
         "0",
@@ -47,6 +49,7 @@ def test_card_values_are_carried_over() -> None:
                     "disaggregation": {"minUncachedTokens": 512},
                     "sessionAffinity": {"enabled": False, "header": "x-conv"},
                     "hotspot": {"spillMargin": 0.5},
+                    "inFlightPrefixSeconds": 4.0,
                 },
                 "prefixCaching": {"hashSeed": "42"},
                 "failover": {"migrationLimit": 7},
@@ -58,6 +61,7 @@ def test_card_values_are_carried_over() -> None:
     assert s.min_uncached_tokens == 512
     assert (s.session_affinity, s.session_header) == (False, "x-conv")
     assert s.spill_margin == 0.5
+    assert s.in_flight_prefix_s == 4.0
     assert (s.block_size, s.hash_seed, s.migration_limit) == (32, "42", 7)
 
 
@@ -69,6 +73,7 @@ def test_card_values_are_carried_over() -> None:
         {"max_index_entries": 0},
         {"min_uncached_tokens": -1},
         {"spill_margin": -0.1},
+        {"in_flight_prefix_s": -1.0},
         {"prefix_scorer": "fuzzy"},
         {"picker": "first"},
     ],
@@ -83,3 +88,9 @@ def test_weights_must_not_all_be_zero_or_negative() -> None:
         ScorerWeights(0, 0, 0, 0, 0, 0)
     with pytest.raises(RouterConfigError):
         ScorerWeights(queue=-1)
+
+
+@pytest.mark.parametrize("seconds", [-1, 61])
+def test_the_card_refuses_in_flight_prefix_seconds_out_of_range(seconds: float) -> None:
+    with pytest.raises(ValidationError, match="inFlightPrefixSeconds"):
+        card({"router": {"inFlightPrefixSeconds": seconds}})

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from loom_runtime.control_api import control_pb2 as pb
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineStats
-from loom_runtime.serve import control_pb2 as pb
 from loom_runtime.serve.app import EngineHealth
 from loom_runtime.serve.control_service import watch_interval, worker_state
 

@@ -20,8 +20,8 @@ import openai
 import pytest
 import zmq
 
-from loom_runtime.serve import control_pb2 as pb
-from loom_runtime.serve import control_pb2_grpc as pb_grpc
+from loom_runtime.control_api import control_pb2 as pb
+from loom_runtime.control_api import control_pb2_grpc as pb_grpc
 
 NUM_BLOCKS = 96
 LONG_PROMPT = list(range(400, 600))  # 200 token ids: 12 full blocks

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from loom_runtime.models.tiny import init_tiny
-from loom_runtime.testing.processes import CARD, Proc, free_ports, poll, spawn
+from loom_runtime.testing.processes import CARD, Proc, free_ports, poll, scrape, spawn
 
 MODEL = "tiny-router"
 TOKEN = "admin-token"
@@ -138,14 +138,7 @@ class Router:
         return {e["id"]: e for e in doc["endpoints"]}
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
-            text = resp.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+        return scrape(self.url)
 
     def metric(self, name: str, **labels: str) -> float:
         parts = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from loom_runtime.serve import control_pb2 as loom__runtime_dot_serve_dot_control__pb2
+from loom_runtime.control_api import control_pb2 as loom__runtime_dot_control__api_dot_control__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in loom_runtime/serve/control_pb2_grpc.py depends on'
+        + ' but the generated code in loom_runtime/control_api/control_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class ControlStub:
         """
         self.Status = channel.unary_unary(
                 '/loom.control.v1.Control/Status',
-                request_serializer=loom__runtime_dot_serve_dot_control__pb2.StatusRequest.SerializeToString,
-                response_deserializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.StatusRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
         self.WatchStatus = channel.unary_stream(
                 '/loom.control.v1.Control/WatchStatus',
-                request_serializer=loom__runtime_dot_serve_dot_control__pb2.WatchStatusRequest.SerializeToString,
-                response_deserializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.WatchStatusRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
         self.Pause = channel.unary_unary(
                 '/loom.control.v1.Control/Pause',
-                request_serializer=loom__runtime_dot_serve_dot_control__pb2.PauseRequest.SerializeToString,
-                response_deserializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.PauseRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
         self.Resume = channel.unary_unary(
                 '/loom.control.v1.Control/Resume',
-                request_serializer=loom__runtime_dot_serve_dot_control__pb2.ResumeRequest.SerializeToString,
-                response_deserializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.ResumeRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
         self.LoadWeights = channel.unary_unary(
                 '/loom.control.v1.Control/LoadWeights',
-                request_serializer=loom__runtime_dot_serve_dot_control__pb2.LoadWeightsRequest.SerializeToString,
-                response_deserializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.LoadWeightsRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
 
 
@@ -109,28 +109,28 @@ def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=loom__runtime_dot_serve_dot_control__pb2.StatusRequest.FromString,
-                    response_serializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.SerializeToString,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.StatusRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
             'WatchStatus': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchStatus,
-                    request_deserializer=loom__runtime_dot_serve_dot_control__pb2.WatchStatusRequest.FromString,
-                    response_serializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.SerializeToString,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WatchStatusRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
             'Pause': grpc.unary_unary_rpc_method_handler(
                     servicer.Pause,
-                    request_deserializer=loom__runtime_dot_serve_dot_control__pb2.PauseRequest.FromString,
-                    response_serializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.SerializeToString,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.PauseRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
             'Resume': grpc.unary_unary_rpc_method_handler(
                     servicer.Resume,
-                    request_deserializer=loom__runtime_dot_serve_dot_control__pb2.ResumeRequest.FromString,
-                    response_serializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.SerializeToString,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.ResumeRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
             'LoadWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadWeights,
-                    request_deserializer=loom__runtime_dot_serve_dot_control__pb2.LoadWeightsRequest.FromString,
-                    response_serializer=loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.SerializeToString,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.LoadWeightsRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -158,8 +158,8 @@ class Control:
             request,
             target,
             '/loom.control.v1.Control/Status',
-            loom__runtime_dot_serve_dot_control__pb2.StatusRequest.SerializeToString,
-            loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+            loom__runtime_dot_control__api_dot_control__pb2.StatusRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -185,8 +185,8 @@ class Control:
             request,
             target,
             '/loom.control.v1.Control/WatchStatus',
-            loom__runtime_dot_serve_dot_control__pb2.WatchStatusRequest.SerializeToString,
-            loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+            loom__runtime_dot_control__api_dot_control__pb2.WatchStatusRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -212,8 +212,8 @@ class Control:
             request,
             target,
             '/loom.control.v1.Control/Pause',
-            loom__runtime_dot_serve_dot_control__pb2.PauseRequest.SerializeToString,
-            loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+            loom__runtime_dot_control__api_dot_control__pb2.PauseRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -239,8 +239,8 @@ class Control:
             request,
             target,
             '/loom.control.v1.Control/Resume',
-            loom__runtime_dot_serve_dot_control__pb2.ResumeRequest.SerializeToString,
-            loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+            loom__runtime_dot_control__api_dot_control__pb2.ResumeRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -266,8 +266,8 @@ class Control:
             request,
             target,
             '/loom.control.v1.Control/LoadWeights',
-            loom__runtime_dot_serve_dot_control__pb2.LoadWeightsRequest.SerializeToString,
-            loom__runtime_dot_serve_dot_control__pb2.WorkerStatus.FromString,
+            loom__runtime_dot_control__api_dot_control__pb2.LoadWeightsRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,
             insecure,
