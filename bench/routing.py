@@ -5,12 +5,15 @@ prompt; each user runs a session whose context grows every turn (system prompt +
 user message and answer + the new message); sessions start as a Poisson process and think
 between turns. The same seeded workload is replayed, one fresh set of workers per policy (empty
 caches), through the real router under: random, round-robin, load-only (prefix weight 0, no
-session affinity), approximate-prefix, precise-prefix (the card's defaults) and precise+in-flight
-(precise, with prompts just routed counted as cached for 10 s: inFlightPrefixSeconds). Reported per
-policy: output tok/s, client TTFT p50/p90, prefix-cache hit rate (cached prompt tokens the
-workers reported / prompt tokens) and the hit rate of an oracle that knows every cache (at each
-request, the longest prefix any worker held, read from all workers' KV events). Each policy runs
-`--rounds` times, the order rotated every round, and the median of each number is reported
+session affinity), approximate-prefix, precise-prefix (the card's defaults for one router
+replica: KV events, plus prompts just routed counted as cached for 10 s, inFlightPrefixSeconds)
+and precise-events-only (inFlightPrefixSeconds 0: what replicas > 1 run by default, deciding
+from KV events alone). Reported per policy: output tok/s, client TTFT p50/p90, prefix-cache
+hit rate (cached prompt tokens the workers reported / prompt tokens) and the hit rate of an
+oracle that knows every cache (at each request, the longest prefix any worker held at its
+arrival, read from all workers' KV events; a policy that follows a prompt to where it is still
+being prefilled can beat it). Each policy runs `--rounds` times, the order rotated every
+round, and the median of each number is reported
 (a shared machine has slow spells; rotation spreads them over the policies). Targets:
 precise ≥ 90 % of its oracle, and precise TTFT p90 ≤ 0.5 × round-robin's. Usage:
 
@@ -57,7 +60,7 @@ POLICIES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "load-only": ({"scorers": {"prefixCache": 0.0}, "sessionAffinity": {"enabled": False}}, ()),
     "approximate-prefix": ({"prefixScorer": "approximate"}, ()),
     "precise-prefix": ({}, ()),
-    "precise+in-flight": ({"inFlightPrefixSeconds": 10.0}, ()),
+    "precise-events-only": ({"inFlightPrefixSeconds": 0.0}, ()),
 }
 
 

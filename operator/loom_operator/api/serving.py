@@ -66,6 +66,11 @@ class Hotspot(CardModel):
     the least-loaded one before requests spill to the next-best."""
 
 
+DEFAULT_IN_FLIGHT_PREFIX_S = 10.0
+"""One router replica: remember where a prompt went until its KV events arrive (a prefill of a
+long prompt under load takes seconds)."""
+
+
 class Router(CardModel):
     """The endpoint picker and OpenAI proxy in front of the roles."""
 
@@ -81,11 +86,19 @@ class Router(CardModel):
     """Sticky sessions by header."""
     hotspot: Hotspot = Field(default_factory=Hotspot)
     """Load spilling from hot endpoints."""
-    in_flight_prefix_seconds: float = Field(default=0.0, ge=0, le=60)
+    in_flight_prefix_seconds: float | None = Field(default=None, ge=0, le=60)
     """precise: count a prompt's blocks as held by the endpoint it was routed to for this long,
-    until its KV events arrive (better hit rates when a burst shares a new prompt). Each replica
-    knows only what it routed itself, so with replicas > 1 they may decide differently inside
-    this window. 0: off, and replicas decide identically from KV events alone."""
+    until its KV events arrive (bursts sharing a new prompt then stay together instead of each
+    prefilling it elsewhere). Each replica knows only what it routed itself, so with replicas > 1
+    they may decide differently inside this window. 0: off, replicas decide identically from KV
+    events alone. Unset: 10 with one replica, 0 with more."""
+
+    @property
+    def in_flight_prefix_s(self) -> float:
+        """The window in effect: the card's value, or the default for its replica count."""
+        if self.in_flight_prefix_seconds is not None:
+            return self.in_flight_prefix_seconds
+        return DEFAULT_IN_FLIGHT_PREFIX_S if self.replicas == 1 else 0.0
 
 
 class PrefixCaching(CardModel):

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from loom_operator.api.serving import Failover, Router
 from loom_operator.router.endpoints import ROLES, Endpoint
 from loom_operator.router.errors import RouterConfigError
-from loom_operator.router.settings import RouterSettings, ScorerWeights
+from loom_operator.router.settings import RouterSettings
 
 TransferFailurePolicy = Literal["recompute", "fail"]
 _TOP_LEVEL = frozenset(
@@ -149,23 +149,7 @@ def settings_from_spec(
         raise RouterConfigError(f"block_size: a positive integer, got {block_size!r}")
     if not isinstance(seed, str) or not isinstance(algo, str):
         raise RouterConfigError("hash_seed and hash_algo: strings")
-    return RouterSettings(
-        weights=ScorerWeights(
-            prefix_cache=router.scorers.prefix_cache,
-            queue=router.scorers.queue,
-            kv_cache_utilization=router.scorers.kv_cache_utilization,
-        ),
-        prefix_scorer=router.prefix_scorer,
-        min_uncached_tokens=router.disaggregation.min_uncached_tokens,
-        session_affinity=router.session_affinity.enabled,
-        session_header=router.session_affinity.header,
-        spill_margin=router.hotspot.spill_margin,
-        block_size=block_size,
-        hash_algo=algo,
-        hash_seed=seed,
-        migration_limit=failover.migration_limit,
-        in_flight_prefix_s=router.in_flight_prefix_seconds,
-    )
+    return RouterSettings.from_parts(router, failover, block_size, algo, seed)
 
 
 def _card_part(cls: Any, value: Any, where: str, problems: list[str]) -> Any:

@@ -24,7 +24,6 @@ from loom_operator.router.endpoints import Endpoint, StaticEndpoints
 from loom_operator.router.errors import NoEndpointError
 from loom_operator.router.filters import SERVING_ROLES, filter_endpoints, rejection
 from loom_operator.router.http_errors import BadRequestError, PrefillFailedError
-from loom_operator.router.inflight_prefixes import InFlightPrefixes, WithInFlight
 from loom_operator.router.metrics import RouterMetrics
 from loom_operator.router.migration import Kind
 from loom_operator.router.pd_flow import (
@@ -39,7 +38,6 @@ from loom_operator.router.prober import Prober
 from loom_operator.router.prompt_tokens import PromptTokenizer
 from loom_operator.router.relay import Relay, Trip
 from loom_operator.router.request import RequestFeatures, features_from_text, features_from_tokens
-from loom_operator.router.settings import RouterSettings
 from loom_operator.router.state import RouterState
 from loom_operator.router.upstream import REQUEST_ID_HEADER, Upstream, UpstreamRefusedError
 
@@ -94,7 +92,6 @@ class Dispatcher:
         self.rng = random.Random(seed)
         self._turn = 0
         self._max_model_len: int | None = None
-        self.in_flight = _in_flight_record(state.settings)
         self.relay = Relay(upstream, prober, metrics, state.load, self, failover.migration_limit)
 
     async def handle(self, request: web.Request, kind: Kind, request_id: str) -> web.StreamResponse:
@@ -187,17 +184,10 @@ class Dispatcher:
             return Choice(kept[self._turn % len(kept)], None, "round-robin")
         now = time.monotonic()
         inputs = self.state.inputs(snapshot, now)
-        in_flight = self.in_flight
-        if in_flight is not None:  # prefixes being prefilled count too, before their KV events
-            inputs = replace(inputs, prefix=WithInFlight(inputs.prefix, in_flight, now))
         # Ties break by the request's own id: replicas that saw the same events pick the same.
         decision = self.scheduler.pick(features, inputs, random.Random(features.request_id))
         if remember:
-            self.state.remember(decision, features)
-            if in_flight is not None and features.block_keys:
-                in_flight.record(decision.endpoint.id, features.block_keys, now)
-                if decision.prefill is not None:
-                    in_flight.record(decision.prefill.id, features.block_keys, now)
+            self.state.remember(decision, features, now)
         if decision.spilled_from:
             why = "spill"
         elif decision.cached_blocks > 0:
@@ -253,14 +243,6 @@ class Dispatcher:
             out[PD_FALLBACK_HEADER] = note
         self.metrics.inc("pd", outcome.mode)
         return decode_body(body, outcome.params), out
-
-
-def _in_flight_record(settings: RouterSettings) -> InFlightPrefixes | None:
-    """The replica's own record of prefixes it just sent (router.inFlightPrefixSeconds), or
-    None when off: the default, so that replicas fed the same KV events decide the same."""
-    if settings.prefix_scorer != "precise" or settings.in_flight_prefix_s <= 0:
-        return None
-    return InFlightPrefixes(ttl_s=settings.in_flight_prefix_s)
 
 
 INLINE_PROMPT_CHARS = 2048

@@ -83,8 +83,6 @@ class RouterServer:
     def _on_endpoints(self, snapshot: EndpointSnapshot) -> None:
         for gone in self.state.on_endpoints(snapshot):
             self.metrics.forget_endpoint(gone)
-            if self.dispatcher.in_flight is not None:
-                self.dispatcher.in_flight.forget(gone)
         self.subscriber.sync(snapshot)
 
     async def start(self) -> None:

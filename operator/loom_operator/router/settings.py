@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.api.serving import DEFAULT_IN_FLIGHT_PREFIX_S, Failover, Router
 from loom_operator.router.errors import RouterConfigError
 
 PrefixScorerKind = Literal["precise", "approximate"]
@@ -72,9 +73,10 @@ class RouterSettings:
     approx_blocks_per_endpoint: int = 31_250
     """Approximate index: text blocks remembered per endpoint (llm-d's default)."""
     max_sessions: int = 100_000
-    in_flight_prefix_s: float = 0.0
+    in_flight_prefix_s: float = DEFAULT_IN_FLIGHT_PREFIX_S
     """Precise: a routed prompt's blocks count as held by its endpoint for this long, before its
-    KV events arrive. Per-replica memory, so replicas may then disagree; 0 turns it off."""
+    KV events arrive. Per-replica memory, so replicas may then disagree; 0 turns it off (the
+    card's default when it runs more than one router replica)."""
     debug_scores: int = 8
     """Candidates whose score breakdown a RoutingDecision carries (the chosen one first)."""
 
@@ -113,10 +115,19 @@ class RouterSettings:
         block size differs is flagged by the index, never silently scored zero.
         """
         spec = card.spec
-        router = spec.router
         roles = spec.roles.present()
         engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
         block_size = engine_role.engine.block_size if engine_role is not None else 16
+        caching = spec.prefix_caching
+        return cls.from_parts(
+            spec.router, spec.failover, block_size, caching.hash_algo, caching.hash_seed
+        )
+
+    @classmethod
+    def from_parts(
+        cls, router: Router, failover: Failover, block_size: int, hash_algo: str, hash_seed: str
+    ) -> RouterSettings:
+        """The card's router and failover sections plus the engines' hashing parameters."""
         return cls(
             weights=ScorerWeights(
                 prefix_cache=router.scorers.prefix_cache,
@@ -129,8 +140,8 @@ class RouterSettings:
             session_header=router.session_affinity.header,
             spill_margin=router.hotspot.spill_margin,
             block_size=block_size,
-            hash_algo=spec.prefix_caching.hash_algo,
-            hash_seed=spec.prefix_caching.hash_seed,
-            migration_limit=spec.failover.migration_limit,
-            in_flight_prefix_s=router.in_flight_prefix_seconds,
+            hash_algo=hash_algo,
+            hash_seed=hash_seed,
+            migration_limit=failover.migration_limit,
+            in_flight_prefix_s=router.in_flight_prefix_s,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from loom_operator.router.approx_index import ApproxIndex
 from loom_operator.router.decision import RoutingDecision
 from loom_operator.router.endpoints import EndpointSnapshot
+from loom_operator.router.inflight_prefixes import InFlightPrefixes, WithInFlight
 from loom_operator.router.load import LoadTracker
 from loom_operator.router.pipeline import PrefixLookup, RoutingInputs
 from loom_operator.router.prefix_index import PrefixIndex
@@ -32,23 +33,34 @@ class RouterState:
         self.approx = ApproxIndex(settings.approx_blocks_per_endpoint)
         self.sessions = SessionTable(settings.max_sessions)
         self.load = LoadTracker(settings.stale_after_s)
+        self.in_flight = (
+            InFlightPrefixes(settings.in_flight_prefix_s)
+            if settings.prefix_scorer == "precise" and settings.in_flight_prefix_s > 0
+            else None
+        )
+        """Prefixes just routed, before their KV events (router.inFlightPrefixSeconds); None
+        when off, so that replicas fed the same KV events decide the same."""
         self._versions: dict[str, str] = {}
 
-    @property
-    def lookup(self) -> PrefixLookup:
-        """The index the configured prefix scorer reads."""
-        return self.prefix if self.settings.prefix_scorer == "precise" else self.approx
+    def lookup(self, now: float) -> PrefixLookup:
+        """The index the configured prefix scorer reads (precise: plus prefixes in flight)."""
+        if self.settings.prefix_scorer != "precise":
+            return self.approx
+        if self.in_flight is None:
+            return self.prefix
+        return WithInFlight(self.prefix, self.in_flight, now)
 
     def inputs(self, snapshot: EndpointSnapshot, now: float) -> RoutingInputs:
-        return RoutingInputs(snapshot, self.load.view(now), self.lookup, self.sessions)
+        return RoutingInputs(snapshot, self.load.view(now), self.lookup(now), self.sessions)
 
     def on_endpoints(self, snapshot: EndpointSnapshot) -> tuple[str, ...]:
         """Drop what is known about endpoints that left; forget the approximate cache of
-        endpoints whose weights version changed (their engines cleared it). Returns the ids
-        that left."""
+        endpoints whose weights version changed (their engines cleared it), and what was in
+        flight to either. Returns the ids that left."""
         current = {e.id: e.weights_version for e in snapshot.endpoints}
         gone = tuple(sorted(set(self._versions) - set(current)))
         for endpoint_id in gone:
+            self._forget_in_flight(endpoint_id)
             self.prefix.remove_endpoint(endpoint_id)
             self.approx.remove_endpoint(endpoint_id)
             self.sessions.forget_endpoint(endpoint_id)
@@ -57,14 +69,27 @@ class RouterState:
             old = self._versions.get(endpoint_id)
             if old is not None and old != version:
                 self.approx.clear_endpoint(endpoint_id)
+                self._forget_in_flight(endpoint_id)
         self._versions = current
         return gone
 
-    def remember(self, decision: RoutingDecision, request: RequestFeatures) -> None:
-        """Where the request went: the session's endpoint, and (approximate) what it caches."""
+    def remember(
+        self, decision: RoutingDecision, request: RequestFeatures, now: float = 0.0
+    ) -> None:
+        """Where the request went: the session's endpoint, and what it will cache (approximate:
+        the text's blocks; precise with in-flight prefixes: the prompt's blocks until `now` +
+        the window)."""
+        if self.in_flight is not None and request.block_keys:
+            self.in_flight.record(decision.endpoint.id, request.block_keys, now)
+            if decision.prefill is not None:
+                self.in_flight.record(decision.prefill.id, request.block_keys, now)
         if self.settings.session_affinity:
             self.sessions.record(request.session_token, decision.endpoint.id)
         if request.text_keys:
             self.approx.record(decision.endpoint.id, request.text_keys)
             if decision.prefill is not None:
                 self.approx.record(decision.prefill.id, request.text_keys)
+
+    def _forget_in_flight(self, endpoint_id: str) -> None:
+        if self.in_flight is not None:
+            self.in_flight.forget(endpoint_id)

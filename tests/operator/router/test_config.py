@@ -68,7 +68,7 @@ def test_card_sections_become_settings(tmp_path: Path) -> None:
 def test_defaults_are_the_cards() -> None:
     config = config_from_dict({"model_name": "m"})
     assert config.settings.weights.prefix_cache == 3 and config.settings.block_size == 16
-    assert config.settings.in_flight_prefix_s == 0  # off: replicas decide from KV events alone
+    assert config.settings.in_flight_prefix_s == 10  # one replica unless the card says more
     assert config.failover.migration_limit == 3 and config.endpoints == ()
     assert config.tokenizer_path is None
 

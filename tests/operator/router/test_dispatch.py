@@ -1,5 +1,5 @@
-"""The dispatcher's pick and its in-flight prefixes: an opt-in (router.inFlightPrefixSeconds), off
-by default so that active-active replicas fed the same KV events make the same decisions."""
+"""The dispatcher's pick and its in-flight prefixes (router.inFlightPrefixSeconds): off, replicas
+fed the same KV events make the same decisions; on, a burst sharing a new prompt stays together."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from loom_runtime.wire.kv_events import BlockStored
 
 EndpointFactory = Callable[..., Endpoint]
 BS = 16
-SETTINGS = RouterSettings(block_size=BS, stale_after_s=3600.0)  # scrapes stay fresh in a test
+SETTINGS = RouterSettings(block_size=BS, stale_after_s=3600.0, in_flight_prefix_s=0.0)
 OLD = list(range(1000, 1000 + 8 * BS))  # a prompt the engines reported long ago
 NEW = list(range(5000, 5000 + 4 * BS))  # a prompt no engine has reported yet
 
@@ -62,13 +62,13 @@ def scrape(replicas: Sequence[Dispatcher], waiting: dict[str, int]) -> None:
             dispatcher.state.load.record_scrape(endpoint_id, metrics, now)
 
 
-def test_in_flight_prefixes_are_off_by_default_and_for_the_approximate_scorer(
+def test_in_flight_prefixes_are_kept_only_when_on_and_precise(
     endpoint: EndpointFactory,
 ) -> None:
-    assert replica(endpoint, RouterSettings()).in_flight is None
+    assert replica(endpoint, RouterSettings(in_flight_prefix_s=0)).state.in_flight is None
     approximate = RouterSettings(prefix_scorer="approximate", in_flight_prefix_s=10.0)
-    assert replica(endpoint, approximate).in_flight is None
-    on = replica(endpoint, RouterSettings(in_flight_prefix_s=2.5)).in_flight
+    assert replica(endpoint, approximate).state.in_flight is None
+    on = replica(endpoint, RouterSettings(in_flight_prefix_s=2.5)).state.in_flight
     assert on is not None and on.ttl_s == 2.5
 
 

@@ -29,7 +29,7 @@ def test_defaults_follow_the_card_defaults() -> None:
     assert s == RouterSettings()
     assert (s.weights.prefix_cache, s.weights.queue, s.weights.kv_cache_utilization) == (3, 2, 2)
     assert (s.prefix_scorer, s.min_uncached_tokens, s.spill_margin) == ("precise", 2048, 0.2)
-    assert s.in_flight_prefix_s == 0  # off unless the card opts in
+    assert s.in_flight_prefix_s == 10  # one router replica: nothing to disagree with
     assert (s.hash_algo, s.hash_seed, s.block_size, s.migration_limit) == (
         "sha256_cbor",
         "0",
@@ -94,3 +94,17 @@ def test_weights_must_not_all_be_zero_or_negative() -> None:
 def test_the_card_refuses_in_flight_prefix_seconds_out_of_range(seconds: float) -> None:
     with pytest.raises(ValidationError, match="inFlightPrefixSeconds"):
         card({"router": {"inFlightPrefixSeconds": seconds}})
+
+
+@pytest.mark.parametrize(
+    ("router", "seconds"),
+    [
+        ({"replicas": 2}, 0.0),  # active-active: decide from KV events alone
+        ({"replicas": 2, "inFlightPrefixSeconds": 3.0}, 3.0),  # unless the card opts in
+        ({"inFlightPrefixSeconds": 0}, 0.0),
+    ],
+)
+def test_in_flight_prefixes_default_by_router_replicas(
+    router: dict[str, object], seconds: float
+) -> None:
+    assert RouterSettings.from_card(card({"router": router})).in_flight_prefix_s == seconds

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from loom_operator.router.approx_index import text_keys
 from loom_operator.router.decision import RoutingDecision
 from loom_operator.router.endpoints import Endpoint, StaticEndpoints
+from loom_operator.router.inflight_prefixes import WithInFlight
 from loom_operator.router.kv_events import DecodedBatch
 from loom_operator.router.load import EngineMetrics
 from loom_operator.router.pd_decider import PDDecision
@@ -65,8 +66,22 @@ def test_remember_records_session_and_approximate_blocks(endpoint: EndpointFacto
 
 
 def test_lookup_follows_the_configured_scorer() -> None:
-    assert RouterState(RouterSettings()).lookup is not None
-    precise = RouterState(RouterSettings(prefix_scorer="precise"))
+    precise = RouterState(RouterSettings(prefix_scorer="precise", in_flight_prefix_s=0))
     approx = RouterState(RouterSettings(prefix_scorer="approximate"))
-    assert precise.lookup is precise.prefix
-    assert approx.lookup is approx.approx
+    assert precise.lookup(0.0) is precise.prefix
+    assert approx.lookup(0.0) is approx.approx
+    with_in_flight = RouterState(RouterSettings(prefix_scorer="precise", in_flight_prefix_s=5))
+    assert isinstance(with_in_flight.lookup(0.0), WithInFlight)
+
+
+def test_in_flight_prefixes_are_forgotten_when_an_endpoint_leaves_or_changes_weights(
+    endpoint: EndpointFactory,
+) -> None:
+    state = RouterState(RouterSettings(in_flight_prefix_s=60))
+    assert state.in_flight is not None
+    source = StaticEndpoints([endpoint("a"), endpoint("b")])
+    state.on_endpoints(source.snapshot())
+    state.in_flight.record("a", [1, 2], now=0.0)
+    state.in_flight.record("b", [1, 2], now=0.0)
+    state.on_endpoints(StaticEndpoints([endpoint("a", version="v2")]).snapshot())  # b left
+    assert state.in_flight.match(["a", "b"], [1, 2], now=1.0) == {"a": 0, "b": 0}
