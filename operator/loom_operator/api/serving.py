@@ -62,8 +62,8 @@ class Hotspot(CardModel):
     """Spilling load off an endpoint that every prefix points at (shared system prompts)."""
 
     spill_margin: float = Field(default=0.2, ge=0, le=1)
-    """How much busier (fraction of its batch capacity) the prefix-best endpoint may be than
-    the least-loaded one before requests spill to the next-best."""
+    """An endpoint is hot, and loses its prefix and session credit, while its requests exceed
+    the candidates' mean × (1 + spillMargin) + 1."""
 
 
 DEFAULT_IN_FLIGHT_PREFIX_S = 10.0
@@ -129,4 +129,6 @@ class Failover(CardModel):
     health_timeout_seconds: float = Field(default=5.0, gt=0)
     """A worker that does not answer its health probe for this long is removed from routing."""
     on_transfer_failure: Literal["recompute", "fail"] = "recompute"
-    """recompute: decode prefills the prompt itself | fail: the request gets a 500."""
+    """recompute: decode prefills the prompt itself | fail: the request fails with a 5xx
+    naming the failed transfer (502 prefill_failed from the router, 500 kv_transfer_failed
+    from a decode worker whose pull failed)."""

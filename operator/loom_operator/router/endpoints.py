@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal, Protocol
 
-from loom_operator.router.errors import EndpointError, RouterConfigError
+from loom_operator.router.errors import EndpointError, EndpointExistsError, RouterConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +139,11 @@ class StaticEndpoints:
     # --- admin operations ---------------------------------------------------------------------
 
     def add(self, endpoint: Endpoint) -> EndpointSnapshot:
-        """Add a new endpoint; EndpointError if its id is taken (use `update` to change one)."""
+        """Add a new endpoint; EndpointExistsError if its id is taken (`update` changes one)."""
 
         def change(current: dict[str, Endpoint]) -> None:
             if endpoint.id in current:
-                raise EndpointError(f"endpoint {endpoint.id!r} exists; update it instead")
+                raise EndpointExistsError(f"endpoint {endpoint.id!r} exists; update it instead")
             if len(current) >= self._max_endpoints:
                 raise RouterConfigError(
                     f"cannot add {endpoint.id!r}: already {self._max_endpoints} endpoints"

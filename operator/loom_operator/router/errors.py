@@ -15,13 +15,17 @@ class RouterConfigError(RouterError, ValueError):
 
 
 class EndpointError(RouterError, KeyError):
-    """An admin operation names an endpoint that does not exist, or adds one twice (HTTP 404/409).
+    """An admin operation names an endpoint that does not exist (HTTP 404).
 
     Subclasses KeyError for callers that treat it as a lookup miss; `str()` is the message.
     """
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class EndpointExistsError(EndpointError):
+    """An endpoint is added under an id that is taken (HTTP 409)."""
 
 
 class NoEndpointError(RouterError):

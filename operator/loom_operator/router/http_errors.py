@@ -11,6 +11,7 @@ from typing import Any
 
 from loom_operator.router.errors import (
     EndpointError,
+    EndpointExistsError,
     NoEndpointError,
     RouterConfigError,
     RouterError,
@@ -34,10 +35,6 @@ class MigrationFailedError(RouterError):
     """A request's worker failed and no other worker could continue it (HTTP 502)."""
 
 
-class EndpointExistsError(RouterError):
-    """Reserved for callers that must not replace an endpoint (HTTP 409)."""
-
-
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -57,8 +54,8 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (UnauthorizedError, 401, "authentication_error", "invalid_api_key"),
     (BadRequestError, 400, _INVALID, None),
     (RouterConfigError, 400, _INVALID, "invalid_endpoint"),
-    (EndpointError, 404, _INVALID, "endpoint_not_found"),
     (EndpointExistsError, 409, _INVALID, "endpoint_exists"),
+    (EndpointError, 404, _INVALID, "endpoint_not_found"),
     (NoEndpointError, 503, _UNAVAILABLE, "no_endpoint"),
     (PrefillFailedError, 502, "server_error", "prefill_failed"),
     (MigrationFailedError, 502, "server_error", "migration_failed"),

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"accepted API key; repeatable (also ${API_KEYS_ENV}, comma-separated)",
     )
     p.add_argument("--policy", choices=POLICIES, default="scored", help="default scored")
-    p.add_argument("--seed", type=int, default=0, help="tie-break random seed (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --policy random (scored picks break ties by request id)")
     p.add_argument(
         "--scrape-interval", type=float, default=0.1, help="seconds between /metrics scrapes"
     )

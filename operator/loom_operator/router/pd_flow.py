@@ -86,7 +86,7 @@ def judge_prefill(
     status: int, answer: Any, headers: Mapping[str, str], decode: Endpoint
 ) -> PrefillOutcome:
     """Whether a prefill's answer can feed `decode` (pure). Same weights version or nothing:
-    KV computed by other weights must never reach a decode (invariant 5)."""
+    KV computed by other weights must never reach a decode (DESIGN.md invariant 5)."""
     if status != 200:
         message = ""
         if isinstance(answer, Mapping) and isinstance(answer.get("error"), Mapping):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -250,7 +251,7 @@ class Relay:
         exclude: set[str],
     ) -> Endpoint:
         """Where the stream continues; MigrationFailedError when nowhere. Once the client has
-        output of one weights version, only that version may continue it (invariant 5)."""
+        output of one weights version, only that version may continue it (DESIGN.md invariant 5)."""
         why = f"worker {failed.id} failed ({move}) after {len(tracker.tokens)} tokens"
         if moves > self.migration_limit:
             self.metrics.inc("migrations", "exhausted")
@@ -270,49 +271,37 @@ class Relay:
         tracker: StreamTracker,
         client: _Client,
     ) -> web.StreamResponse:
-        flight = self.flights.add(endpoint.id)
-        self.load.begin(endpoint.id)
         headers = client.trip.headers_up
-        try:
-            async with self.upstream.stream(endpoint, attempt.path, attempt.body, headers) as up:
-                flight.stream = up
-                if flight.moved:
-                    raise _Move("moved by an admin")
-                if up.status != 200 or not up.is_sse:
-                    data = await up.read_all()
-                    if up.status in RETRY_STATUSES:
-                        raise _Move(f"answered {up.status}")
-                    return await client.passthrough(up.status, data, up.headers)
-                client.upstream(endpoint, up.headers)
-                async for batch in up.batches():
-                    out: list[Mapping[str, Any]] = []
-                    for event in batch:
-                        if "error" in event:
-                            await client.send_many(out)  # the tracker counts them as sent
-                            if _movable(event):
-                                raise _Move(f"error event {event['error'].get('code')}")
-                            await client.send(event)
-                            return await client.finish()
-                        chunk = tracker.take(event)
-                        if chunk is not None:
-                            out.append(chunk)
-                    await client.send_many(out)
-                if tracker.diverged:
-                    logger.warning("a resumed stream regenerated other tokens (not greedy?)",
-                                   extra={"request_id": client.trip.request_id})  # fmt: skip
-                return await client.finish()
-        except UpstreamRefusedError as exc:
-            self._count(endpoint.id, "refused")
-            self.prober.refused(endpoint.id, str(exc))
-            raise _Move(str(exc)) from exc
-        except UpstreamError as exc:
-            self._count(endpoint.id, "broken")
-            if not flight.moved:
-                self.prober.suspect(endpoint.id)
-            raise _Move("moved by an admin" if flight.moved else str(exc)) from exc
-        finally:
-            self.load.end(endpoint.id)
-            self.flights.remove(flight)
+        async with (
+            self._attempt(endpoint) as flight,
+            self.upstream.stream(endpoint, attempt.path, attempt.body, headers) as up,
+        ):
+            flight.stream = up
+            if flight.moved:
+                raise _Move("moved by an admin")
+            if up.status != 200 or not up.is_sse:
+                data = await up.read_all()
+                if up.status in RETRY_STATUSES:
+                    raise _Move(f"answered {up.status}")
+                return await client.passthrough(up.status, data, up.headers)
+            client.upstream(endpoint, up.headers)
+            async for batch in up.batches():
+                out: list[Mapping[str, Any]] = []
+                for event in batch:
+                    if "error" in event:
+                        await client.send_many(out)  # the tracker counts them as sent
+                        if _movable(event):
+                            raise _Move(f"error event {event['error'].get('code')}")
+                        await client.send(event)
+                        return await client.finish()
+                    chunk = tracker.take(event)
+                    if chunk is not None:
+                        out.append(chunk)
+                await client.send_many(out)
+            if tracker.diverged:
+                logger.warning("a resumed stream regenerated other tokens (not greedy?)",
+                               extra={"request_id": client.trip.request_id})  # fmt: skip
+            return await client.finish()
 
     # --- not streamed --------------------------------------------------------------------------
 
@@ -358,14 +347,24 @@ class Relay:
     async def _post_once(
         self, endpoint: Endpoint, body: Mapping[str, Any], trip: Trip
     ) -> tuple[int, bytes, Mapping[str, str]]:
+        async with (
+            self._attempt(endpoint) as flight,
+            self.upstream.stream(endpoint, trip.path, body, trip.headers_up) as up,
+        ):
+            flight.stream = up
+            if flight.moved:
+                raise _Move("moved by an admin")
+            return up.status, await up.read_all(), up.headers
+
+    @asynccontextmanager
+    async def _attempt(self, endpoint: Endpoint) -> AsyncIterator[Flight]:
+        """One try on one endpoint, counted in flight and in its load while it lasts. A refused
+        connection marks the endpoint down, a broken one makes it suspect (unless an admin moved
+        the request away); both become _Move."""
         flight = self.flights.add(endpoint.id)
         self.load.begin(endpoint.id)
         try:
-            async with self.upstream.stream(endpoint, trip.path, body, trip.headers_up) as up:
-                flight.stream = up
-                if flight.moved:
-                    raise _Move("moved by an admin")
-                return up.status, await up.read_all(), up.headers
+            yield flight
         except UpstreamRefusedError as exc:
             self._count(endpoint.id, "refused")
             self.prober.refused(endpoint.id, str(exc))

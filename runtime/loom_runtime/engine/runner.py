@@ -16,6 +16,11 @@ from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.causal_lm import CausalLM
 
+SERIAL_WORK = 64_000_000
+"""Multiply-adds (tokens × parameters) below which a CPU forward runs on one thread: waking
+another thread for each of its few hundred small ops costs more than it saves, and the thread
+is better left to the server's event loop (bench/engine.py, single stream of the tiny model)."""
+
 TOKEN_FORWARD = "token_forward"
 """Shape signature of every plan the runner can fold into one forward."""
 
@@ -49,6 +54,16 @@ class ModelRunner:
         self.device = model.device
         self.tokens_run = 0  # tokens pushed through the model since construction
         self.forwards = 0
+        self._pool_threads = torch.get_num_threads()
+        self._params = model.config.num_parameters
+
+    def _set_threads(self, num_tokens: int) -> None:
+        """CPU: a forward too small to share (see SERIAL_WORK) runs on one intra-op thread."""
+        if self.device.type != "cpu" or self._pool_threads == 1:
+            return
+        want = 1 if num_tokens * self._params < SERIAL_WORK else self._pool_threads
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
 
     def build_batch(self, works: Sequence[TokenWork]) -> ForwardBatch:
         if not works:
@@ -96,6 +111,7 @@ class ModelRunner:
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
         """One forward over all `works`; per work its logits row ([vocab]) or None."""
         batch = self.build_batch(works)
+        self._set_threads(batch.num_tokens)
         logits = self.model.forward(batch, self.cache)
         self.tokens_run += batch.num_tokens
         self.forwards += 1

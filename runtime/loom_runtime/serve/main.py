@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -191,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
         except (TransferError, OSError) as exc:  # NIXL missing, side port in use
             print(f"loom runtime: cannot set up the KV connector: {exc}", file=sys.stderr)
             return 2
+        # The model, tokenizer and tables live as long as the process: keep them out of every
+        # garbage collection (the step loop allocates small objects every step).
+        gc.collect()
+        gc.freeze()
         engine.start()
         try:
             asyncio.run(serve_until_signalled(Worker(engine, plan.serve, checkpoint_path)))

@@ -11,7 +11,8 @@ from loom_operator.router.endpoints import (
     EndpointSource,
     StaticEndpoints,
 )
-from loom_operator.router.errors import EndpointError, RouterConfigError
+from loom_operator.router.errors import EndpointError, EndpointExistsError, RouterConfigError
+from loom_operator.router.http_errors import classify
 
 EndpointFactory = Callable[..., Endpoint]
 
@@ -70,8 +71,13 @@ def test_add_remove_update_change_the_snapshot(endpoint: EndpointFactory) -> Non
 
 def test_unknown_or_duplicate_endpoints_are_typed_errors(endpoint: EndpointFactory) -> None:
     source = StaticEndpoints([endpoint("d1")])
-    with pytest.raises(EndpointError, match="exists"):
+    with pytest.raises(EndpointExistsError, match="exists") as taken:
         source.add(endpoint("d1"))
+    assert classify(taken.value).status == 409  # not a 404: the id is there
+    for operation in ("remove", "drain", "undrain", "mark_down", "mark_up"):
+        with pytest.raises(EndpointError) as missing:
+            getattr(source, operation)("ghost")
+        assert classify(missing.value).status == 404
     for operation in ("remove", "drain", "undrain", "mark_down", "mark_up"):
         with pytest.raises(EndpointError, match="no endpoint 'ghost'"):
             getattr(source, operation)("ghost")
