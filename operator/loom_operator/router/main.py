@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 from aiohttp import web
 
@@ -48,7 +49,10 @@ class RouterServer:
         self.config = config
         self.options = options
         self.source = StaticEndpoints(config.endpoints)
-        self.state = RouterState(config.settings)
+        settings = config.settings
+        if options.max_index_entries is not None:
+            settings = replace(settings, max_index_entries=options.max_index_entries)
+        self.state = RouterState(settings)
         self.metrics = RouterMetrics()
         self.upstream = Upstream(UpstreamTimeouts(connect_s=config.failover.health_timeout_s))
         self.prober = Prober(self.source, self.upstream, self.metrics,

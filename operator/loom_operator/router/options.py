@@ -35,6 +35,8 @@ class RouterOptions:
     seed: int = 0
     scrape_interval_s: float = 0.1
     log_level: str = "INFO"
+    max_index_entries: int | None = None
+    """Cap of the precise prefix index ((endpoint, block) entries); None: the default (1M)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,11 +53,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"accepted API key; repeatable (also ${API_KEYS_ENV}, comma-separated)",
     )
     p.add_argument("--policy", choices=POLICIES, default="scored", help="default scored")
-    p.add_argument("--seed", type=int, default=0, help="seed of --policy random (scored picks break ties by request id)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of --policy random (scored picks: request id)"
+    )
     p.add_argument(
         "--scrape-interval", type=float, default=0.1, help="seconds between /metrics scrapes"
     )
     p.add_argument("--log-level", default="INFO", help="default INFO")
+    p.add_argument(
+        "--max-index-entries",
+        type=int,
+        help="cap of the precise prefix index, in (endpoint, block) entries of ~0.3 KiB "
+        "(default 1,000,000)",
+    )
 
 
 def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOptions:
@@ -67,6 +77,8 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOp
     keys = [*args.api_key, *(k.strip() for k in env.get(API_KEYS_ENV, "").split(","))]
     if args.scrape_interval <= 0:
         raise OptionsError(f"--scrape-interval must be > 0, got {args.scrape_interval}")
+    if args.max_index_entries is not None and args.max_index_entries <= 0:
+        raise OptionsError(f"--max-index-entries must be > 0, got {args.max_index_entries}")
     if args.port == args.admin_port and args.host == args.admin_host:
         raise OptionsError("--port and --admin-port must differ")
     return RouterOptions(
@@ -81,6 +93,7 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOp
         seed=args.seed,
         scrape_interval_s=args.scrape_interval,
         log_level=args.log_level,
+        max_index_entries=args.max_index_entries,
     )
 
 
