@@ -29,6 +29,7 @@ class InFlightPrefixes:
         self.max_entries = max_entries
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[str, int], float] = OrderedDict()
+        self._evictions = 0
 
     def record(self, endpoint_id: str, keys: Sequence[int], now: float) -> None:
         """The router sent a prompt with these block keys to the endpoint at `now`."""
@@ -40,6 +41,7 @@ class InFlightPrefixes:
                 self._entries[entry] = expiry
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+                self._evictions += 1
 
     def match(self, endpoint_ids: Iterable[str], keys: Sequence[int], now: float) -> dict[str, int]:
         """Consecutive keys from the first that each endpoint was sent within the TTL."""
@@ -63,6 +65,12 @@ class InFlightPrefixes:
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+    @property
+    def evictions(self) -> int:
+        """Entries dropped before their expiry because the record was full."""
+        with self._lock:
+            return self._evictions
 
     def _expire(self, now: float) -> None:
         while self._entries:

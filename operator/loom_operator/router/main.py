@@ -155,12 +155,18 @@ class RouterServer:
             return [((e.id,), 0.0 if e.id in fresh else 1.0) for e in source.snapshot().endpoints]
 
         def entries() -> Iterable[tuple[tuple[str, ...], float]]:
-            return [(("precise",), float(state.prefix.stats().entries)),
-                    (("approximate",), float(state.approx.entries()))]  # fmt: skip
+            out = [(("precise",), float(state.prefix.stats().entries)),
+                   (("approximate",), float(state.approx.entries()))]  # fmt: skip
+            if state.in_flight is not None:
+                out.append((("in_flight",), float(len(state.in_flight))))
+            return out
 
         def evictions() -> Iterable[tuple[tuple[str, ...], float]]:
-            return [(("precise",), float(state.prefix.stats().evictions)),
-                    (("approximate",), float(state.approx.evictions))]  # fmt: skip
+            out = [(("precise",), float(state.prefix.stats().evictions)),
+                   (("approximate",), float(state.approx.evictions))]  # fmt: skip
+            if state.in_flight is not None:
+                out.append((("in_flight",), float(state.in_flight.evictions)))
+            return out
 
         def problems() -> Iterable[tuple[tuple[str, ...], float]]:
             return [((eid,), 1.0) for eid in sorted(state.prefix.stats().hash_problems)]
@@ -172,13 +178,16 @@ class RouterServer:
                     ("endpoint",), ages)  # fmt: skip
         m.add_gauge("scrape_stale", "1 when the endpoint's load is unknown (stale scrape).",
                     ("endpoint",), stale)  # fmt: skip
-        m.add_gauge("index_entries", "Prefix-index entries.", ("index",), entries)
+        m.add_gauge("index_entries", "Prefix-index entries (in_flight: prompts just routed).",
+                    ("index",), entries)  # fmt: skip
         m.add_gauge("index_evictions", "Prefix-index entries evicted to stay bounded.",
                     ("index",), evictions, counter=True)  # fmt: skip
         m.add_gauge("index_hash_problems", "Endpoints whose KV-event hashes cannot match.",
                     ("endpoint",), problems)  # fmt: skip
         m.add_gauge("sessions", "Sessions pinned to an endpoint.", (),
                     lambda: [((), float(len(state.sessions)))])  # fmt: skip
+        m.add_gauge("session_evictions", "Sessions dropped, oldest first, to stay bounded.", (),
+                    lambda: [((), float(state.sessions.evictions))], counter=True)  # fmt: skip
 
 
 class _ExtrasFormatter(logging.Formatter):

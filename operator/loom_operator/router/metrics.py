@@ -21,7 +21,11 @@ P = "loom_router:"
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "requests": ("Client requests answered, by route and status.", ("route", "code")),
     "routed": ("Requests sent to an endpoint, by why it won.", ("endpoint", "reason")),
-    "migrations": ("Streams moved to another worker, by outcome.", ("outcome",)),
+    "migrations": (
+        "Requests moved to another worker, by outcome (resumed: a stream continued; "
+        "restarted: sent again from the start; exhausted, no_endpoint: failed).",
+        ("outcome",),
+    ),
     "pd": ("Requests by how their prompt was prefilled.", ("mode",)),
     "pd_fallbacks": ("Remote prefills that failed; decode prefilled locally.", ("reason",)),
     "upstream_errors": ("Failed calls to workers, by kind.", ("endpoint", "kind")),
@@ -63,8 +67,9 @@ class RouterMetrics(Collector):
         )
         self.overhead = Histogram(
             P + "pick_seconds",
-            "Time to tokenize, hash and pick an endpoint for one request.",
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            "Time from a request's arrival to its endpoint: reading the body, tokenizing, "
+            "hashing, any wait for paused capacity (a Barrier sync) and the pick.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1, 10, 60),
             registry=self.registry,
         )
         self.registry.register(self)

@@ -30,6 +30,7 @@ def test_the_record_is_bounded_and_forgets_endpoints() -> None:
     pending.record("a", [1, 2, 3], now=0.0)
     pending.record("b", [1, 2], now=1.0)
     assert len(pending) == 4 and pending.match(["a"], [1], now=2.0) == {"a": 0}  # oldest went
+    assert pending.evictions == 1  # counted (expiry is not eviction)
     pending.forget("b")
     assert pending.match(["b"], [1, 2], now=2.0) == {"b": 0}
 

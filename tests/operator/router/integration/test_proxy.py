@@ -72,6 +72,8 @@ def test_models_health_ready_and_metrics(router: Any) -> None:
     assert metrics['loom_router:requests_total{code="200",route="completions"}'] >= 1
     assert any(k.startswith('loom_router:routed_total{endpoint="w0"') for k in metrics)
     assert 'loom_router:index_entries{index="precise"}' in metrics
+    assert 'loom_router:index_entries{index="in_flight"}' in metrics  # one router: the record is on
+    assert "loom_router:session_evictions_total" in metrics  # every bounded table is counted
     router.wait_fresh(["w0"])
     assert metrics.get("loom_router:time_to_first_token_seconds_count", 0) >= 1
 
