@@ -46,6 +46,7 @@ from loom_operator.router.kv_events import index_key
 from loom_operator.router.kv_subscriber import KVSubscriber
 from loom_operator.router.metrics import RouterMetrics
 from loom_operator.router.prefix_index import PrefixIndex
+from loom_operator.testing.router import router_command
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.testing.processes import Launcher, Proc, free_ports, poll, post, spawn
 from loom_runtime.wire.prefix_hash import PrefixHasher
@@ -210,20 +211,7 @@ def router(tmp: Path, checkpoint: Path, policy: str, specs: list[dict[str, Any]]
     path = tmp / f"router-{policy}.json"
     path.write_text(json.dumps(config))
     port, admin = free_ports(2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "loom_operator.router",
-        "--config",
-        str(path),
-        "--port",
-        str(port),
-        "--admin-port",
-        str(admin),
-        "--admin-token",
-        TOKEN,
-        *flags,
-    ]
+    cmd = router_command(path, port, admin, TOKEN, *flags)
     url = f"http://127.0.0.1:{port}"
     with spawn(f"router-{policy}", cmd, tmp / f"router-{policy}.log", url, "/ready"):
         yield url

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import zmq
 
@@ -23,6 +25,7 @@ from loom_operator.router.metrics import RouterMetrics
 from loom_operator.router.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_REPLAY_ROUNDS = 3
 """Replays asked for one gap before giving up (the publisher's history may not reach back)."""
@@ -153,17 +156,7 @@ class KVSubscriber:
         self, conn: _Conn, poller: zmq.Poller, ctx: zmq.Context[zmq.Socket[bytes]]
     ) -> None:
         eid = conn.feed.endpoint_id
-        for _ in range(self._max_batches):
-            try:
-                frames = conn.sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                message = decode_message(frames)
-            except KVEventDecodeError as exc:
-                self._metrics.inc("kv_decode_errors", eid)
-                logger.warning("dropped a KV-event batch", extra={"endpoint": eid, "why": str(exc)})
-                continue
+        for message in self._received(conn.sub, decode_message, eid, "a KV-event batch"):
             check = self._index.apply_message(eid, message)
             self._metrics.inc("kv_batches", eid, "live")
             if check.status in ("gap", "restart"):
@@ -195,17 +188,7 @@ class KVSubscriber:
     ) -> None:
         eid = conn.feed.endpoint_id
         assert conn.dealer is not None
-        for _ in range(self._max_batches):
-            try:
-                frames = conn.dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                message = decode_replay(frames)
-            except KVEventDecodeError as exc:
-                self._metrics.inc("kv_decode_errors", eid)
-                logger.warning("dropped a replayed batch", extra={"endpoint": eid, "why": str(exc)})
-                continue
+        for message in self._received(conn.dealer, decode_replay, eid, "a replayed batch"):
             if message is not None:
                 if self._index.apply_replay(eid, message):
                     self._metrics.inc("kv_batches", eid, "replay")
@@ -219,6 +202,26 @@ class KVSubscriber:
             self._metrics.inc("kv_replays", eid, "ok" if window is None else "partial")
             conn.rounds = 0
             return
+
+    def _received(
+        self,
+        sock: zmq.Socket[bytes],
+        decode: Callable[[list[bytes]], T],
+        eid: str,
+        what: str,
+    ) -> Iterator[T]:
+        """What is waiting on `sock`, decoded (at most max_batches per call); a message that
+        does not decode is counted, logged and skipped."""
+        for _ in range(self._max_batches):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                yield decode(frames)
+            except KVEventDecodeError as exc:
+                self._metrics.inc("kv_decode_errors", eid)
+                logger.warning(f"dropped {what}", extra={"endpoint": eid, "why": str(exc)})
 
     def _expire(self, conn: _Conn, poller: zmq.Poller) -> None:
         if conn.dealer is None or time.monotonic() - conn.started < self.replay_timeout_s:

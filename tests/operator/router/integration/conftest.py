@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from loom_operator.testing.router import router_command
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.testing.processes import CARD, Proc, free_ports, poll, scrape, spawn
 
@@ -270,24 +271,8 @@ def launch_router(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Launc
         path = tmp / f"{name}.json"
         path.write_text(json.dumps(config))
         port, admin = free_ports(2)
-        cmd = [
-            sys.executable,
-            "-m",
-            "loom_operator.router",
-            "--config",
-            str(path),
-            "--port",
-            str(port),
-            "--admin-port",
-            str(admin),
-            "--admin-token",
-            TOKEN,
-            "--scrape-interval",
-            "0.05",
-            "--log-level",
-            "DEBUG",
-            *flags,
-        ]
+        flags = ("--scrape-interval", "0.05", "--log-level", "DEBUG", *flags)
+        cmd = router_command(path, port, admin, TOKEN, *flags)
         log = tmp / f"{name}.log"
         with spawn(name, cmd, log, f"http://127.0.0.1:{port}", "/health") as proc:
             yield Router(proc, f"http://127.0.0.1:{admin}", log)
