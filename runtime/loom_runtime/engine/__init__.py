@@ -1,4 +1,4 @@
-"""The engine: one scheduler, one model runner, one step loop.
+"""The engine: one batch scheduler driving every loop, one step: schedule -> execute -> advance.
 
 Owns batching decisions; per-request state stays in loop state objects.
 """

@@ -13,10 +13,11 @@ from typing import Protocol
 
 import torch
 
-from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenWork
-from loom_runtime.engine.sampler import SampledToken, is_greedy, make_generator, sample
+from loom_runtime.engine.runner import TOKEN_FORWARD, TokenWork
+from loom_runtime.engine.sampler import SampledToken, is_greedy, make_generator
 from loom_runtime.engine.scheduler import RunningSeq, WaitingSeq
 from loom_runtime.engine.stop import find_stop, holdback
+from loom_runtime.engine.token_forward import TokenResult
 from loom_runtime.engine.transfer_port import TransferParams
 from loom_runtime.engine.types import (
     EngineRequest,
@@ -27,9 +28,7 @@ from loom_runtime.engine.types import (
 )
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_table import BlockTable
-from loom_runtime.kv.errors import OutOfBlocksError
 from loom_runtime.loop.contract import Done, LoopContext, ResourceRequest, WorkPlan
-from loom_runtime.loop.runner import LoopRunner
 from loom_runtime.wire.prefix_hash import BlockHash
 
 
@@ -43,15 +42,6 @@ class TextDecoder(Protocol):
     def flush(self) -> str:
         """Whatever text is left at the end of the stream."""
         ...
-
-
-@dataclass(frozen=True)
-class TokenResult:
-    """What one executed plan did: `num_tokens` KV rows written, and the token sampled from the
-    last one when the plan reached the end of the sequence."""
-
-    num_tokens: int
-    sampled: SampledToken | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +102,8 @@ class ARDecodeState:
 
 
 class ARDecodeLoop:
-    """The AR-decode loop over one model runner and one KV allocator (bound at construction).
+    """The AR-decode loop over one KV allocator (bound at construction). Its plans are
+    TOKEN_FORWARD plans, run by the engine's TokenForward executor.
 
     Besides the loop contract it offers the engine the KV steps that change a state's blocks
     (admit, grow, preempt) and the views and outputs the engine reads.
@@ -122,13 +113,11 @@ class ARDecodeLoop:
 
     def __init__(
         self,
-        runner: ModelRunner,
         kv: KVAllocator,
         new_decoder: Callable[[Sequence[int]], TextDecoder],
         eos_token_ids: Sequence[int] = (),
         prefix_caching: bool = True,
     ) -> None:
-        self.runner = runner
         self.kv = kv
         self.new_decoder = new_decoder
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -188,12 +177,6 @@ class ARDecodeLoop:
             metrics=self.metrics(state),
         )
 
-    def plain_runner(
-        self,
-    ) -> LoopRunner[EngineRequest, LoopContext, ARDecodeState, TokenResult, CompletedRequest]:
-        """The plain path for this loop: one request at a time, each plan run alone."""
-        return LoopRunner(self)
-
     # --- plans --------------------------------------------------------------------------------
 
     def _plan(self, state: ARDecodeState, num_tokens: int) -> WorkPlan[TokenResult]:
@@ -205,6 +188,8 @@ class ARDecodeLoop:
             start=start,
             table=state.table,
             want_logits=end == len(state.tokens),
+            sampling=state.request.sampling,
+            generator=state.generator,
         )
         decode = num_tokens == 1 and end == len(state.tokens) and end > state.num_prompt_tokens
         new_blocks = max(0, self.kv.blocks_for(end) - len(state.table.block_ids))
@@ -212,31 +197,10 @@ class ARDecodeLoop:
             kind="decode_token" if decode else "prefill_chunk",
             shape=TOKEN_FORWARD,
             resources=ResourceRequest(compute_tokens=num_tokens, cache_blocks=new_blocks),
-            thunk=partial(self._run_alone, state, work),
             work=work,
             split=partial(self._plan, state) if num_tokens > 1 else None,
             request_id=state.request_id,
         )
-
-    def _run_alone(self, state: ARDecodeState, work: TokenWork) -> TokenResult:
-        """The plain path: take this plan's blocks, run it as a batch of one, sample."""
-        if not self.kv.grow(state.table, work.end):
-            need = self.kv.blocks_for(work.end) - len(state.table.block_ids)
-            raise OutOfBlocksError(need, self.kv.pool.num_free)
-        if state.scheduled_time is None:
-            state.scheduled_time = state.ctx.clock()
-            state.num_cached_tokens = 0
-        (logits,) = self.runner.execute([work])
-        return self.result_of(state, work, logits)
-
-    def result_of(
-        self, state: ARDecodeState, work: TokenWork, logits: torch.Tensor | None
-    ) -> TokenResult:
-        """Sample this state's token from its logits row (if any) with its own generator."""
-        if logits is None:
-            return TokenResult(len(work.token_ids))
-        (tok,) = sample(logits.unsqueeze(0), [state.request.sampling], [state.generator])
-        return TokenResult(len(work.token_ids), tok)
 
     # --- folding a token in -------------------------------------------------------------------
 
@@ -307,14 +271,17 @@ class ARDecodeLoop:
             state.scheduled_time = state.ctx.clock()
         return True
 
-    def running_view(self, state: ARDecodeState, exact_free: bool) -> RunningSeq:
-        """The scheduler's view; `exact_free` counts unshared blocks (else assumes all are)."""
+    def running_view(
+        self, state: ARDecodeState, plan: WorkPlan[TokenResult], exact_free: bool
+    ) -> RunningSeq:
+        """The scheduler's view of a running state and its next plan; `exact_free` counts
+        unshared blocks (else assumes all are)."""
         held = state.table.block_ids
         pool = self.kv.pool
         freeable = sum(1 for b in held if pool.ref_count(b) == 1) if exact_free else len(held)
         return RunningSeq(
             request_id=state.request_id,
-            num_new_tokens=len(state.tokens) - state.num_computed,
+            num_new_tokens=plan.resources.compute_tokens,
             context_len=state.num_computed,
             blocks_held=len(held),
             freeable_blocks=freeable,

@@ -1,4 +1,4 @@
-"""The Engine: the thread-safe shell around one StepLoop (admission, abort, pause, weights).
+"""The Engine: the thread-safe shell around one BatchScheduler (admission, abort, pause, weights).
 
 Owns the step thread, the bounded inbox between callers and that thread, and the in-flight
 set; never decides scheduling itself and never calls a client callback while holding a lock.
@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Literal
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.batch_scheduler import BatchScheduler
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
-from loom_runtime.engine.runner import ModelRunner
-from loom_runtime.engine.step import StepLoop
+from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
+from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
     EngineRequest,
@@ -79,7 +80,6 @@ class Engine:
         self._kv = KVAllocator(self._pool, PrefixHasher(bs, seed=config.prefix_hash_seed))
         self._runner = ModelRunner(loaded.model, cache)
         self._loop = ARDecodeLoop(
-            self._runner,
             self._kv,
             new_decoder=loaded.tokenizer.incremental_decoder,
             eos_token_ids=loaded.tokenizer.eos_token_ids,
@@ -90,9 +90,9 @@ class Engine:
         if disagg is not None and connector is not None:
             connector.bind(cache.data, self._wake)
             remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
-        self._core = StepLoop(
+        self._scheduler = BatchScheduler(
             self._loop,
-            self._runner,
+            {TOKEN_FORWARD: TokenForward(self._runner)},
             (config.max_num_batched_tokens, config.max_num_seqs),
             self._emit,
             remote,
@@ -291,10 +291,10 @@ class Engine:
                 self._inbox.clear()
                 aborts, self._aborts = self._aborts, set()
             for state in new:
-                self._core.add(state)
+                self._scheduler.add(state)
             if aborts:
-                self._core.abort(aborts)
-            ran = self._core.step()
+                self._scheduler.abort(aborts)
+            ran = self._scheduler.step()
             with self._lock:
                 self._stats = self._snapshot()
             return ran
@@ -312,7 +312,7 @@ class Engine:
             except Exception:
                 logger.exception("engine step raised; aborting all requests")
                 with self._step_lock:
-                    self._core.abort_all()
+                    self._scheduler.abort_all()
                 ran = True
             if not ran:
                 with self._lock:  # nothing schedulable: wait for a change instead of spinning
@@ -320,7 +320,7 @@ class Engine:
         logger.info("step thread stopped", extra={"model": self.config.model_name})
 
     def _has_work(self) -> bool:
-        return bool(self._inbox or self._aborts or self._core.has_work)
+        return bool(self._inbox or self._aborts or self._scheduler.has_work)
 
     def _wake(self) -> None:
         """Called by the KV connector from its threads when a pull or a lease finished."""
@@ -369,11 +369,11 @@ class Engine:
                 self._cond.notify_all()
 
     def _snapshot(self) -> EngineStats:
-        c, pool, remote = self._core.counters, self._pool, self._core.remote
+        c, pool, remote = self._scheduler.counters, self._pool, self._scheduler.remote
         t = remote.counters if remote is not None else None
         return EngineStats(
-            num_running=len(self._core.running),
-            num_waiting=len(self._core.waiting),
+            num_running=len(self._scheduler.running),
+            num_waiting=len(self._scheduler.waiting),
             kv_usage=pool.usage,
             num_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free,

@@ -33,7 +33,7 @@ class TransferCounters:
 
 @dataclass
 class RemoteProgress:
-    """What one `progress` call hands back to the step loop."""
+    """What one `progress` call hands back to the batch scheduler."""
 
     ready: list[ARDecodeState] = field(default_factory=list)  # blocks held, resume computing
     local: list[ARDecodeState] = field(default_factory=list)  # no blocks: admit as usual
@@ -58,7 +58,7 @@ def check_transfer_request(req: EngineRequest, disagg: DisaggSettings | None) ->
 
 
 class RemoteKV:
-    """The P/D half of one StepLoop. Single-threaded: the step thread calls every method."""
+    """The P/D half of one BatchScheduler. Single-threaded: the step thread calls every method."""
 
     def __init__(
         self,

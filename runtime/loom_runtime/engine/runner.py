@@ -7,10 +7,11 @@ never decides what runs, never samples, and never changes a block table.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from loom_runtime.engine.types import SamplingParams
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.models.batch import ForwardBatch
@@ -30,7 +31,9 @@ class TokenWork:
     """One sequence's share of a forward: run `token_ids` at positions start.. of the sequence.
 
     `table` is the owning loop state's live block table (read when the batch is built, after
-    the scheduler grew it). `want_logits` asks for the last token's logits row.
+    the scheduler grew it). `want_logits` asks for the last token's logits row, from which
+    the step's one sampler draws with `sampling` and the state's own `generator` (None when
+    greedy). The runner itself reads neither.
     """
 
     request_id: str
@@ -38,6 +41,8 @@ class TokenWork:
     start: int
     table: BlockTable
     want_logits: bool
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
 
     @property
     def end(self) -> int:

@@ -30,7 +30,7 @@ KV_CACHE_SPEC_KIND = "full_attention"  # what vLLM reports for a single full-att
 
 
 class BlockPool:
-    """Block states of one worker's paged KV cache. Single-threaded: the engine loop owns it."""
+    """Block states of one worker's paged KV cache. Single-threaded: the step thread owns it."""
 
     def __init__(
         self,

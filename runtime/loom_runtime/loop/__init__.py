@@ -1,17 +1,26 @@
 """The loop contract: init -> (next -> execute -> advance)* -> finalize.
 
-Describes work; never runs a kernel itself and never holds per-request state at module level.
+Describes work and routes it to executors; never runs a kernel itself and never holds
+per-request state at module level.
 """
 
-from loom_runtime.loop.contract import Done, Loop, LoopContext, ResourceRequest, WorkPlan
-from loom_runtime.loop.runner import LoopRunner, LoopStepLimitError
+from loom_runtime.loop.contract import (
+    Done,
+    Executor,
+    Loop,
+    LoopContext,
+    ResourceRequest,
+    WorkPlan,
+)
+from loom_runtime.loop.execute import NoExecutorError, execute_plans
 
 __all__ = [
     "Done",
+    "Executor",
     "Loop",
     "LoopContext",
-    "LoopRunner",
-    "LoopStepLimitError",
+    "NoExecutorError",
     "ResourceRequest",
     "WorkPlan",
+    "execute_plans",
 ]

@@ -7,7 +7,7 @@ never runs a kernel and never holds per-request state: that lives in each loop's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -24,23 +24,16 @@ class ResourceRequest:
     """What running a plan costs, so a scheduler can decide when and with whom it runs.
 
     All counts are for running the whole plan; a scheduler that narrows a plan (see
-    `WorkPlan.chunk`) gets the narrowed plan's own request.
+    `WorkPlan.chunk`) gets the narrowed plan's own request. The engine's batch scheduler reads
+    both: `compute_tokens` against its token budget, `cache_blocks` against the free blocks it
+    may still admit into (a family that needs another resource adds the field with its reader).
     """
 
     compute_tokens: int = 0  # tokens pushed through the model: the unit of the token budget
     cache_blocks: int = 0  # KV blocks the loop must add to what it holds before running
-    resident_bytes: int = 0  # memory the plan keeps after it ran (e.g. new KV)
-    peak_bytes: int = 0  # transient memory while it runs (activations, gathered KV)
-    transfer_bytes: int = 0  # bytes moved between workers (KV pulls)
 
     def __post_init__(self) -> None:
-        for name in (
-            "compute_tokens",
-            "cache_blocks",
-            "resident_bytes",
-            "peak_bytes",
-            "transfer_bytes",
-        ):
+        for name in ("compute_tokens", "cache_blocks"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"ResourceRequest.{name} must be >= 0, got {value}")
@@ -50,17 +43,16 @@ class ResourceRequest:
 class WorkPlan(Generic[ResultT_co]):
     """The next step of one loop, described and not yet run.
 
-    `shape` is the batching signature: plans whose shapes are equal may be executed together
-    by one batched executor that reads their `work` payloads (e.g. one varlen forward for all
-    prefill chunks and decode tokens). `thunk` runs this plan alone, the plain path, and gives
-    the same result the batched executor gives for it. `split`, when present, narrows the
-    plan to its first n compute tokens (chunked prefill); a plan without it is atomic.
+    `shape` is the batching signature: every plan of one step with the same shape goes to the
+    one `Executor` registered for that shape, in one call, which reads their `work` payloads
+    (e.g. one varlen forward for all prefill chunks and decode tokens). A plan never runs
+    itself: there is no other way to execute it. `split`, when present, narrows the plan to its
+    first n compute tokens (chunked prefill); a plan without it is atomic.
     """
 
     kind: str  # "prefill_chunk", "decode_token", "diffusion_step", "vae_tile", ...
     shape: Hashable
     resources: ResourceRequest
-    thunk: Callable[[], ResultT_co] = field(repr=False)
     work: object = field(default=None, repr=False)
     split: Callable[[int], WorkPlan[ResultT_co]] | None = field(default=None, repr=False)
     request_id: str = ""
@@ -83,6 +75,16 @@ class WorkPlan(Generic[ResultT_co]):
         return self.split(num_tokens)
 
 
+class Executor(Protocol[ResultT]):
+    """Runs every plan of one shape that a step scheduled, together (one batched call).
+
+    Returns one result per plan, in the order given; raises when the batch cannot run (the
+    scheduler then aborts the loops whose plans were in it).
+    """
+
+    def execute(self, plans: Sequence[WorkPlan[ResultT]]) -> list[ResultT]: ...
+
+
 @dataclass(frozen=True)
 class LoopContext:
     """What the runtime tells a loop at `init`: the weights it runs on and the clock it reads."""
@@ -103,7 +105,8 @@ class Loop(Protocol[ReqT_contra, CtxT_contra, StateT, ResultT, OutT_co]):
     (bound when it is built, standing in for the `model` argument of the reference design);
     everything that belongs to one request lives in the state `init` returns.
 
-    `next` describes and never executes; `advance` folds a result in; only a runner iterates.
+    `next` describes and never executes; `advance` folds a result in; the engine's batch
+    scheduler drives every loop, handing each plan to the executor of its shape.
     """
 
     @property

@@ -1,6 +1,7 @@
 """Fixtures for the engine tests: the tiny checkpoint (float64 for parity, float32 for speed),
-a plain-path runner (LoopRunner over one AR-decode loop, no batching, no prefix cache) and a
-forward spy that records what actually ran through the model."""
+the plain way to run a request (one AR-decode loop alone on the production step: a batch
+scheduler of one sequence, no prefix cache, the whole prompt in one chunk) and a forward spy
+that records what actually ran through the model."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, CompletedRequest
-from loom_runtime.engine.runner import ModelRunner
-from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.batch_scheduler import BatchScheduler
+from loom_runtime.engine.collector import OutputCollector
+from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
+from loom_runtime.engine.token_forward import TokenForward, TokenResult
+from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.cache import PagedKVCache
-from loom_runtime.loop.contract import LoopContext
+from loom_runtime.loop.contract import LoopContext, WorkPlan
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.tiny import init_tiny
@@ -65,8 +69,52 @@ PlainRun = Callable[[EngineRequest], CompletedRequest]
 
 @pytest.fixture
 def plain(tiny64: LoadedModel) -> PlainRun:
-    """The plain way: one request alone through LoopRunner, float64, unbatched, uncached."""
+    """The plain way: one request alone on the production step, float64, unbatched, uncached."""
     return make_plain(tiny64)
+
+
+@dataclass
+class LoopRig:
+    """One AR-decode loop over its own KV cache, with the production executor of its plans.
+
+    `executed` records every plan the executor ran with its result, in order.
+    """
+
+    loop: ARDecodeLoop
+    forward: TokenForward
+    executed: list[tuple[WorkPlan[TokenResult], TokenResult]] = field(default_factory=list)
+
+    def execute(self, plans: list[WorkPlan[TokenResult]]) -> list[TokenResult]:
+        results = self.forward.execute(plans)
+        self.executed.extend(zip(plans, results, strict=True))
+        return results
+
+    def scheduler(
+        self, emit: Callable[[RequestOutput], None], token_budget: int = 2048, max_num_seqs: int = 1
+    ) -> BatchScheduler:
+        return BatchScheduler(self.loop, {TOKEN_FORWARD: self}, (token_budget, max_num_seqs), emit)
+
+    def drive(
+        self, req: EngineRequest, ctx: LoopContext | None = None, token_budget: int = 2048
+    ) -> tuple[ARDecodeState, list[RequestOutput]]:
+        """Run one request to its end alone on a batch scheduler; its state and every output."""
+        outs: list[RequestOutput] = []
+        scheduler = self.scheduler(outs.append, token_budget)
+        state = self.loop.init(req, ctx or LoopContext())
+        scheduler.add(state)
+        while scheduler.step():
+            pass
+        assert outs and outs[-1].finished and not scheduler.has_work
+        return state, outs
+
+    def run_alone(
+        self, req: EngineRequest, ctx: LoopContext | None = None, token_budget: int = 2048
+    ) -> CompletedRequest:
+        """The whole result, gathered from the streamed outputs as Engine.generate does."""
+        collector = OutputCollector(req)
+        for out in self.drive(req, ctx, token_budget)[1]:
+            collector(out)
+        return collector.result()
 
 
 def build_loop(
@@ -75,19 +123,19 @@ def build_loop(
     block_size: int = 16,
     eos_token_ids: tuple[int, ...] | None = None,
     prefix_caching: bool = False,
-) -> ARDecodeLoop:
+) -> LoopRig:
     spec = loaded.config.kv_spec(block_size, num_blocks, loaded.model.dtype)
-    return ARDecodeLoop(
-        ModelRunner(loaded.model, PagedKVCache(spec)),
+    loop = ARDecodeLoop(
         KVAllocator(BlockPool(num_blocks, block_size), PrefixHasher(block_size)),
         new_decoder=loaded.tokenizer.incremental_decoder,
         eos_token_ids=loaded.tokenizer.eos_token_ids if eos_token_ids is None else eos_token_ids,
         prefix_caching=prefix_caching,
     )
+    return LoopRig(loop, TokenForward(ModelRunner(loaded.model, PagedKVCache(spec))))
 
 
 @pytest.fixture
-def make_loop() -> Callable[..., ARDecodeLoop]:
+def make_loop() -> Callable[..., LoopRig]:
     """make_loop(loaded, num_blocks, block_size=16, eos_token_ids=None, prefix_caching=False)."""
     return build_loop
 
@@ -95,9 +143,9 @@ def make_loop() -> Callable[..., ARDecodeLoop]:
 def make_plain(loaded: LoadedModel, block_size: int = 16) -> PlainRun:
     def run(req: EngineRequest) -> CompletedRequest:
         total = len(req.prompt_token_ids) + req.sampling.max_tokens
-        loop = build_loop(loaded, -(-total // block_size), block_size)
-        out = loop.plain_runner().run(req, LoopContext(weights_version="plain"))
-        assert loop.kv.pool.is_whole()
+        rig = build_loop(loaded, -(-total // block_size), block_size)
+        out = rig.run_alone(req, LoopContext(weights_version="plain"), token_budget=total)
+        assert rig.loop.kv.pool.is_whole()
         return out
 
     return run

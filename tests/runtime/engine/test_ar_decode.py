@@ -1,104 +1,75 @@
-"""The AR-decode loop on the plain path: its plans, chunked prefill, stop rules and streaming
-text, with every bit of per-request state in its state object."""
+"""The AR-decode loop on the production step (a batch scheduler driving it, the TokenForward
+executor running its plans): its plans, chunked prefill, stop rules and streaming text, with
+every bit of per-request state in its state object."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest, TokenResult
-from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
-from loom_runtime.loop.contract import Done, LoopContext, WorkPlan
-from loom_runtime.loop.runner import LoopRunner
+from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.loop.contract import Done, LoopContext
 from loom_runtime.models.loader import LoadedModel
 
 Prompt = Callable[[int, int], tuple[int, ...]]
 Greedy = Callable[..., SamplingParams]
 Plain = Callable[[EngineRequest], CompletedRequest]
-
-
-def drive(loop: ARDecodeLoop, req: EngineRequest) -> tuple[ARDecodeState, list[RequestOutput]]:
-    """The plain path by hand, collecting every streamed increment."""
-    state = loop.init(req, LoopContext(weights_version="v1"))
-    outs: list[RequestOutput] = []
-    while not isinstance(plan := loop.next(state), Done):
-        loop.advance(state, plan.thunk())
-        if (out := loop.take_output(state)) is not None:
-            outs.append(out)
-    loop.finalize(state)
-    final = loop.take_output(state)
-    assert final is not None and final.finished
-    return state, [*outs, final]
+MakeLoop = Callable[..., Any]  # conftest.build_loop -> LoopRig
 
 
 def test_plans_are_one_prefill_then_one_decode_per_token(
-    tiny64: LoadedModel, make_loop: Callable[..., ARDecodeLoop], prompt: Prompt, greedy: Greedy
+    tiny64: LoadedModel, make_loop: MakeLoop, prompt: Prompt, greedy: Greedy
 ) -> None:
-    loop = make_loop(tiny64, num_blocks=8)
-    plans: list[WorkPlan[TokenResult]] = []
+    rig = make_loop(tiny64, num_blocks=8)
     req = EngineRequest("r", prompt(20, 1), greedy(5))
-    first = LoopRunner(loop, on_plan=plans.append).run(req, LoopContext())
-    second = LoopRunner(loop).run(req, LoopContext())
+    first = rig.run_alone(req)
+    plans = [plan for plan, _ in rig.executed]
+    second = rig.run_alone(req)
     assert [p.kind for p in plans] == ["prefill_chunk"] + ["decode_token"] * 4
     assert [p.resources.compute_tokens for p in plans] == [20, 1, 1, 1, 1]
     assert len(first.output_token_ids) == 5 and first.finish_reason == "length"
     assert first.output_token_ids == second.output_token_ids  # greedy is deterministic
-    assert loop.kv.pool.is_whole()
+    assert rig.loop.kv.pool.is_whole()
 
 
 def test_prefill_split_into_chunks_gives_the_same_tokens(
-    tiny64: LoadedModel,
-    make_loop: Callable[..., ARDecodeLoop],
-    prompt: Prompt,
-    greedy: Greedy,
-    plain: Plain,
+    tiny64: LoadedModel, make_loop: MakeLoop, prompt: Prompt, greedy: Greedy, plain: Plain
 ) -> None:
     req = EngineRequest("r", prompt(45, 2), greedy(6))
-    loop = make_loop(tiny64, num_blocks=4)
-    state = loop.init(req, LoopContext())
-    chunk_sizes = []
-    while not isinstance(plan := loop.next(state), Done):
-        part = plan.chunk(16)
-        chunk_sizes.append(part.resources.compute_tokens)
-        result = part.thunk()
-        assert (result.sampled is None) == (
-            part.resources.compute_tokens < plan.resources.compute_tokens
-        )
-        loop.advance(state, result)
-    out = loop.finalize(state)
+    rig = make_loop(tiny64, num_blocks=4)
+    out = rig.run_alone(req, token_budget=16)
+    chunk_sizes = [plan.resources.compute_tokens for plan, _ in rig.executed]
     assert chunk_sizes == [16, 16, 13, 1, 1, 1, 1, 1]
+    # only a chunk that reaches the end of the sequence (not narrower than its plan) samples
+    assert [result.sampled is None for _, result in rig.executed] == [True, True] + [False] * 6
     assert out.output_token_ids == plain(req).output_token_ids
 
 
 def test_eos_stops_unless_ignored_and_the_token_is_kept(
-    tiny64: LoadedModel,
-    make_loop: Callable[..., ARDecodeLoop],
-    prompt: Prompt,
-    greedy: Greedy,
-    plain: Plain,
+    tiny64: LoadedModel, make_loop: MakeLoop, prompt: Prompt, greedy: Greedy, plain: Plain
 ) -> None:
     p = prompt(12, 3)
     ref = plain(EngineRequest("r", p, greedy(12))).output_token_ids
     eos = ref[4]
     stop_at = ref.index(eos)
-    loop = make_loop(tiny64, num_blocks=4, eos_token_ids=(eos,))
+    rig = make_loop(tiny64, num_blocks=4, eos_token_ids=(eos,))
     sampling = SamplingParams(max_tokens=12, temperature=0.0)
-    stopped = LoopRunner(loop).run(EngineRequest("r", p, sampling), LoopContext())
+    stopped = rig.run_alone(EngineRequest("r", p, sampling))
     assert stopped.finish_reason == "stop"
     assert stopped.output_token_ids == ref[: stop_at + 1]
-    ignoring = LoopRunner(loop).run(EngineRequest("r", p, greedy(12)), LoopContext())
+    ignoring = rig.run_alone(EngineRequest("r", p, greedy(12)))
     assert ignoring.output_token_ids == ref and ignoring.finish_reason == "length"
-    via_stop_ids = LoopRunner(loop).run(
-        EngineRequest("r", p, greedy(12, stop_token_ids=(eos,))), LoopContext()
-    )
+    via_stop_ids = rig.run_alone(EngineRequest("r", p, greedy(12, stop_token_ids=(eos,))))
     assert via_stop_ids.output_token_ids == ref[: stop_at + 1]
 
 
 def test_stop_string_is_trimmed_and_never_streamed(
-    tiny64: LoadedModel, make_loop: Callable[..., ARDecodeLoop], prompt: Prompt, greedy: Greedy
+    tiny64: LoadedModel, make_loop: MakeLoop, prompt: Prompt, greedy: Greedy
 ) -> None:
-    loop = make_loop(tiny64, num_blocks=4)
+    rig = make_loop(tiny64, num_blocks=4)
     p = prompt(10, 4)
-    _, outs = drive(loop, EngineRequest("r", p, greedy(24)))
+    _, outs = rig.drive(EngineRequest("r", p, greedy(24)))
     pieces = [o.new_text for o in outs]
     text = "".join(pieces)
     # a stop string straddling a token boundary b: 2 chars before it, 2 after
@@ -107,7 +78,7 @@ def test_stop_string_is_trimmed_and_never_streamed(
         b for b in bounds[3:] if b + 2 <= len(text) and text.find(text[b - 2 : b + 2]) == b - 2
     )
     stop = text[b - 2 : b + 2]
-    state, outs = drive(loop, EngineRequest("r", p, greedy(24, stop=(stop,))))
+    state, outs = rig.drive(EngineRequest("r", p, greedy(24, stop=(stop,))))
     assert state.finish_reason == "stop" and outs[-1].finish_reason == "stop"
     assert "".join(o.new_text for o in outs) == text[: b - 2]
     assert state.num_output_tokens < 24
@@ -116,12 +87,15 @@ def test_stop_string_is_trimmed_and_never_streamed(
 
 
 def test_outputs_stream_every_token_once_with_counts(
-    tiny64: LoadedModel, make_loop: Callable[..., ARDecodeLoop], prompt: Prompt, greedy: Greedy
+    tiny64: LoadedModel, make_loop: MakeLoop, prompt: Prompt, greedy: Greedy
 ) -> None:
-    loop = make_loop(tiny64, num_blocks=4)
-    state, outs = drive(loop, EngineRequest("r", prompt(8, 5), greedy(6, logprobs=2)))
-    assert [len(o.new_token_ids) for o in outs] == [1] * 6 + [0]
-    assert [o.num_output_tokens for o in outs] == [1, 2, 3, 4, 5, 6, 6]
+    rig = make_loop(tiny64, num_blocks=4)
+    req = EngineRequest("r", prompt(8, 5), greedy(6, logprobs=2))
+    state, outs = rig.drive(req, LoopContext(weights_version="v1"))
+    # the scheduler sends the last token with the final output (no empty last increment)
+    assert [len(o.new_token_ids) for o in outs] == [1] * 6
+    assert [o.num_output_tokens for o in outs] == [1, 2, 3, 4, 5, 6]
+    assert [o.finished for o in outs] == [False] * 5 + [True]
     assert sum(len(o.logprobs) for o in outs) == 6
     final = outs[-1]
     assert final.finished and final.finish_reason == "length" and final.weights_version == "v1"
@@ -129,23 +103,22 @@ def test_outputs_stream_every_token_once_with_counts(
     assert m is not None and m.first_token_time is not None and m.last_token_time is not None
     assert m.arrival_time <= m.scheduled_time <= m.first_token_time <= m.last_token_time  # type: ignore[operator]
     assert m.last_token_time <= m.finished_time and len(m.inter_token_latencies) == 5
-    assert state.table.block_ids == [] and loop.kv.pool.is_whole()
+    assert state.table.block_ids == [] and rig.loop.kv.pool.is_whole()
 
 
 def test_two_states_interleaved_by_hand_match_each_alone(
-    tiny64: LoadedModel,
-    make_loop: Callable[..., ARDecodeLoop],
-    prompt: Prompt,
-    greedy: Greedy,
-    plain: Plain,
+    tiny64: LoadedModel, make_loop: MakeLoop, prompt: Prompt, greedy: Greedy, plain: Plain
 ) -> None:
     # The loop object holds no per-request state: alternating steps of two requests is safe.
-    loop = make_loop(tiny64, num_blocks=8)
+    # The alternation is by hand; the KV steps and the executor are the production ones.
+    rig = make_loop(tiny64, num_blocks=8)
+    loop = rig.loop
     reqs = [
         EngineRequest("a", prompt(9, 6), greedy(5)),
         EngineRequest("b", prompt(17, 7), greedy(7)),
     ]
     states = [loop.init(r, LoopContext()) for r in reqs]
+    assert all(loop.admit(s) for s in states)
     live = list(states)
     while live:
         for s in list(live):
@@ -153,6 +126,8 @@ def test_two_states_interleaved_by_hand_match_each_alone(
             if isinstance(plan, Done):
                 live.remove(s)
             else:
-                loop.advance(s, plan.thunk())
+                assert loop.grow(s, plan.resources.compute_tokens)
+                (result,) = rig.execute([plan])
+                loop.advance(s, result)
     outs = [loop.finalize(s) for s in states]
     assert [o.output_token_ids for o in outs] == [plain(r).output_token_ids for r in reqs]

@@ -8,12 +8,12 @@ from loom_runtime.loop.contract import Done, ResourceRequest, WorkPlan
 
 
 def token_plan(start: int, n: int) -> WorkPlan[tuple[int, int]]:
-    """A splittable plan over tokens start..start+n whose thunk returns its range."""
+    """A splittable plan over tokens start..start+n whose work payload is its range."""
     return WorkPlan(
         kind="prefill_chunk",
         shape="token_forward",
         resources=ResourceRequest(compute_tokens=n),
-        thunk=lambda: (start, start + n),
+        work=(start, start + n),
         split=lambda k: token_plan(start, k),
         request_id="r",
     )
@@ -23,12 +23,12 @@ def test_chunk_narrows_a_splittable_plan_to_its_first_tokens() -> None:
     plan = token_plan(10, 8)
     part = plan.chunk(3)
     assert part.resources.compute_tokens == 3
-    assert part.thunk() == (10, 13)
+    assert part.work == (10, 13)
     assert plan.chunk(8) is plan and plan.chunk(20) is plan
 
 
 def test_an_atomic_plan_cannot_be_chunked() -> None:
-    plan = WorkPlan("vae_tile", ("vae", 64), ResourceRequest(compute_tokens=4), thunk=lambda: 0)
+    plan = WorkPlan("vae_tile", ("vae", 64), ResourceRequest(compute_tokens=4), work=0)
     assert not plan.splittable
     assert plan.chunk(4) is plan
     with pytest.raises(ValueError, match="atomic"):

@@ -1,34 +1,35 @@
-"""One engine step over the waiting and running AR-decode loops: schedule -> execute -> update.
+"""The batch scheduler: continuous batching over the AR-decode loops, one step at a time.
 
-Owns the waiting queue, the running set and the step counters; single-threaded (the Engine
-holds its step lock around every call) and never blocks, sleeps or talks to a client directly.
+One step: schedule (pure, over frozen views of the loops and their next plans) -> execute the
+step's plans (one batched forward and one sample per executor shape) -> advance every loop with
+its result. Owns the waiting queue, the running set and the step counters; single-threaded (the
+Engine holds its step lock around every call) and never blocks, sleeps or talks to a client.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-import torch
-
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, TokenResult
+from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
 from loom_runtime.engine.remote import RemoteKV
-from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenWork
-from loom_runtime.engine.sampler import SampledToken, sample
-from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, blocks_for, schedule
+from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
+from loom_runtime.engine.token_forward import TokenResult
 from loom_runtime.engine.types import RequestOutput
-from loom_runtime.loop.contract import Done, WorkPlan
+from loom_runtime.loop.contract import Done, Executor, WorkPlan
+from loom_runtime.loop.execute import execute_plans
 
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[RequestOutput], None]
+Batch = list[tuple[ARDecodeState, WorkPlan[TokenResult]]]
 
 
 @dataclass(frozen=True)
 class StepCounters:
-    """Monotonic counters of a StepLoop (the engine adds them to its stats)."""
+    """Monotonic counters of a BatchScheduler (the engine adds them to its stats)."""
 
     num_preemptions: int = 0
     num_prompt_tokens: int = 0
@@ -38,23 +39,25 @@ class StepCounters:
     num_requests_aborted: int = 0
 
 
-class StepLoop:
-    """The continuous batcher: every step folds the plans of all running loops into one forward.
+class BatchScheduler:
+    """The continuous batcher: every step runs the next plans of all running loops together.
 
-    `emit` receives each RequestOutput (increments, then one final) on the calling thread.
-    `remote` (P/D workers only) leases finished prefills and pulls remote prompts first.
+    `executors` maps a plan shape to the executor that runs all of a step's plans of that shape
+    (the AR-decode loop's plans are TOKEN_FORWARD: one forward, one sample). `emit` receives
+    each RequestOutput (increments, then one final) on the calling thread. `remote` (P/D
+    workers only) leases finished prefills and pulls remote prompts first.
     """
 
     def __init__(
         self,
         loop: ARDecodeLoop,
-        runner: ModelRunner,
+        executors: Mapping[Hashable, Executor[TokenResult]],
         limits: tuple[int, int],  # (max_num_batched_tokens, max_num_seqs)
         emit: Emit,
         remote: RemoteKV | None = None,
     ) -> None:
         self.loop = loop
-        self.runner = runner
+        self.executors = executors
         self.kv = loop.kv
         self.token_budget, self.max_num_seqs = limits
         self.emit = emit
@@ -90,31 +93,28 @@ class StepLoop:
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> bool:
-        """Run one step; False when nothing could be scheduled."""
+        """schedule -> execute -> advance, once; False when nothing could be scheduled."""
         if self.remote is not None:
             self._remote_step(self.remote)
-        decision = self._schedule()
-        if decision.empty:
-            return False
-        batch = self._apply(decision)
+        batch = self._schedule_batch()
         if not batch:
             return False
         try:
-            results = self._execute(batch)
+            results = execute_plans([plan for _, plan in batch], self.executors)
         except Exception:
             logger.exception("step failed; aborting its requests", extra={"size": len(batch)})
             for state, _ in batch:
                 self.loop.abort(state)
                 self._finish(state)
             return True
-        self._update(batch, results)
+        self._advance(batch, results)
         return True
 
     def _remote_step(self, remote: RemoteKV) -> None:
         """Free pulled/expired leases, fold in finished pulls and start new ones (before the
         schedule, so a just-pulled request runs its last prompt token in this step)."""
         remote.reap()
-        free = self.kv.pool.num_free - self._growth()
+        free = self.kv.pool.num_free - self._growth(self._next_plans())
         progress = remote.progress(free, self.max_num_seqs - len(self.running))
         if progress.admitted_prompt_tokens:
             self._count(num_prompt_tokens=progress.admitted_prompt_tokens)
@@ -123,18 +123,36 @@ class StepLoop:
         for state in progress.failed:
             self._finish(state)
 
-    def _growth(self) -> int:
-        """Blocks the running requests need added to run their next tokens."""
-        return sum(
-            max(0, blocks_for(len(s.tokens), self.kv.block_size) - len(s.table.block_ids))
-            for s in self.running
-        )
+    def _next_plans(self) -> dict[str, WorkPlan[TokenResult]]:
+        """Each running loop's next plan (described, not run), by request id."""
+        plans: dict[str, WorkPlan[TokenResult]] = {}
+        for state in list(self.running):
+            plan = self.loop.next(state)
+            if isinstance(plan, Done):  # finished outside a step: nothing left to run
+                self._finish(state)
+            else:
+                plans[state.request_id] = plan
+        return plans
 
-    def _schedule(self) -> Schedule:
+    @staticmethod
+    def _growth(plans: Mapping[str, WorkPlan[TokenResult]]) -> int:
+        """Blocks the running loops' next plans need added to what they hold."""
+        return sum(p.resources.cache_blocks for p in plans.values())
+
+    def _schedule_batch(self) -> Batch:
+        """Schedule this step and take its KV steps: the batch of (state, plan) to execute."""
+        plans = self._next_plans()
+        decision = self._schedule(plans)
+        return [] if decision.empty else self._apply(decision, plans)
+
+    def _schedule(self, plans: Mapping[str, WorkPlan[TokenResult]]) -> Schedule:
         pool = self.kv.pool
-        growth = self._growth()
-        exact = growth > pool.num_free  # shared-block counts only matter when preempting
-        running = [self.loop.running_view(s, exact) for s in self.running]
+        exact = self._growth(plans) > pool.num_free  # shared blocks only matter when preempting
+        running = [
+            self.loop.running_view(s, plans[s.request_id], exact)
+            for s in self.running
+            if s.request_id in plans
+        ]
         max_seqs = self.max_num_seqs - (len(self.remote.pulling) if self.remote else 0)
         candidates = min(len(self.waiting), max_seqs - len(self.running))
         waiting: list[WaitingSeq] = [
@@ -143,18 +161,21 @@ class StepLoop:
         limits = StepLimits(self.token_budget, max_seqs, pool.num_free, self.kv.block_size)
         return schedule(running, waiting, limits)
 
-    def _apply(self, decision: Schedule) -> list[tuple[ARDecodeState, WorkPlan[TokenResult]]]:
+    def _apply(self, decision: Schedule, plans: Mapping[str, WorkPlan[TokenResult]]) -> Batch:
         by_id = {s.request_id: s for s in self.running}
         for rid in decision.preempted:
             state = by_id.pop(rid)
             self._preempt(state)
-        batch: list[tuple[ARDecodeState, WorkPlan[TokenResult]]] = []
+        batch: Batch = []
         admitted = set(decision.admitted)
         for chunk in decision.chunks:
             if chunk.request_id in admitted:
                 state = self.waiting[0]
                 if state.request_id != chunk.request_id or not self._admit(state):
                     break  # the views went stale; admit the rest next step
+                plan = self.loop.next(state)
+                if isinstance(plan, Done):
+                    continue
             else:
                 state = by_id[chunk.request_id]
                 if chunk.new_blocks and not self.loop.grow(state, chunk.num_tokens):
@@ -163,9 +184,7 @@ class StepLoop:
                     )
                     self._preempt(state)
                     continue
-            plan = self.loop.next(state)
-            if isinstance(plan, Done):
-                continue
+                plan = plans[chunk.request_id]
             batch.append((state, plan.chunk(chunk.num_tokens)))
         return batch
 
@@ -186,40 +205,7 @@ class StepLoop:
         self._count(num_preemptions=1)
         logger.info("preempted", extra={"request_id": state.request_id})
 
-    def _execute(
-        self, batch: Sequence[tuple[ARDecodeState, WorkPlan[TokenResult]]]
-    ) -> list[TokenResult]:
-        forward = [(i, p.work) for i, (_, p) in enumerate(batch) if p.shape == TOKEN_FORWARD]
-        works = [w for _, w in forward if isinstance(w, TokenWork)]
-        if len(works) != len(forward):
-            raise TypeError("a token_forward plan without a TokenWork payload")
-        results: list[TokenResult | None] = [None] * len(batch)
-        if works:
-            logits = self.runner.execute(works)
-            rows = [
-                (i, row) for (i, _), row in zip(forward, logits, strict=True) if row is not None
-            ]
-            by_index: dict[int, SampledToken] = {}
-            if rows:
-                picked = sample(
-                    torch.stack([row for _, row in rows]),
-                    [batch[i][0].request.sampling for i, _ in rows],
-                    [batch[i][0].generator for i, _ in rows],
-                )
-                by_index = {i: tok for (i, _), tok in zip(rows, picked, strict=True)}
-            for i, w in forward:
-                assert isinstance(w, TokenWork)
-                results[i] = TokenResult(len(w.token_ids), by_index.get(i))
-        for i, (_, plan) in enumerate(batch):
-            if results[i] is None:  # a plan no batched executor knows: run it alone
-                results[i] = plan.thunk()
-        return [r for r in results if r is not None]
-
-    def _update(
-        self,
-        batch: Sequence[tuple[ARDecodeState, WorkPlan[TokenResult]]],
-        results: Sequence[TokenResult],
-    ) -> None:
+    def _advance(self, batch: Batch, results: Sequence[TokenResult]) -> None:
         computed = sum(r.num_tokens for r in results)
         sampled = sum(1 for r in results if r.sampled is not None)
         self._count(num_tokens_computed=computed, num_generation_tokens=sampled)
