@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loom_operator.router.endpoints import Endpoint, EndpointSnapshot
-from loom_operator.router.kv_events import DecodedBatch
-from loom_operator.router.load import EngineMetrics, LoadTracker
-from loom_operator.router.pipeline import RoutingInputs, Scheduler
-from loom_operator.router.prefix_index import PrefixIndex
-from loom_operator.router.request import RequestFeatures, features_from_tokens
-from loom_operator.router.settings import RouterSettings
+from loom_router.core.endpoints import Endpoint, EndpointSnapshot
+from loom_router.core.kv_events import DecodedBatch
+from loom_router.core.load import EngineMetrics, LoadTracker
+from loom_router.core.pipeline import EndpointPicker, RoutingInputs
+from loom_router.core.prefix_index import PrefixIndex
+from loom_router.core.request import RequestFeatures, features_from_tokens
+from loom_router.core.settings import RouterSettings
 from loom_runtime.wire.kv_events import BlockStored
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
@@ -122,7 +122,7 @@ def bench_fleet(n: int, picks: int, seed: int, max_entries: int) -> dict[str, An
     t0 = time.perf_counter()
     fleet = build_fleet(n, rng, max_entries)
     setup_s = time.perf_counter() - t0
-    scheduler = Scheduler(RouterSettings(max_index_entries=max_entries))
+    picker = EndpointPicker(RouterSettings(max_index_entries=max_entries))
     requests = [
         RequestFeatures(
             request_id=f"r{i}",
@@ -139,7 +139,7 @@ def bench_fleet(n: int, picks: int, seed: int, max_entries: int) -> dict[str, An
         a = time.perf_counter()
         view = fleet.tracker.view(now=1.0)
         b = time.perf_counter()
-        decision = scheduler.pick(
+        decision = picker.pick(
             req, RoutingInputs(fleet.snapshot, view, fleet.index), random.Random(i)
         )
         c = time.perf_counter()
@@ -310,7 +310,7 @@ def bench_proxy(requests: int) -> list[dict[str, Any]]:
             [
                 sys.executable,
                 "-m",
-                "loom_operator.router",
+                "loom_router",
                 "--config",
                 str(config),
                 "--port",

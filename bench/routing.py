@@ -41,12 +41,12 @@ from typing import Any
 
 import aiohttp
 
-from loom_operator.router.endpoints import Endpoint, EndpointSnapshot
-from loom_operator.router.kv_events import index_key
-from loom_operator.router.kv_subscriber import KVSubscriber
-from loom_operator.router.metrics import RouterMetrics
-from loom_operator.router.prefix_index import PrefixIndex
 from loom_operator.testing.router import router_command
+from loom_router.core.endpoints import Endpoint, EndpointSnapshot
+from loom_router.core.kv_events import index_key
+from loom_router.core.prefix_index import PrefixIndex
+from loom_router.shell.kv_subscriber import KVSubscriber
+from loom_router.shell.metrics import RouterMetrics
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.testing.processes import Launcher, Proc, free_ports, poll, post, spawn
 from loom_runtime.wire.prefix_hash import PrefixHasher

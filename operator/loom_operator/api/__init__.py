@@ -18,7 +18,8 @@ from loom_operator.api.roles import (
     RoleName,
     Roles,
 )
-from loom_operator.api.serving import (
+from loom_operator.api.status import DeploymentCardStatus, RoleStatus, WeightSyncStatus
+from loom_runtime.card.serving import (
     Disaggregation,
     Failover,
     Hotspot,
@@ -28,7 +29,6 @@ from loom_operator.api.serving import (
     SessionAffinity,
     WeightSync,
 )
-from loom_operator.api.status import DeploymentCardStatus, RoleStatus, WeightSyncStatus
 
 __all__ = [
     "CARD_KINDS",

@@ -10,9 +10,9 @@ from typing import Literal
 from pydantic import Field
 
 from loom_operator.api.roles import Roles
-from loom_operator.api.serving import Failover, PrefixCaching, Router, WeightSync
 from loom_operator.api.status import DeploymentCardStatus
 from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta
+from loom_runtime.card.serving import Failover, PrefixCaching, Router, WeightSync
 
 Backend = Literal["native", "vllm"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from loom_operator.router.options import add_arguments
+from loom_router.shell.config import add_arguments
 
 
 def add_parser(sub: Any) -> None:
@@ -23,6 +23,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loom_operator.router.main import run as run_router
+    from loom_router.shell.main import run as run_router
 
     return run_router(args)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import Role, RoleName
 from loom_operator.fleet.desired import served_component
 from loom_operator.local.cards import FleetCards
@@ -23,7 +24,7 @@ from loom_operator.local.cards import FleetCards
 CONTROL_TOKEN_ENV = "LOOM_CONTROL_TOKEN"
 ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
 HOST = "127.0.0.1"
-ROUTER_MODULE = "loom_operator.router"
+ROUTER_MODULE = "loom_router"
 # Card precision / engine dtype -> the runtime's --dtype (fp8 has no CPU compute dtype: default).
 DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -138,13 +139,23 @@ def worker_env(
 def router_config(cards: FleetCards, tokenizer_path: Path) -> str:
     """The router's ROUTER.json: model, hashing, the card's router and failover settings; the
     endpoints are registered over the admin API as workers become ready."""
-    spec = cards.deployment.spec
+    doc = router_document(cards.deployment, cards.model.name, tokenizer_path)
+    return json.dumps(doc, indent=1, sort_keys=True)
+
+
+def router_document(
+    card: DeploymentCard, model_name: str, tokenizer_path: Path | None
+) -> dict[str, Any]:
+    """ROUTER.json as a document. The block size is the decode role's (or the aggregated
+    role's): the pool whose cache the prefix index predicts. Prefill pods report theirs in every
+    KV event, and a pod whose block size differs is flagged by the index, never scored zero."""
+    spec = card.spec
     roles = spec.roles.present()
     engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
     block_size = engine_role.engine.block_size if engine_role is not None else 16
-    doc = {
-        "model_name": cards.model.name,
-        "tokenizer_path": str(tokenizer_path),
+    return {
+        "model_name": model_name,
+        "tokenizer_path": None if tokenizer_path is None else str(tokenizer_path),
         "block_size": block_size,
         "hash_seed": spec.prefix_caching.hash_seed,
         "hash_algo": spec.prefix_caching.hash_algo,
@@ -152,11 +163,10 @@ def router_config(cards: FleetCards, tokenizer_path: Path) -> str:
         "failover": spec.failover.model_dump(mode="json", by_alias=True),
         "endpoints": [],
     }
-    return json.dumps(doc, indent=1, sort_keys=True)
 
 
 def router_argv(config: Path, port: int, admin_port: int, options: LaunchOptions) -> list[str]:
-    """`python -m loom_operator.router …` (the admin token goes in the env: see router_env)."""
+    """`python -m loom_router …` (the admin token goes in the env: see router_env)."""
     return [
         options.python, "-m", options.router_module, "--config", str(config), "--host", HOST,
         "--port", str(port), "--admin-port", str(admin_port),

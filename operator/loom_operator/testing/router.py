@@ -13,9 +13,9 @@ from pathlib import Path
 def router_command(
     config: Path, port: int, admin_port: int, admin_token: str, *flags: str
 ) -> list[str]:
-    """`python -m loom_operator.router` serving `config` on 127.0.0.1:port (admin: admin_port)."""
+    """`python -m loom_router` serving `config` on 127.0.0.1:port (admin: admin_port)."""
     return [
-        sys.executable, "-m", "loom_operator.router", "--config", str(config),
+        sys.executable, "-m", "loom_router", "--config", str(config),
         "--port", str(port), "--admin-port", str(admin_port), "--admin-token", admin_token,
         *flags,
     ]  # fmt: skip

@@ -21,9 +21,8 @@ from loom_operator.local.launch import (
     worker_card,
     worker_env,
 )
-from loom_operator.router.config import config_from_dict
-from loom_operator.router.options import add_arguments, options_from_args
 from loom_operator.testing.cards import card_text
+from loom_router.shell.config import add_arguments, config_from_dict, options_from_args
 from loom_runtime.card import load_model_card
 from loom_runtime.cli import build_parser
 
@@ -100,9 +99,9 @@ def test_router_config_is_accepted_by_the_router(pd_card: Path, tmp_path: Path) 
     assert config.tokenizer_path == tmp_path / "tok"
     assert config.settings.min_uncached_tokens == 0
     assert config.settings.block_size == 16
-    assert config.failover.on_transfer_failure == "fail"
+    assert config.settings.on_transfer_failure == "fail"
     argv = router_argv(tmp_path / "r.json", 8000, 8001, LaunchOptions(python="py"))
-    assert argv[:3] == ["py", "-m", "loom_operator.router"]
+    assert argv[:3] == ["py", "-m", "loom_router"]
     args = argparse.ArgumentParser()
     add_arguments(args)
     options = options_from_args(args.parse_args(argv[3:]), router_env({}, "tok"))

@@ -1,4 +1,4 @@
-"""The controller's hold on a real router's endpoint table (`python -m loom_operator.router`):
+"""The controller's hold on a real router's endpoint table (`python -m loom_router`):
 registering, draining, marking down and up, migrating and removing are idempotent, a changed
 address or version is re-registered, and the view matches what the router reports."""
 

@@ -1,0 +1,51 @@
+"""What a scorer gets (`ScoringContext`) and returns, plus the clamping all scorers share.
+
+Owns the contract and the min-max scaling; never weighs scores (the pipeline does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from loom_router.core.load import LoadView
+
+
+@dataclass(frozen=True)
+class ScoringContext:
+    """One pick's inputs, shared by every scorer. `candidates` passed the filters."""
+
+    candidates: tuple[str, ...]
+    load: LoadView
+    prefix_blocks: Mapping[str, int]
+    """Consecutive prompt blocks each candidate holds (after the hot-spot rule)."""
+    total_blocks: int
+    """Full blocks in the prompt."""
+    session_endpoint: str | None = None
+    """Where the request's session went last (after the hot-spot rule), if anywhere."""
+
+
+Scorer = Callable[[ScoringContext], dict[str, float]]
+
+
+def clamp(value: float) -> float:
+    """Into [0, 1]; NaN becomes 0 (a broken input never wins)."""
+    if not value > 0.0:  # also catches NaN
+        return 0.0
+    return 1.0 if value > 1.0 else value
+
+
+def lower_is_better(candidates: tuple[str, ...], values: Mapping[str, float]) -> dict[str, float]:
+    """Min-max scaled so the lowest value scores 1 and the highest 0 (all equal: all 1).
+
+    A candidate missing from `values` is unknown and scores 0: never mistaken for idle.
+    """
+    known = [values[c] for c in candidates if c in values]
+    if not known:
+        return dict.fromkeys(candidates, 0.0)
+    low, high = min(known), max(known)
+    span = high - low
+    return {
+        c: (0.0 if c not in values else 1.0 if span <= 0 else clamp((high - values[c]) / span))
+        for c in candidates
+    }

@@ -1,0 +1,259 @@
+"""What the router process is told: ROUTER.json (`RouterConfig`) and its flags (`RouterOptions`).
+
+Owns the file's shape, its validation (every problem reported at once, with its field path), the
+conversion of the card's router/failover sections to the one RouterSettings, and the flag names,
+defaults and environment fallbacks; never routes. Imports nothing heavy, so the `loom` CLI can
+register the flags without loading the router.
+
+    {"model_name": "tiny", "tokenizer_path": "/models/tiny", "block_size": 16,
+     "hash_seed": "0", "hash_algo": "sha256_cbor",
+     "router": {<DeploymentCard spec.router, camelCase>}, "failover": {<spec.failover>},
+     "endpoints": [{"id", "url", "role", "weights_version", "kv_events", "kv_replay"}]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from loom_router.core.endpoints import ROLES, Endpoint
+from loom_router.core.settings import RouterSettings, ScorerWeights
+from loom_router.errors import RouterConfigError
+from loom_runtime.card.serving import Failover, Router
+
+ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
+API_KEYS_ENV = "LOOM_ROUTER_API_KEYS"
+Policy = Literal["scored", "random", "round-robin"]
+POLICIES: tuple[Policy, ...] = ("scored", "random", "round-robin")
+_TOP_LEVEL = frozenset(
+    {"model_name", "tokenizer_path", "block_size", "hash_seed", "hash_algo", "router",
+     "failover", "endpoints"}
+)  # fmt: skip
+_ENDPOINT_FIELDS = frozenset({"id", "url", "role", "weights_version", "kv_events", "kv_replay"})
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    model_name: str
+    tokenizer_path: Path | None
+    """A tokenizer.json, or a checkpoint directory holding one (None: approximate keys only)."""
+    settings: RouterSettings
+    endpoints: tuple[Endpoint, ...] = ()
+
+
+def endpoint_from_doc(endpoint_id: str, doc: Mapping[str, Any], where: str) -> Endpoint:
+    """An Endpoint from its JSON form (the config file's entries, the admin API's PUT body)."""
+    if not isinstance(doc, Mapping):
+        raise RouterConfigError(f"{where}: must be an object")
+    unknown = sorted(set(doc) - _ENDPOINT_FIELDS)
+    problems = [f"{where}.{k}: unknown field" for k in unknown]
+    for key in ("url", "role", "weights_version"):
+        if not isinstance(doc.get(key), str) or not doc.get(key):
+            problems.append(f"{where}.{key}: required, a non-empty string")
+    for key in ("kv_events", "kv_replay"):
+        if doc.get(key) is not None and not isinstance(doc.get(key), str):
+            problems.append(f"{where}.{key}: must be a string or null")
+    if isinstance(doc.get("role"), str) and doc["role"] not in ROLES:
+        problems.append(f"{where}.role: must be one of {', '.join(ROLES)}")
+    url = doc.get("url")
+    if isinstance(url, str) and not url.startswith(("http://", "https://")):
+        problems.append(f"{where}.url: must start with http:// or https://, got {url!r}")
+    if problems:
+        raise RouterConfigError("; ".join(problems))
+    return Endpoint(
+        id=endpoint_id,
+        url=str(doc["url"]).rstrip("/"),
+        role=doc["role"],
+        weights_version=doc["weights_version"],
+        kv_events=doc.get("kv_events") or None,
+        kv_replay=doc.get("kv_replay") or None,
+    )
+
+
+def config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> RouterConfig:
+    """Validate a ROUTER.json document; RouterConfigError lists every problem found."""
+    if not isinstance(doc, Mapping):
+        raise RouterConfigError("ROUTER.json must hold a JSON object")
+    problems = [f"{k}: unknown field" for k in sorted(set(doc) - _TOP_LEVEL)]
+    model = doc.get("model_name")
+    if not isinstance(model, str) or not model:
+        problems.append("model_name: required, a non-empty string")
+    tok = doc.get("tokenizer_path")
+    if tok is not None and not isinstance(tok, str):
+        problems.append("tokenizer_path: must be a string or null")
+    router = _card_part(Router, doc.get("router", {}), "router", problems)
+    failover = _card_part(Failover, doc.get("failover", {}), "failover", problems)
+    endpoints: list[Endpoint] = []
+    raw = doc.get("endpoints", [])
+    if not isinstance(raw, list):
+        problems.append("endpoints: must be a list")
+        raw = []
+    for i, item in enumerate(raw):
+        where = f"endpoints[{i}]"
+        try:
+            eid = item.get("id") if isinstance(item, Mapping) else None
+            if not isinstance(eid, str) or not eid:
+                raise RouterConfigError(f"{where}.id: required, a non-empty string")
+            rest = {k: v for k, v in item.items() if k != "id"}
+            endpoints.append(endpoint_from_doc(eid, rest, where))
+        except RouterConfigError as exc:
+            problems.append(str(exc))
+    settings: RouterSettings | None = None
+    if router is not None and failover is not None:
+        try:
+            settings = settings_from_spec(router, failover, doc)
+        except RouterConfigError as exc:
+            problems.append(str(exc))
+    if problems or settings is None:
+        raise RouterConfigError("ROUTER.json: " + "; ".join(problems))
+    path = None if tok is None else Path(tok)
+    if path is not None and not path.is_absolute() and base is not None:
+        path = base / path
+    return RouterConfig(str(model), path, settings, tuple(endpoints))
+
+
+def load_config(path: Path) -> RouterConfig:
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+    except OSError as exc:
+        raise RouterConfigError(f"cannot read {path}: {exc}") from exc
+    except ValueError as exc:
+        raise RouterConfigError(f"{path} is not JSON: {exc}") from exc
+    return config_from_dict(doc, path.parent)
+
+
+def settings_from_spec(
+    router: Router, failover: Failover, doc: Mapping[str, Any]
+) -> RouterSettings:
+    """RouterSettings from the card's sections plus the engines' hashing parameters."""
+    block_size = doc.get("block_size", 16)
+    seed = doc.get("hash_seed", "0")
+    algo = doc.get("hash_algo", "sha256_cbor")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        raise RouterConfigError(f"block_size: a positive integer, got {block_size!r}")
+    if not isinstance(seed, str) or not isinstance(algo, str):
+        raise RouterConfigError("hash_seed and hash_algo: strings")
+    return RouterSettings(
+        weights=ScorerWeights(
+            prefix_cache=router.scorers.prefix_cache,
+            queue=router.scorers.queue,
+            kv_cache_utilization=router.scorers.kv_cache_utilization,
+        ),
+        prefix_scorer=router.prefix_scorer,
+        min_uncached_tokens=router.disaggregation.min_uncached_tokens,
+        session_affinity=router.session_affinity.enabled,
+        session_header=router.session_affinity.header,
+        spill_margin=router.hotspot.spill_margin,
+        block_size=block_size,
+        hash_algo=algo,
+        hash_seed=seed,
+        migration_limit=failover.migration_limit,
+        health_timeout_s=failover.health_timeout_seconds,
+        on_transfer_failure=failover.on_transfer_failure,
+        in_flight_prefix_s=router.in_flight_prefix_s,
+    )
+
+
+def _card_part(cls: Any, value: Any, where: str, problems: list[str]) -> Any:
+    try:
+        return cls.model_validate(value)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            problems.append(f"{where}.{loc}: {err['msg']}" if loc else f"{where}: {err['msg']}")
+    return None
+
+
+# --- flags ---------------------------------------------------------------------------------
+
+
+class OptionsError(ValueError):
+    """The flags ask for something impossible; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    config: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 8081
+    admin_token: str = ""
+    api_keys: tuple[str, ...] = ()
+    """Empty: the OpenAI routes are open; else `Authorization: Bearer <one of them>`."""
+    policy: Policy = "scored"
+    """scored (filters → scorers → picker) | random | round-robin (baselines for benchmarks)."""
+    seed: int = 0
+    scrape_interval_s: float = 0.1
+    log_level: str = "INFO"
+    max_index_entries: int | None = None
+    """Cap of the precise prefix index ((endpoint, block) entries); None: the default (1M)."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, required=True, help="ROUTER.json")
+    p.add_argument("--host", default="127.0.0.1", help="OpenAI API address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="OpenAI API port (default 8080)")
+    p.add_argument("--admin-host", default="127.0.0.1", help="admin API address")
+    p.add_argument("--admin-port", type=int, default=8081, help="admin API port (default 8081)")
+    p.add_argument("--admin-token", help=f"admin bearer token (default ${ADMIN_TOKEN_ENV})")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        help=f"accepted API key; repeatable (also ${API_KEYS_ENV}, comma-separated)",
+    )
+    p.add_argument("--policy", choices=POLICIES, default="scored", help="default scored")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of --policy random (scored picks: request id)"
+    )
+    p.add_argument(
+        "--scrape-interval", type=float, default=0.1, help="seconds between /metrics scrapes"
+    )
+    p.add_argument("--log-level", default="INFO", help="default INFO")
+    p.add_argument(
+        "--max-index-entries",
+        type=int,
+        help="cap of the precise prefix index, in (endpoint, block) entries of ~0.3 KiB "
+        "(default 1,000,000)",
+    )
+
+
+def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOptions:
+    token = args.admin_token or env.get(ADMIN_TOKEN_ENV, "")
+    if not token:
+        raise OptionsError(
+            f"the admin API needs a token: pass --admin-token or set ${ADMIN_TOKEN_ENV}"
+        )
+    keys = [*args.api_key, *(k.strip() for k in env.get(API_KEYS_ENV, "").split(","))]
+    if args.scrape_interval <= 0:
+        raise OptionsError(f"--scrape-interval must be > 0, got {args.scrape_interval}")
+    if args.max_index_entries is not None and args.max_index_entries <= 0:
+        raise OptionsError(f"--max-index-entries must be > 0, got {args.max_index_entries}")
+    if args.port == args.admin_port and args.host == args.admin_host:
+        raise OptionsError("--port and --admin-port must differ")
+    return RouterOptions(
+        config=args.config,
+        host=args.host,
+        port=args.port,
+        admin_host=args.admin_host,
+        admin_port=args.admin_port,
+        admin_token=token,
+        api_keys=tuple(k for k in keys if k),
+        policy=args.policy,
+        seed=args.seed,
+        scrape_interval_s=args.scrape_interval,
+        log_level=args.log_level,
+        max_index_entries=args.max_index_entries,
+    )
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ)

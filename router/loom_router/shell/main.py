@@ -1,0 +1,242 @@
+"""The router process: wires config, state, shells and the two HTTP apps, and runs until signalled.
+
+Owns construction and shutdown order (stop taking requests → cancel loops → close sockets);
+never routes (dispatch.py) and never decides a status (http_errors.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+
+from aiohttp import web
+
+from loom_router.core.endpoints import EndpointSnapshot, StaticEndpoints
+from loom_router.core.state import RouterState
+from loom_router.errors import RouterConfigError
+from loom_router.shell.admin import AdminApp
+from loom_router.shell.config import (
+    OptionsError,
+    RouterConfig,
+    RouterOptions,
+    add_arguments,
+    env,
+    load_config,
+    options_from_args,
+)
+from loom_router.shell.dispatch import Dispatcher
+from loom_router.shell.kv_subscriber import KVSubscriber
+from loom_router.shell.metrics import RouterMetrics
+from loom_router.shell.prober import Prober
+from loom_router.shell.prompt_tokens import PromptTokenizer
+from loom_router.shell.proxy import ProxyApp
+from loom_router.shell.scraper import MetricsScraper
+from loom_router.shell.upstream import Upstream, UpstreamTimeouts
+
+logger = logging.getLogger(__name__)
+
+
+class RouterServer:
+    """Everything one router replica runs; `start()` then `stop()` on one event loop."""
+
+    def __init__(self, config: RouterConfig, options: RouterOptions) -> None:
+        self.config = config
+        self.options = options
+        self.source = StaticEndpoints(config.endpoints)
+        settings = config.settings
+        if options.max_index_entries is not None:
+            settings = replace(settings, max_index_entries=options.max_index_entries)
+        self.state = RouterState(settings)
+        self.metrics = RouterMetrics()
+        self.upstream = Upstream(UpstreamTimeouts(connect_s=config.settings.health_timeout_s))
+        self.prober = Prober(self.source, self.upstream, self.metrics,
+                             timeout_s=config.settings.health_timeout_s)  # fmt: skip
+        self.scraper = MetricsScraper(
+            self.source, self.state.load, self.upstream, self.metrics, self.prober.refused,
+            interval_s=options.scrape_interval_s,
+            timeout_s=min(1.0, config.settings.health_timeout_s),
+        )  # fmt: skip
+        self.subscriber = KVSubscriber(self.state.prefix, self.metrics)
+        path = config.tokenizer_path
+        tokenizer = None if path is None else PromptTokenizer(path)
+        if tokenizer is None and config.settings.prefix_scorer == "precise":
+            logger.warning(
+                "precise prefix scoring needs tokenizer_path in ROUTER.json; without it requests "
+                "are routed by load and session only"
+            )
+        self.dispatcher = Dispatcher(
+            source=self.source, state=self.state, upstream=self.upstream, metrics=self.metrics,
+            prober=self.prober, tokenizer=tokenizer, policy=options.policy,
+            seed=options.seed,
+        )  # fmt: skip
+        self.proxy = ProxyApp(self.dispatcher, self.metrics, config.model_name, options.api_keys)
+        self.admin = AdminApp(
+            self.source, self.dispatcher.relay.flights, self.prober, options.admin_token
+        )
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._add_gauges()
+
+    def _on_endpoints(self, snapshot: EndpointSnapshot) -> None:
+        for gone in self.state.on_endpoints(snapshot):
+            self.metrics.forget_endpoint(gone)
+        self.subscriber.sync(snapshot)
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        self.source.subscribe(self._on_endpoints)
+        self._on_endpoints(self.source.snapshot())
+        self.subscriber.start()
+        self._tasks = [asyncio.create_task(self.scraper.run()),
+                       asyncio.create_task(self.prober.run()),
+                       asyncio.create_task(self._watch_hashes())]  # fmt: skip
+        o = self.options
+        for app, host, port in ((self.proxy.app(), o.host, o.port),
+                                (self.admin.app(), o.admin_host, o.admin_port)):  # fmt: skip
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            self._runners.append(runner)
+            await web.TCPSite(runner, host, port).start()
+        logger.info("router serving", extra={"port": o.port, "admin_port": o.admin_port,
+                                             "endpoints": len(self.source.snapshot())})  # fmt: skip
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.to_thread(self.subscriber.close)
+        await self.upstream.close()
+
+    async def _watch_hashes(self, interval_s: float = 2.0) -> None:
+        """Say loudly when an engine's KV events can never match the router's hashes (the
+        precise scorer would otherwise score it zero in silence)."""
+        told: dict[str, str] = {}
+        while True:
+            await asyncio.sleep(interval_s)
+            problems = dict(self.state.prefix.stats().hash_problems)
+            for endpoint_id, problem in problems.items():
+                if told.get(endpoint_id) != problem:
+                    logger.error("KV events of %s cannot match the router: %s", endpoint_id,
+                                 problem, extra={"endpoint": endpoint_id})  # fmt: skip
+            told = problems
+
+    def _add_gauges(self) -> None:
+        m, state, source = self.metrics, self.state, self.source
+
+        def endpoints() -> Iterable[tuple[tuple[str, ...], float]]:
+            counts = dict.fromkeys(("routable", "draining", "down", "not_ready"), 0.0)
+            for e in source.snapshot().endpoints:
+                key = "down" if e.down else "draining" if e.draining else (
+                    "not_ready" if not e.ready else "routable")  # fmt: skip
+                counts[key] += 1
+            return [((k,), v) for k, v in counts.items()]
+
+        def in_flight() -> Iterable[tuple[tuple[str, ...], float]]:
+            view = state.load.view(time.monotonic())
+            return [((e.id,), float(view.in_flight_of(e.id))) for e in source.snapshot().endpoints]
+
+        def ages() -> Iterable[tuple[tuple[str, ...], float]]:
+            now = time.monotonic()
+            return [((eid,), age) for eid, age in sorted(self.scraper.ages(now).items())]
+
+        def stale() -> Iterable[tuple[tuple[str, ...], float]]:
+            fresh = state.load.view(time.monotonic()).fresh
+            return [((e.id,), 0.0 if e.id in fresh else 1.0) for e in source.snapshot().endpoints]
+
+        def entries() -> Iterable[tuple[tuple[str, ...], float]]:
+            out = [(("precise",), float(state.prefix.stats().entries)),
+                   (("approximate",), float(state.approx.entries()))]  # fmt: skip
+            if state.in_flight is not None:
+                out.append((("in_flight",), float(len(state.in_flight))))
+            return out
+
+        def evictions() -> Iterable[tuple[tuple[str, ...], float]]:
+            out = [(("precise",), float(state.prefix.stats().evictions)),
+                   (("approximate",), float(state.approx.evictions))]  # fmt: skip
+            if state.in_flight is not None:
+                out.append((("in_flight",), float(state.in_flight.evictions)))
+            return out
+
+        def problems() -> Iterable[tuple[tuple[str, ...], float]]:
+            return [((eid,), 1.0) for eid in sorted(state.prefix.stats().hash_problems)]
+
+        m.add_gauge("endpoints", "Endpoints by routing state.", ("state",), endpoints)
+        m.add_gauge("in_flight", "Requests the router has on each endpoint.", ("endpoint",),
+                    in_flight)  # fmt: skip
+        m.add_gauge("scrape_age_seconds", "Seconds since the last good /metrics scrape.",
+                    ("endpoint",), ages)  # fmt: skip
+        m.add_gauge("scrape_stale", "1 when the endpoint's load is unknown (stale scrape).",
+                    ("endpoint",), stale)  # fmt: skip
+        m.add_gauge("index_entries", "Prefix-index entries (in_flight: prompts just routed).",
+                    ("index",), entries)  # fmt: skip
+        m.add_gauge("index_evictions", "Prefix-index entries evicted to stay bounded.",
+                    ("index",), evictions, counter=True)  # fmt: skip
+        m.add_gauge("index_hash_problems", "Endpoints whose KV-event hashes cannot match.",
+                    ("endpoint",), problems)  # fmt: skip
+        m.add_gauge("sessions", "Sessions pinned to an endpoint.", (),
+                    lambda: [((), float(len(state.sessions)))])  # fmt: skip
+        m.add_gauge("session_evictions", "Sessions dropped, oldest first, to stay bounded.", (),
+                    lambda: [((), float(state.sessions.evictions))], counter=True)  # fmt: skip
+
+
+class _ExtrasFormatter(logging.Formatter):
+    """Appends `extra={...}` fields (request_id, endpoint, …) to each line as key=value."""
+
+    _standard = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = {k: v for k, v in record.__dict__.items() if k not in self._standard}
+        return line + "".join(f" {k}={v}" for k, v in extras.items())
+
+
+async def serve_until_signalled(server: RouterServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+        logger.info("router stopping")
+    finally:
+        await server.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = options_from_args(args, env())
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_ExtrasFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.basicConfig(level=options.log_level.upper(), handlers=[handler])
+        config = load_config(options.config)
+        server = RouterServer(config, options)
+    except (OptionsError, RouterConfigError, ValueError) as exc:
+        print(f"loom router: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve_until_signalled(server))
+    except OSError as exc:
+        print(f"loom router: cannot listen: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loom_router",
+        description="The Loom router: OpenAI proxy + endpoint picker + admin API.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,147 @@
+"""The router's OpenAI-facing HTTP app: /v1/completions, /v1/chat/completions, /v1/models,
+/health, /ready and /metrics, with request ids and optional API keys.
+
+Owns the routes and the middlewares (request id, API key, the one place errors become
+statuses); never picks endpoints (dispatch.py) and never holds routing state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from loom_router.core.filters import SERVING_ROLES
+from loom_router.errors import RouterError, UnauthorizedError, classify, http_error_body
+from loom_router.shell.dispatch import Dispatcher
+from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
+from loom_router.shell.upstream import REQUEST_ID_HEADER
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+REQUEST_ID = web.RequestKey("request_id", str)
+MAX_BODY_BYTES = 64 << 20
+_OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+_ROUTE_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
+                 "/v1/models": "models"}  # fmt: skip
+
+
+def request_id_of(request: web.Request) -> str:
+    """The client's x-request-id if it is short and printable, else a new one."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    if given and len(given) <= 128 and given.isprintable():
+        return given
+    return f"rtr-{uuid.uuid4().hex}"
+
+
+class ProxyApp:
+    """Builds the aiohttp app around one Dispatcher."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: RouterMetrics,
+        model_name: str,
+        api_keys: Sequence[str] = (),
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.model_name = model_name
+        self._keys = tuple(k.encode() for k in api_keys if k)
+        self._created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES
+        )
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ready", self.ready)
+        app.router.add_get("/metrics", self.render_metrics)
+        return app
+
+    # --- middlewares ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Request id on everything; every failure leaves as an OpenAI error object."""
+        rid = request_id_of(request)
+        request[REQUEST_ID] = rid
+        route = _ROUTE_LABELS.get(request.path, "other")
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            response = web.json_response(
+                http_error_body(f"{request.method} {request.path}: {exc.reason}"),
+                status=exc.status,
+            )
+        except ConnectionResetError:
+            self.metrics.inc("client_disconnects")
+            self.metrics.inc("requests", route, "499")
+            raise asyncio.CancelledError() from None
+        except asyncio.CancelledError:
+            self.metrics.inc("client_disconnects")
+            self.metrics.inc("requests", route, "499")
+            raise
+        except Exception as exc:
+            reply = classify(exc, rid)
+            if not isinstance(exc, RouterError):
+                logger.exception("request failed", extra={"request_id": rid})
+            elif reply.status >= 500:
+                logger.warning("request failed: %s", reply.message, extra={"request_id": rid})
+            response = web.json_response(reply.body(), status=reply.status)
+        if not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = rid
+        self.metrics.inc("requests", route, str(response.status))
+        return response
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._keys and request.path not in _OPEN_PATHS:
+            given = request.headers.get("Authorization", "")
+            token = given[7:].strip().encode() if given.lower().startswith("bearer ") else b""
+            if not any(hmac.compare_digest(token, key) for key in self._keys):
+                raise UnauthorizedError(
+                    "missing or wrong API key: send 'Authorization: Bearer <key>'"
+                )
+        return await handler(request)
+
+    # --- routes --------------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.dispatcher.handle(request, "completion", request[REQUEST_ID])
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self.dispatcher.handle(request, "chat", request[REQUEST_ID])
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {"id": self.model_name, "object": "model", "created": self._created,
+                "owned_by": "loom", "root": self.model_name}  # fmt: skip
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, _: web.Request) -> web.Response:
+        """Ready when at least one endpoint can serve a request end to end."""
+        snapshot = self.dispatcher.source.snapshot()
+        routable = [e.id for e in snapshot.endpoints if e.routable and e.role in SERVING_ROLES]
+        if routable:
+            return web.json_response({"status": "ready", "endpoints": len(routable)})
+        return web.json_response(
+            {"status": "no routable decode or aggregated endpoint"}, status=503
+        )
+
+    async def render_metrics(self, _: web.Request) -> web.Response:
+        body = await asyncio.to_thread(self.metrics.render)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

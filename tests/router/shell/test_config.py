@@ -1,0 +1,98 @@
+"""ROUTER.json: the card's router and failover sections become RouterSettings; every problem
+is reported at once with its field path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loom_router.errors import RouterConfigError
+from loom_router.shell.config import config_from_dict, endpoint_from_doc, load_config
+
+
+def doc(**more: Any) -> dict[str, Any]:
+    return {
+        "model_name": "tiny",
+        "tokenizer_path": "tok",
+        "block_size": 32,
+        "hash_seed": "7",
+        "hash_algo": "sha256_cbor",
+        "router": {
+            "scorers": {"prefixCache": 5.0, "queue": 1.0, "kvCacheUtilization": 0.5},
+            "prefixScorer": "approximate",
+            "disaggregation": {"minUncachedTokens": 64},
+            "sessionAffinity": {"enabled": False, "header": "x-s"},
+            "hotspot": {"spillMargin": 0.5},
+            "inFlightPrefixSeconds": 2.5,
+        },
+        "failover": {"migrationLimit": 2, "healthTimeoutSeconds": 1.5, "onTransferFailure": "fail"},
+        "endpoints": [
+            {
+                "id": "d0",
+                "url": "http://127.0.0.1:1/",
+                "role": "decode",
+                "weights_version": "v1",
+                "kv_events": "tcp://127.0.0.1:2",
+            }
+        ],
+        **more,
+    }
+
+
+def test_card_sections_become_settings(tmp_path: Path) -> None:
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps(doc()))
+    config = load_config(path)
+    s = config.settings
+    assert (s.weights.prefix_cache, s.weights.queue, s.weights.kv_cache_utilization) == (5, 1, 0.5)
+    assert s.prefix_scorer == "approximate" and s.min_uncached_tokens == 64
+    assert not s.session_affinity and s.session_header == "x-s" and s.spill_margin == 0.5
+    assert (s.block_size, s.hash_seed, s.migration_limit) == (32, "7", 2)
+    assert s.in_flight_prefix_s == 2.5
+    assert config.settings.on_transfer_failure == "fail"
+    assert config.settings.health_timeout_s == 1.5
+    assert config.tokenizer_path == tmp_path / "tok"  # relative to the file
+    (e,) = config.endpoints
+    assert (e.id, e.url, e.role, e.kv_events, e.kv_replay) == (
+        "d0",
+        "http://127.0.0.1:1",
+        "decode",
+        "tcp://127.0.0.1:2",
+        None,
+    )
+
+
+def test_defaults_are_the_cards() -> None:
+    config = config_from_dict({"model_name": "m"})
+    assert config.settings.weights.prefix_cache == 3 and config.settings.block_size == 16
+    assert config.settings.in_flight_prefix_s == 10  # one replica unless the card says more
+    assert config.settings.migration_limit == 3 and config.endpoints == ()
+    assert config.tokenizer_path is None
+
+
+def test_every_problem_is_reported_with_its_path() -> None:
+    bad = doc(model_name="", block_size=0, extra=1)
+    bad["router"]["scorers"]["queue"] = -1.0
+    bad["endpoints"].append({"id": "x", "url": "ftp://h", "role": "boss", "weights_version": ""})
+    with pytest.raises(RouterConfigError) as err:
+        config_from_dict(bad)
+    text = str(err.value)
+    for needle in (
+        "extra: unknown field",
+        "model_name",
+        "router.scorers.queue",
+        "endpoints[1].url",
+        "endpoints[1].role",
+        "endpoints[1].weights_version",
+    ):
+        assert needle in text, needle
+
+
+def test_endpoint_body_rejects_unknown_fields() -> None:
+    with pytest.raises(RouterConfigError, match=r"body\.port: unknown field"):
+        endpoint_from_doc(
+            "a", {"url": "http://h", "role": "decode", "weights_version": "v", "port": 1}, "body"
+        )

@@ -1,0 +1,112 @@
+"""The dispatcher's pick and its in-flight prefixes (router.inFlightPrefixSeconds): off, replicas
+fed the same KV events make the same decisions; on, a burst sharing a new prompt stays together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import pytest
+
+from loom_router.core.endpoints import Endpoint, StaticEndpoints
+from loom_router.core.kv_events import DecodedBatch
+from loom_router.core.load import EngineMetrics
+from loom_router.core.request import RequestFeatures, features_from_tokens
+from loom_router.core.settings import RouterSettings
+from loom_router.core.state import RouterState
+from loom_router.shell.dispatch import Dispatcher
+from loom_router.shell.metrics import RouterMetrics
+from loom_router.shell.prober import Prober
+from loom_router.shell.upstream import Upstream, UpstreamTimeouts
+from loom_runtime.wire.kv_events import BlockStored
+
+EndpointFactory = Callable[..., Endpoint]
+BS = 16
+SETTINGS = RouterSettings(block_size=BS, stale_after_s=3600.0, in_flight_prefix_s=0.0)
+OLD = list(range(1000, 1000 + 8 * BS))  # a prompt the engines reported long ago
+NEW = list(range(5000, 5000 + 4 * BS))  # a prompt no engine has reported yet
+
+
+def replica(endpoint: EndpointFactory, settings: RouterSettings) -> Dispatcher:
+    """One router replica over endpoints a, b, c (nothing is started: picks only)."""
+    source = StaticEndpoints([endpoint(i, role="aggregated") for i in ("a", "b", "c")])
+    state = RouterState(settings)
+    state.on_endpoints(source.snapshot())
+    upstream = Upstream(UpstreamTimeouts())
+    metrics = RouterMetrics()
+    return Dispatcher(
+        source=source, state=state, upstream=upstream, metrics=metrics,
+        prober=Prober(source, upstream, metrics), tokenizer=None,
+    )  # fmt: skip
+
+
+def request(dispatcher: Dispatcher, request_id: str, tokens: Sequence[int]) -> RequestFeatures:
+    return features_from_tokens(request_id, tokens, dispatcher.state.hasher)
+
+
+def cached(dispatcher: Dispatcher, endpoint_id: str, tokens: Sequence[int]) -> None:
+    """The KV event an engine sends after prefilling `tokens`."""
+    hashes = dispatcher.state.hasher.hash_blocks(tokens)
+    event = BlockStored(tuple(hashes), None, tuple(tokens[: len(hashes) * BS]), BS)
+    dispatcher.state.prefix.apply_batch(endpoint_id, DecodedBatch(0.0, (event,), 0))
+
+
+def scrape(replicas: Sequence[Dispatcher], waiting: dict[str, int]) -> None:
+    """Every replica reads the same scrape: the more waiting, the fuller the KV cache."""
+    now = time.monotonic()
+    for dispatcher in replicas:
+        for endpoint_id, n in waiting.items():
+            metrics = EngineMetrics(waiting=n, running=0, kv_usage=0.1 + 0.05 * n)
+            dispatcher.state.load.record_scrape(endpoint_id, metrics, now)
+
+
+def test_in_flight_prefixes_are_kept_only_when_on_and_precise(
+    endpoint: EndpointFactory,
+) -> None:
+    assert replica(endpoint, RouterSettings(in_flight_prefix_s=0)).state.in_flight is None
+    approximate = RouterSettings(prefix_scorer="approximate", in_flight_prefix_s=10.0)
+    assert replica(endpoint, approximate).state.in_flight is None
+    on = replica(endpoint, RouterSettings(in_flight_prefix_s=2.5)).state.in_flight
+    assert on is not None and on.ttl_s == 2.5
+
+
+@pytest.mark.parametrize(
+    ("seconds", "follow_up"),
+    [(0.0, ["c", "c"]), (10.0, ["a", "c"])],  # on: replica 0 alone remembers where NEW went
+)
+def test_replicas_that_routed_different_requests_agree_unless_in_flight_prefixes_are_on(
+    endpoint: EndpointFactory, seconds: float, follow_up: list[str]
+) -> None:
+    replicas = [replica(endpoint, replace(SETTINGS, in_flight_prefix_s=seconds)) for _ in "01"]
+    for dispatcher in replicas:  # the same KV events reach both
+        cached(dispatcher, "b", OLD)
+    scrape(replicas, {"a": 0, "b": 2, "c": 2})
+    assert replicas[0].pick(request(replicas[0], "r0", NEW)).endpoint.id == "a"
+    replicas[1].pick(request(replicas[1], "r1", [*OLD, 1, 2]))
+    scrape(replicas, {"a": 2, "b": 2, "c": 0})  # NEW's KV events have not arrived yet
+    picks = [d.pick(request(d, "r2", [*NEW, 7])).endpoint.id for d in replicas]
+    assert picks == follow_up
+
+
+def test_a_burst_sharing_a_new_prompt_stays_where_the_first_went_with_in_flight_prefixes(
+    endpoint: EndpointFactory,
+) -> None:
+    sent = {}
+    for seconds in (0.0, 10.0):
+        dispatcher = replica(endpoint, replace(SETTINGS, in_flight_prefix_s=seconds))
+        burst = [request(dispatcher, f"burst-{n}", [*NEW, n]) for n in range(12)]
+        sent[seconds] = [dispatcher.pick(features).endpoint.id for features in burst]
+    assert sent[10.0] == [sent[10.0][0]] * 12
+    assert len(set(sent[0.0])) > 1  # off: the idle fleet ties, so the burst is spread
+
+
+def test_replicas_break_ties_the_same_way_whatever_they_routed_before(
+    endpoint: EndpointFactory,
+) -> None:
+    replicas = [replica(endpoint, SETTINGS) for _ in "01"]
+    for n in range(5):  # different histories: replica 0 saw five requests, replica 1 none
+        replicas[0].pick(request(replicas[0], f"earlier-{n}", [9000 + n] * BS))
+    for n in range(20):  # an idle fleet and a new prompt: every endpoint ties
+        picks = {d.pick(request(d, f"tie-{n}", [*NEW, n])).endpoint.id for d in replicas}
+        assert len(picks) == 1
