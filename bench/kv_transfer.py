@@ -125,7 +125,7 @@ class PullSide:
 
     def pull(self, rid: str, remote: list[int], local: list[int], tokens: int) -> float:
         """Seconds from asking for the pull to seeing it done (pin, plan, read, notify)."""
-        from loom_runtime.transfer.params import KVTransferParams
+        from loom_runtime.wire.kv_transfer import KVTransferParams
 
         self.pipe.send(("grant", rid, remote, tokens))
         params = KVTransferParams.parse(self.pipe.recv())

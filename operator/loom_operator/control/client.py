@@ -7,23 +7,14 @@ Owns the method paths, the bearer token and a deadline on every call; never deci
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import grpc
 
 from loom_runtime.control_api import control_pb2 as pb
+from loom_runtime.control_api.status import WorkerStatus
 
 SERVICE = "/loom.control.v1.Control"
-
-STATE_NAMES = {
-    pb.WORKER_STATE_UNSPECIFIED: "unknown",
-    pb.WORKER_STATE_SERVING: "serving",
-    pb.WORKER_STATE_DRAINING: "draining",
-    pb.WORKER_STATE_PAUSED: "paused",
-    pb.WORKER_STATE_LOADING: "loading",
-    pb.WORKER_STATE_FAILED: "failed",
-}
 
 
 class ControlError(Exception):
@@ -35,42 +26,6 @@ class ControlError(Exception):
         self.call = call
         self.code = code
         self.details = details
-
-
-@dataclass(frozen=True)
-class ControlStatus:
-    """One WorkerStatus snapshot as plain data."""
-
-    model_name: str
-    role: str
-    weights_version: str
-    state: str
-    """serving | draining | paused | loading | failed | unknown"""
-    admission_open: bool
-    in_flight: int
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    num_blocks: int
-    num_free_blocks: int
-    block_size: int
-
-    @classmethod
-    def from_pb(cls, s: pb.WorkerStatus) -> ControlStatus:
-        return cls(
-            model_name=s.model_name,
-            role=s.role,
-            weights_version=s.weights_version,
-            state=STATE_NAMES.get(s.state, "unknown"),
-            admission_open=s.admission_open,
-            in_flight=s.in_flight,
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            kv_usage=s.kv_usage,
-            num_blocks=s.num_blocks,
-            num_free_blocks=s.num_free_blocks,
-            block_size=s.block_size,
-        )
 
 
 def _serialize(message: Any) -> bytes:
@@ -98,7 +53,7 @@ class ControlClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, method: str, request: Any, timeout: float) -> ControlStatus:
+    async def _call(self, method: str, request: Any, timeout: float) -> WorkerStatus:
         deserialize: Callable[[bytes], pb.WorkerStatus] = pb.WorkerStatus.FromString
         stub = self._channel.unary_unary(
             f"{SERVICE}/{method}",
@@ -109,23 +64,23 @@ class ControlClient:
             reply = await stub(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise ControlError(self.target, method, exc.code().name, exc.details() or "") from None
-        return ControlStatus.from_pb(reply)
+        return WorkerStatus.from_pb(reply)
 
-    async def status(self, timeout: float = 2.0) -> ControlStatus:
+    async def status(self, timeout: float = 2.0) -> WorkerStatus:
         return await self._call("Status", pb.StatusRequest(), timeout)
 
     async def pause(
         self, mode: Literal["wait", "abort"], wait_s: float, timeout: float | None = None
-    ) -> ControlStatus:
+    ) -> WorkerStatus:
         """Close admission. `wait`: returns once drained or after `wait_s` (then draining);
         `abort`: aborts what is in flight. The deadline is `wait_s` plus a margin by default."""
         pb_mode = pb.PAUSE_MODE_ABORT if mode == "abort" else pb.PAUSE_MODE_WAIT
         request = pb.PauseRequest(mode=pb_mode, timeout_seconds=wait_s)
         return await self._call("Pause", request, wait_s + 10.0 if timeout is None else timeout)
 
-    async def resume(self, timeout: float = 10.0) -> ControlStatus:
+    async def resume(self, timeout: float = 10.0) -> WorkerStatus:
         return await self._call("Resume", pb.ResumeRequest(), timeout)
 
-    async def load_weights(self, source: str, version: str, timeout: float) -> ControlStatus:
+    async def load_weights(self, source: str, version: str, timeout: float) -> WorkerStatus:
         request = pb.LoadWeightsRequest(source=source, version=version)
         return await self._call("LoadWeights", request, timeout)

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from loom_operator.control.client import ControlClient, ControlError, ControlStatus
+from loom_operator.control.client import ControlClient, ControlError
 from loom_operator.fleet.observed import WorkerState
 from loom_operator.local.state import WorkerEntry
+from loom_runtime.control_api.status import WorkerStatus
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class Probe:
     """One round of probes of one worker."""
 
     health_ok: bool
-    status: ControlStatus | None
+    status: WorkerStatus | None
     kv_leases: int | None = None
     """Prefill: KV blocks pinned for decode pulls (None: not asked, or unknown)."""
     error: str = ""
@@ -40,7 +41,7 @@ class Probe:
 class Seen:
     """What the observer last knew about a worker (kept across failed probes)."""
 
-    status: ControlStatus | None = None
+    status: WorkerStatus | None = None
     kv_leases: int = 0
     last_seen: float | None = None
 
@@ -170,7 +171,7 @@ class Observer:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return False, f"/health: {type(exc).__name__}"
 
-    async def _status(self, entry: WorkerEntry) -> tuple[ControlStatus | None, str]:
+    async def _status(self, entry: WorkerEntry) -> tuple[WorkerStatus | None, str]:
         try:
             return await self.control(entry).status(timeout=self._timeout), ""
         except ControlError as exc:

@@ -10,14 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from loom_operator.local.router_admin import (
-    EndpointSpec,
-    Op,
-    RouterAdmin,
-    RouterAdminError,
-    RouterEndpoint,
-)
+from loom_operator.local.router_admin import RouterAdmin, RouterAdminError
 from loom_operator.local.state import WorkerEntry
+from loom_runtime.wire.router_admin import EndpointRecord, EndpointSpec, Op
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +33,7 @@ class RouterLink:
 
     def __init__(self, admin: RouterAdmin) -> None:
         self.admin = admin
-        self.view: dict[str, RouterEndpoint] = {}
+        self.view: dict[str, EndpointRecord] = {}
         self.known = False
         """True once the table was read since the router (re)started."""
 
@@ -64,15 +59,12 @@ class RouterLink:
     async def register(self, name: str, spec: EndpointSpec) -> None:
         """PUT the endpoint unless the router already has it exactly so."""
         current = self.view.get(name)
-        if current is not None and spec.matches(current):
+        if current is not None and current.spec == spec:
             return
         await self.admin.put(name, spec)
         draining = current.draining if current is not None else False
         down = current.down if current is not None else False
-        self.view[name] = RouterEndpoint(
-            name, spec.url, spec.role, spec.weights_version, draining, down, spec.kv_events,
-            spec.kv_replay,
-        )  # fmt: skip
+        self.view[name] = EndpointRecord(name, spec, draining=draining, down=down)
 
     async def route_on(self, name: str, spec: EndpointSpec) -> None:
         """Registered as `spec`, not draining, not down."""

@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from loom_operator.control.client import ControlStatus
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.observed import WorkerState
 from loom_operator.local.state import StateError, StatePaths, WorkerEntry, write_atomic
+from loom_runtime.control_api.status import WorkerStatus
 
 SCHEMA = "loom.dev/local-status"
 
@@ -77,7 +77,7 @@ class FleetStatus:
 
 
 def worker_row(
-    entry: WorkerEntry, state: WorkerState | None, status: ControlStatus | None, log: str
+    entry: WorkerEntry, state: WorkerState | None, status: WorkerStatus | None, log: str
 ) -> WorkerRow:
     """One row of the table from the process entry, the observation and the last Status."""
     if state is None or not state.alive:

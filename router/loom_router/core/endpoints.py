@@ -11,14 +11,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Literal, Protocol
+from typing import Protocol
 
 from loom_router.errors import EndpointError, EndpointExistsError, RouterConfigError
+from loom_runtime.wire.router_admin import ROLES, EndpointRole, EndpointSpec
 
 logger = logging.getLogger(__name__)
-
-EndpointRole = Literal["aggregated", "prefill", "decode"]
-ROLES: tuple[EndpointRole, ...] = ("aggregated", "prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,17 @@ class Endpoint:
             raise RouterConfigError(f"an endpoint needs an id and a url, got {self!r}")
         if self.role not in ROLES:
             raise RouterConfigError(f"endpoint {self.id!r}: role must be one of {ROLES}")
+
+    @classmethod
+    def from_spec(cls, endpoint_id: str, spec: EndpointSpec) -> Endpoint:
+        return cls(endpoint_id, spec.url, spec.role, spec.weights_version,
+                   kv_events=spec.kv_events, kv_replay=spec.kv_replay)  # fmt: skip
+
+    @property
+    def spec(self) -> EndpointSpec:
+        """Where it is and what it serves, as the admin API writes it."""
+        return EndpointSpec(self.url, self.role, self.weights_version, self.kv_events,
+                            self.kv_replay)  # fmt: skip
 
     @property
     def routable(self) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from loom_router.core.endpoints import Endpoint, EndpointRole
+from loom_router.core.endpoints import Endpoint
 from loom_router.core.load import LoadView
+from loom_runtime.wire.router_admin import EndpointRole
 
 SERVING_ROLES: frozenset[EndpointRole] = frozenset({"decode", "aggregated"})
 """Roles that can answer a request end to end (decode prefills short prompts itself)."""

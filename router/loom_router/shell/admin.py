@@ -6,8 +6,9 @@ drain, undrain, mark down/up and migrate endpoints. `loom up`'s fleet and tests 
     DELETE /admin/endpoints/{id}
     POST   /admin/endpoints/{id}/drain | undrain | down | up | migrate
 
-Owns the routes, the token check and the endpoint JSON; never routes requests, and errors
-become statuses only through http_errors.
+Owns the routes and the token check (the JSON is loom_runtime.wire.router_admin's, the
+operator's client reads the same); never routes requests, and errors become statuses only
+through loom_router.errors.
 """
 
 from __future__ import annotations
@@ -32,27 +33,23 @@ from loom_router.errors import (
 from loom_router.shell.config import endpoint_from_doc
 from loom_router.shell.prober import Prober
 from loom_router.shell.relay import Flights
+from loom_runtime.wire.router_admin import ENDPOINTS_PATH, OPS, EndpointRecord, endpoints_json
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPS = ("drain", "undrain", "down", "up", "migrate")
 
 
-def endpoint_json(endpoint: Endpoint, flights: Flights, prober: Prober) -> dict[str, Any]:
-    return {
-        "id": endpoint.id,
-        "url": endpoint.url,
-        "role": endpoint.role,
-        "weights_version": endpoint.weights_version,
-        "ready": endpoint.ready,
-        "draining": endpoint.draining,
-        "down": endpoint.down,
-        "down_by_router": endpoint.id in prober.auto_down,
-        "kv_events": endpoint.kv_events,
-        "kv_replay": endpoint.kv_replay,
-        "in_flight": flights.count(endpoint.id),
-    }
+def endpoint_record(endpoint: Endpoint, flights: Flights, prober: Prober) -> EndpointRecord:
+    return EndpointRecord(
+        id=endpoint.id,
+        spec=endpoint.spec,
+        ready=endpoint.ready,
+        draining=endpoint.draining,
+        down=endpoint.down,
+        down_by_router=endpoint.id in prober.auto_down,
+        in_flight=flights.count(endpoint.id),
+    )
 
 
 class AdminApp:
@@ -68,10 +65,10 @@ class AdminApp:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
-        app.router.add_get("/admin/endpoints", self.list)
-        app.router.add_put("/admin/endpoints/{id}", self.put)
-        app.router.add_delete("/admin/endpoints/{id}", self.delete)
-        app.router.add_post("/admin/endpoints/{id}/{op}", self.op)
+        app.router.add_get(ENDPOINTS_PATH, self.list)
+        app.router.add_put(ENDPOINTS_PATH + "/{id}", self.put)
+        app.router.add_delete(ENDPOINTS_PATH + "/{id}", self.delete)
+        app.router.add_post(ENDPOINTS_PATH + "/{id}/{op}", self.op)
         return app
 
     @web.middleware
@@ -94,12 +91,12 @@ class AdminApp:
             return web.json_response(reply.body(), status=reply.status)
 
     def _json(self, endpoint: Endpoint) -> dict[str, Any]:
-        return endpoint_json(endpoint, self.flights, self.prober)
+        return endpoint_record(endpoint, self.flights, self.prober).to_json()
 
     async def list(self, _: web.Request) -> web.Response:
         snapshot = self.source.snapshot()
-        items = [self._json(e) for e in snapshot.endpoints]
-        return web.json_response({"generation": snapshot.generation, "endpoints": items})
+        records = [endpoint_record(e, self.flights, self.prober) for e in snapshot.endpoints]
+        return web.json_response(endpoints_json(snapshot.generation, records))
 
     async def put(self, request: web.Request) -> web.Response:
         """Register an endpoint, or replace one's address, role or version. A replaced one

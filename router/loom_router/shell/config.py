@@ -23,10 +23,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from loom_router.core.endpoints import ROLES, Endpoint
+from loom_router.core.endpoints import Endpoint
 from loom_router.core.settings import RouterSettings, ScorerWeights
 from loom_router.errors import RouterConfigError
 from loom_runtime.card.serving import Failover, Router
+from loom_runtime.wire.errors import WireConfigError
+from loom_runtime.wire.router_admin import EndpointSpec
 
 ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
 API_KEYS_ENV = "LOOM_ROUTER_API_KEYS"
@@ -36,7 +38,6 @@ _TOP_LEVEL = frozenset(
     {"model_name", "tokenizer_path", "block_size", "hash_seed", "hash_algo", "router",
      "failover", "endpoints"}
 )  # fmt: skip
-_ENDPOINT_FIELDS = frozenset({"id", "url", "role", "weights_version", "kv_events", "kv_replay"})
 
 
 @dataclass(frozen=True)
@@ -50,31 +51,10 @@ class RouterConfig:
 
 def endpoint_from_doc(endpoint_id: str, doc: Mapping[str, Any], where: str) -> Endpoint:
     """An Endpoint from its JSON form (the config file's entries, the admin API's PUT body)."""
-    if not isinstance(doc, Mapping):
-        raise RouterConfigError(f"{where}: must be an object")
-    unknown = sorted(set(doc) - _ENDPOINT_FIELDS)
-    problems = [f"{where}.{k}: unknown field" for k in unknown]
-    for key in ("url", "role", "weights_version"):
-        if not isinstance(doc.get(key), str) or not doc.get(key):
-            problems.append(f"{where}.{key}: required, a non-empty string")
-    for key in ("kv_events", "kv_replay"):
-        if doc.get(key) is not None and not isinstance(doc.get(key), str):
-            problems.append(f"{where}.{key}: must be a string or null")
-    if isinstance(doc.get("role"), str) and doc["role"] not in ROLES:
-        problems.append(f"{where}.role: must be one of {', '.join(ROLES)}")
-    url = doc.get("url")
-    if isinstance(url, str) and not url.startswith(("http://", "https://")):
-        problems.append(f"{where}.url: must start with http:// or https://, got {url!r}")
-    if problems:
-        raise RouterConfigError("; ".join(problems))
-    return Endpoint(
-        id=endpoint_id,
-        url=str(doc["url"]).rstrip("/"),
-        role=doc["role"],
-        weights_version=doc["weights_version"],
-        kv_events=doc.get("kv_events") or None,
-        kv_replay=doc.get("kv_replay") or None,
-    )
+    try:
+        return Endpoint.from_spec(endpoint_id, EndpointSpec.from_json(doc, where))
+    except WireConfigError as exc:
+        raise RouterConfigError(str(exc)) from None
 
 
 def config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> RouterConfig:

@@ -33,17 +33,14 @@ from loom_router.errors import (
 )
 from loom_router.shell.config import POLICIES, Policy
 from loom_router.shell.metrics import RouterMetrics
-from loom_router.shell.pd_flow import (
-    PD_FALLBACK_HEADER,
-    PD_HEADER,
-    PrefillOutcome,
-    decode_body,
-    run_prefill,
-)
+from loom_router.shell.pd_flow import PrefillOutcome, run_prefill
 from loom_router.shell.prober import Prober
-from loom_router.shell.prompt_tokens import PromptTokenizer
 from loom_router.shell.relay import Relay, Trip
-from loom_router.shell.upstream import REQUEST_ID_HEADER, Upstream
+from loom_router.shell.upstream import Upstream
+from loom_runtime.wire.headers import PD_FALLBACK_HEADER, PD_HEADER, REQUEST_ID_HEADER
+from loom_runtime.wire.pd import decode_body
+from loom_runtime.wire.prompt import chat_ids, completion_ids
+from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +70,7 @@ class Dispatcher:
         upstream: Upstream,
         metrics: RouterMetrics,
         prober: Prober,
-        tokenizer: PromptTokenizer | None,
+        tokenizer: Tokenizer | None,
         policy: Policy = "scored",
         seed: int = 0,
     ) -> None:
@@ -123,9 +120,9 @@ class Dispatcher:
         ids: list[int] | None = None
         if self.tokenizer is not None:
             if kind == "completion":
-                ids = self.tokenizer.completion_ids(body.get("prompt"))
+                ids = completion_ids(self.tokenizer, body.get("prompt"))
             else:
-                ids = self.tokenizer.chat_ids(body.get("messages"))
+                ids = chat_ids(self.tokenizer, body.get("messages"))
         approximate = self.settings.prefix_scorer == "approximate"
         text = _prompt_text(kind, body, ids) if approximate or ids is None else None
         if ids is not None and not approximate:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from pathlib import Path
 
 from aiohttp import web
 
@@ -35,12 +36,22 @@ from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.kv_subscriber import KVSubscriber
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.prober import Prober
-from loom_router.shell.prompt_tokens import PromptTokenizer
 from loom_router.shell.proxy import ProxyApp
 from loom_router.shell.scraper import MetricsScraper
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
+from loom_runtime.errors import CheckpointError
+from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    """The workers' tokenizer (a checkpoint directory or its tokenizer.json), for the precise
+    prefix scorer: the router renders and encodes prompts with the very code the workers use."""
+    try:
+        return Tokenizer.from_dir(path)
+    except CheckpointError as exc:
+        raise RouterConfigError(f"tokenizer_path: {exc}") from exc
 
 
 class RouterServer:
@@ -65,7 +76,7 @@ class RouterServer:
         )  # fmt: skip
         self.subscriber = KVSubscriber(self.state.prefix, self.metrics)
         path = config.tokenizer_path
-        tokenizer = None if path is None else PromptTokenizer(path)
+        tokenizer = None if path is None else load_tokenizer(path)
         if tokenizer is None and config.settings.prefix_scorer == "precise":
             logger.warning(
                 "precise prefix scoring needs tokenizer_path in ROUTER.json; without it requests "

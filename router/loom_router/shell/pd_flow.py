@@ -1,8 +1,8 @@
 """The P/D two-step flow: prefill on one worker, then decode on another with its KV.
 
-Owns the request rewriting of the contract (docs/pd.md, exactly what
-loom_runtime.testing.pd_proxy does) and judging the prefill's answer; never picks workers and
-never falls back silently: every outcome says what happened (x-loom-pd header, metric, log).
+Owns running step 1 and judging the prefill's answer (the bodies are loom_runtime.wire.pd's, the
+contract of docs/pd.md); never picks workers and never falls back silently: every outcome says
+what happened (x-loom-pd header, metric, log).
 """
 
 from __future__ import annotations
@@ -14,50 +14,14 @@ from typing import Any, Literal
 
 from loom_router.core.endpoints import Endpoint
 from loom_router.errors import UpstreamError, UpstreamRefusedError
-from loom_router.shell.upstream import WEIGHTS_HEADER, Upstream
+from loom_router.shell.upstream import Upstream
+from loom_runtime.wire.headers import WEIGHTS_HEADER
+from loom_runtime.wire.kv_transfer import FIELD
+from loom_runtime.wire.pd import PDMode, prefill_body
 
 logger = logging.getLogger(__name__)
 
-FIELD = "kv_transfer_params"
-PD_HEADER = "x-loom-pd"
-"""remote-prefill | local-prefill: how the decode got the prompt's KV."""
-PD_FALLBACK_HEADER = "x-loom-pd-fallback"
-"""Set when a remote prefill was planned and failed: why, and on which worker."""
-
-PDMode = Literal["remote-prefill", "local-prefill"]
 FallbackReason = Literal["refused", "unavailable", "status", "no_params", "version_mismatch"]
-
-
-def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Step 1: the client's request as a non-streamed one-token prefill for a remote decode."""
-    out = dict(body)
-    out[FIELD] = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_request_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-        "tp_size": 1,
-    }
-    out["stream"] = False
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out.pop("stream_options", None)
-    out.pop("return_token_ids", None)
-    return out
-
-
-def decode_body(body: Mapping[str, Any], params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Step 2: the client's original request plus the prefill's params (None: local prefill)."""
-    out = dict(body)
-    if params:
-        out[FIELD] = dict(params)
-    else:
-        out.pop(FIELD, None)
-    return out
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from loom_router.core.filters import SERVING_ROLES
 from loom_router.errors import RouterError, UnauthorizedError, classify, http_error_body
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
-from loom_router.shell.upstream import REQUEST_ID_HEADER
+from loom_runtime.wire.headers import REQUEST_ID_HEADER
 
 logger = logging.getLogger(__name__)
 

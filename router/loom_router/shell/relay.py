@@ -32,15 +32,19 @@ from loom_router.errors import (
     classify,
 )
 from loom_router.shell.metrics import RouterMetrics
-from loom_router.shell.pd_flow import decode_body
 from loom_router.shell.prober import Prober
 from loom_router.shell.sse import encode
-from loom_router.shell.upstream import REQUEST_ID_HEADER, WEIGHTS_HEADER, Upstream, UpstreamStream
+from loom_router.shell.upstream import Upstream, UpstreamStream
+from loom_runtime.wire.headers import (
+    ENDPOINT_HEADER,
+    MIGRATED_HEADER,
+    REQUEST_ID_HEADER,
+    WEIGHTS_HEADER,
+)
+from loom_runtime.wire.pd import decode_body
 
 logger = logging.getLogger(__name__)
 
-ENDPOINT_HEADER = "x-loom-endpoint"
-MIGRATED_HEADER = "x-loom-migrated"
 RETRY_STATUSES = frozenset({502, 503, 504})
 """Answers that mean "not here, not now" (paused, draining, stalled): try another worker."""
 _MOVABLE_CODES = frozenset({"request_aborted", "engine_stalled", "admission_closed"})

@@ -25,8 +25,6 @@ from loom_router.errors import (
 )
 from loom_router.shell.sse import DONE, SSEDecoder, SSEFormatError
 
-WEIGHTS_HEADER = "x-loom-weights-version"
-REQUEST_ID_HEADER = "x-request-id"
 MAX_BODY_BYTES = 64 << 20
 
 

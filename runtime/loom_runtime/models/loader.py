@@ -18,7 +18,7 @@ from loom_runtime.errors import CheckpointError
 from loom_runtime.models.causal_lm import CausalLM
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.llama import LlamaForCausalLM
-from loom_runtime.models.tokenizer import Tokenizer
+from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import grpc
 
 from loom_runtime.control_api import control_pb2 as pb
+from loom_runtime.control_api.status import WorkerStatus
 from loom_runtime.engine.types import EngineStats
 from loom_runtime.errors import InvalidRequestError, LoomError
 from loom_runtime.serve.errors import ControlStateError, UnauthenticatedError, classify
@@ -49,19 +50,6 @@ class ControlSettings:
     drain_timeout_s: float  # Pause(WAIT) default and upper bound
     resolve_source: Callable[[str], Path]  # LoadWeights source -> checkpoint dir
     healthy: Callable[[], bool]  # False once the engine thread has died
-
-
-def worker_state(
-    stats: EngineStats, in_flight: int, loading: bool, healthy: bool
-) -> pb.WorkerState:
-    """The WorkerState a snapshot shows (pure)."""
-    if not healthy:
-        return pb.WORKER_STATE_FAILED
-    if loading:
-        return pb.WORKER_STATE_LOADING
-    if stats.admission_open:
-        return pb.WORKER_STATE_SERVING
-    return pb.WORKER_STATE_DRAINING if in_flight > 0 else pb.WORKER_STATE_PAUSED
 
 
 def watch_interval(requested: float) -> float:
@@ -105,21 +93,14 @@ class ControlService:
 
     async def snapshot(self) -> pb.WorkerStatus:
         stats, in_flight = await asyncio.to_thread(self._read)
-        return pb.WorkerStatus(
+        return WorkerStatus.of_engine(
+            stats,
             model_name=self._settings.model_name,
             role=self._settings.role,
-            weights_version=stats.weights_version,
-            state=worker_state(stats, in_flight, self._loading, self._settings.healthy()),
-            admission_open=stats.admission_open,
             in_flight=in_flight,
-            num_running=stats.num_running,
-            num_waiting=stats.num_waiting,
-            kv_usage=stats.kv_usage,
-            num_blocks=stats.num_blocks,
-            num_free_blocks=stats.num_free_blocks,
-            block_size=stats.block_size,
-            num_preemptions=stats.num_preemptions,
-        )
+            loading=self._loading,
+            healthy=self._settings.healthy(),
+        ).to_pb()
 
     def _read(self) -> tuple[EngineStats, int]:
         return self._engine.stats(), self._engine.in_flight()

@@ -12,7 +12,8 @@ from typing import Any, Protocol
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
 from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
-from loom_runtime.transfer.params import FIELD, KVTransferParams
+from loom_runtime.wire.kv_transfer import FIELD, KVTransferParams
+from loom_runtime.wire.prompt import template_message
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -147,10 +148,7 @@ def prepare_chat(
     arrival: float,
 ) -> EngineRequest:
     check_model(req.model, limits)
-    messages: list[dict[str, Any]] = [
-        {"role": m.role, "content": m.content} | ({"name": m.name} if m.name else {})
-        for m in req.messages
-    ]
+    messages = [template_message(m.role, m.content, m.name) for m in req.messages]
     ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=True))
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire.prompt import join_text_parts
 
 MAX_LOGPROBS = 20  # top alternatives per token, as vLLM allows
 MAX_STOP_SEQUENCES = 16
@@ -57,20 +58,7 @@ def _stop(value: object) -> tuple[str, ...]:
 
 def _message_content(value: object) -> str:
     """Message content: a string, or a list of text parts that is joined into one."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts: list[str] = []
-        for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"part {i} has type {kind!r}; only 'text' parts are supported")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise ValueError(f"part {i} has no string 'text'")
-            texts.append(text)
-        return "".join(texts)
-    raise ValueError("content must be a string or a list of text parts")
+    return join_text_parts(value)
 
 
 Prompt = Annotated[str | tuple[int, ...], PlainValidator(_prompt)]

@@ -1,7 +1,7 @@
 """A minimal P/D proxy: the router's two-step flow (prefill, then decode) for one pair of workers.
 
-Owns the request rewriting of the P/D contract (docs/pd.md), the same as vLLM's proxy does it;
-never picks workers, never retries and never parses a token. Run it with
+Owns the two HTTP calls (the bodies are loom_runtime.wire.pd's, the router's too); never picks
+workers, never retries and never parses a token. Run it with
 `python -m loom_runtime.testing.pd_proxy --prefill URL --decode URL --port N`.
 """
 
@@ -9,46 +9,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from loom_runtime.transfer.params import FIELD, KVTransferParams
+from loom_runtime.wire.headers import PD_HEADER, REQUEST_ID_HEADER
+from loom_runtime.wire.kv_transfer import FIELD
+from loom_runtime.wire.pd import decode_body, prefill_body
 
 logger = logging.getLogger(__name__)
 
-PD_HEADER = "x-loom-pd"  # "remote-prefill", or "local-prefill" when the prefill step failed
-REQUEST_ID_HEADER = "x-request-id"
 _TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=600)
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
-
-
-def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Step 1: the client's request, made a non-streamed one-token prefill for a remote decode."""
-    out = dict(body)
-    out[FIELD] = KVTransferParams.for_prefill().to_dict()
-    out["stream"] = False
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out.pop("stream_options", None)
-    return out
-
-
-def decode_body(
-    body: Mapping[str, Any], prefill_response: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """Step 2: the client's original request plus the prefill's kv_transfer_params (if any:
-    without them the decode prefills locally)."""
-    out = dict(body)
-    params = None if prefill_response is None else prefill_response.get(FIELD)
-    if params:
-        out[FIELD] = params
-    else:
-        out.pop(FIELD, None)
-    return out
 
 
 class PDProxy:
@@ -86,7 +59,9 @@ class PDProxy:
         mode = "remote-prefill" if prefilled and prefilled.get(FIELD) else "local-prefill"
         url = self.decode_url + request.path
         async with self._session.post(
-            url, json=decode_body(body, prefilled), headers=headers
+            url,
+            json=decode_body(body, None if prefilled is None else prefilled.get(FIELD)),
+            headers=headers,
         ) as up:
             out = web.StreamResponse(status=up.status)
             for key, value in up.headers.items():

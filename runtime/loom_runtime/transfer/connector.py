@@ -24,7 +24,7 @@ from loom_runtime.errors import TransferError
 from loom_runtime.transfer import side_channel
 from loom_runtime.transfer.layout import CopyPlan, KVLayout, check_compatible, copy_plan
 from loom_runtime.transfer.lease import LeaseTable, Released
-from loom_runtime.transfer.params import KVTransferParams
+from loom_runtime.wire.kv_transfer import KVTransferParams
 
 logger = logging.getLogger(__name__)
 

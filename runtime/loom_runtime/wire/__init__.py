@@ -1,5 +1,7 @@
-"""Wire contracts the runtime and the router must share: prefix block hashing and KV events.
+"""Wire contracts the runtime, the router and the operator share: prefix block hashing, KV
+events, prompt rendering and tokenization, the P/D bodies and kv_transfer_params, header names
+and the router admin API's JSON.
 
-Imports nothing heavy (no torch, no sockets): the operator's router imports it to hash and decode
-exactly as the engine does.
+Imports nothing heavy (no torch, no sockets), so the router and the operator use the very code
+the workers run instead of copies kept in step by tests.
 """

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from loom_operator.control.client import ControlStatus
 from loom_operator.local.observe import Probe, Seen, metric_value, worker_state
 from loom_operator.local.state import WorkerEntry
+from loom_runtime.control_api.status import WorkerStatus
 
 ENTRY = WorkerEntry(
     name="w", role="prefill", pid=1, ident=None, started_at=100.0, http_port=9000,
@@ -17,8 +17,8 @@ ENTRY = WorkerEntry(
 )  # fmt: skip
 
 
-def status(state: str = "serving", version: str = "v1", in_flight: int = 0) -> ControlStatus:
-    return ControlStatus(
+def status(state: str = "serving", version: str = "v1", in_flight: int = 0) -> WorkerStatus:
+    return WorkerStatus(
         model_name="tiny", role="prefill", weights_version=version, state=state,
         admission_open=state == "serving", in_flight=in_flight, num_running=in_flight,
         num_waiting=0, kv_usage=0.0, num_blocks=64, num_free_blocks=64, block_size=16,

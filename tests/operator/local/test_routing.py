@@ -15,9 +15,10 @@ import pytest
 
 from loom_operator.local.launch import LaunchOptions, router_argv, router_env
 from loom_operator.local.ports import free_ports
-from loom_operator.local.router_admin import EndpointSpec, RouterAdmin, RouterAdminError
+from loom_operator.local.router_admin import RouterAdmin, RouterAdminError
 from loom_operator.local.routing import RouterLink
 from loom_operator.testing.fleet import wait_for
+from loom_runtime.wire.router_admin import EndpointSpec
 
 TOKEN = "admin-token"
 
@@ -68,7 +69,7 @@ def test_router_link_keeps_the_table_in_step(admin_url: str) -> None:
             await link.route_on("w0", spec())
             await link.refresh()
             e = link.view["w0"]
-            assert (e.url, e.role, e.weights_version, e.draining) == (
+            assert (e.spec.url, e.spec.role, e.spec.weights_version, e.draining) == (
                 "http://127.0.0.1:9",
                 "decode",
                 "v1",
@@ -81,7 +82,7 @@ def test_router_link_keeps_the_table_in_step(admin_url: str) -> None:
             await link.route_on("w0", spec("v2"))  # new version: re-registered, undrained
             await link.refresh()
             e = link.view["w0"]
-            assert (e.weights_version, e.draining) == ("v2", False)
+            assert (e.spec.weights_version, e.draining) == ("v2", False)
             await link.down("w0")
             await link.refresh()
             assert link.view["w0"].down and not link.view["w0"].down_by_router

@@ -23,7 +23,7 @@ from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
-from loom_runtime.transfer.params import KVTransferParams
+from loom_runtime.wire.kv_transfer import KVTransferParams
 
 MAX_TOKENS = 6
 

@@ -17,8 +17,9 @@ import torch
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import SamplingParams
-from loom_runtime.testing.pd_proxy import decode_body, prefill_body
 from loom_runtime.testing.processes import Launcher, Proc, poll, post
+from loom_runtime.wire.kv_transfer import FIELD
+from loom_runtime.wire.pd import decode_body, prefill_body
 
 MODEL = "tiny-pd"
 MAX_TOKENS = 6
@@ -100,7 +101,7 @@ def test_prefill_killed_between_prefill_and_pull(
         answer = prefill_step(prefill, tokens)
         prefill.kill()
     status, body, _ = post(
-        decode.base_url + "/v1/completions", decode_body(request(tokens), answer)
+        decode.base_url + "/v1/completions", decode_body(request(tokens), answer[FIELD])
     )
     if policy == "recompute":
         assert status == 200, body
@@ -133,7 +134,10 @@ def test_decode_killed_mid_pull(launcher: Launcher, kind: str) -> None:
         prefill.pause()  # the decode's pull now hangs on the prefill's side channel
 
         def send() -> None:
-            url, body = decode.base_url + "/v1/completions", decode_body(request(tokens), answer)
+            url, body = (
+                decode.base_url + "/v1/completions",
+                decode_body(request(tokens), answer[FIELD]),
+            )
             with contextlib.suppress(OSError):  # the decode dies under this request
                 post(url, body, timeout=60)
 

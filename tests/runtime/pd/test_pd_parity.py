@@ -17,8 +17,8 @@ import openai
 import pytest
 import torch
 
-from loom_runtime.testing.pd_proxy import PD_HEADER
 from loom_runtime.testing.processes import Launcher, Proc, poll, post
+from loom_runtime.wire.headers import PD_HEADER
 
 MODEL = "tiny-pd"
 

@@ -20,7 +20,7 @@ from loom_runtime.transfer.connector import (
     build_connector,
 )
 from loom_runtime.transfer.lease import LeaseTable
-from loom_runtime.transfer.params import KVTransferParams
+from loom_runtime.wire.kv_transfer import KVTransferParams
 
 LAYERS, HEADS, DIM = 3, 2, 8
 KINDS = ["nixl", "tcp"]

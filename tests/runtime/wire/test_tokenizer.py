@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.models.tokenizer import Tokenizer
+from loom_runtime.wire.tokenizer import Tokenizer
 
 TEXTS = [
     "The lighthouse keeper counted the steps.",

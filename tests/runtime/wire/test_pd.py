@@ -1,10 +1,11 @@
-"""The proxy's two request rewrites: exactly vLLM's P/D contract (docs/pd.md)."""
+"""The P/D two-step's request rewrites (the router's and the test proxy's): exactly vLLM's
+contract (docs/pd.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from loom_runtime.testing.pd_proxy import decode_body, prefill_body
+from loom_runtime.wire.pd import decode_body, prefill_body
 
 CLIENT: dict[str, Any] = {
     "model": "m",
@@ -37,12 +38,16 @@ def test_the_prefill_step_is_a_one_token_unstreamed_remote_decode_request() -> N
 
 def test_the_decode_step_is_the_original_request_plus_the_prefills_params() -> None:
     params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e"}
-    body = decode_body(CLIENT, {"choices": [], "kv_transfer_params": params})
+    body = decode_body(CLIENT, params)
     assert body == {**CLIENT, "kv_transfer_params": params}
 
 
 def test_without_params_from_the_prefill_the_decode_prefills_locally() -> None:
     assert decode_body(CLIENT, None) == CLIENT
-    assert decode_body(CLIENT, {"choices": []}) == CLIENT
+    assert decode_body(CLIENT, {}) == CLIENT
     smuggled = {**CLIENT, "kv_transfer_params": {"do_remote_prefill": True}}
     assert "kv_transfer_params" not in decode_body(smuggled, None)
+
+
+def test_prefill_body_never_asks_token_ids() -> None:
+    assert "return_token_ids" not in prefill_body({"model": "m", "return_token_ids": True})

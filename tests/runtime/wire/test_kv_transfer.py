@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.transfer.params import KVTransferParams
+from loom_runtime.wire.kv_transfer import KVTransferParams
 
 # What vLLM's NixlConnector (v2) answers after a prefill (request_finished).
 VLLM_PREFILL_ANSWER: dict[str, Any] = {

@@ -13,7 +13,7 @@ from typing import Any
 import tokenizers
 
 from loom_runtime.errors import CheckpointError, InvalidRequestError
-from loom_runtime.models.chat_template import ChatTemplate
+from loom_runtime.wire.chat_template import ChatTemplate
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 # Tokens of context kept before the newest emitted text, so decoders that look at neighbours
@@ -42,8 +42,11 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path: str | Path, extra_eos_token_ids: Sequence[int] = ()) -> Tokenizer:
-        """Load tokenizer.json, tokenizer_config.json and chat_template.jinja (if present)."""
+        """Load tokenizer.json, tokenizer_config.json and chat_template.jinja (if present) from a
+        checkpoint directory (or from the directory of a given tokenizer.json)."""
         root = Path(path)
+        if root.is_file():
+            root = root.parent
         file = root / "tokenizer.json"
         if not file.is_file():
             raise CheckpointError(

@@ -1,0 +1,38 @@
+"""The P/D two-step's request bodies (docs/pd.md): exactly vLLM's disaggregated-serving contract.
+
+Owns rewriting a client's body into the prefill step's and the decode step's; never sends one,
+never picks workers and never judges a prefill's answer (the router does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from loom_runtime.wire.kv_transfer import FIELD, KVTransferParams
+
+PDMode = Literal["remote-prefill", "local-prefill"]
+
+
+def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Step 1: the client's request as a non-streamed one-token prefill for a remote decode."""
+    out = dict(body)
+    out[FIELD] = KVTransferParams.for_prefill().to_dict()
+    out["stream"] = False
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out.pop("stream_options", None)
+    out.pop("return_token_ids", None)
+    return out
+
+
+def decode_body(body: Mapping[str, Any], params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Step 2: the client's original request plus the prefill's `kv_transfer_params` (None or
+    empty: the decode prefills locally, and any params the client sent are dropped)."""
+    out = dict(body)
+    if params:
+        out[FIELD] = dict(params)
+    else:
+        out.pop(FIELD, None)
+    return out

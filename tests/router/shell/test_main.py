@@ -1,0 +1,16 @@
+"""The router process's construction: a tokenizer it cannot load is a config error that names the
+ROUTER.json field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loom_router.errors import RouterConfigError
+from loom_router.shell.main import load_tokenizer
+
+
+def test_a_missing_tokenizer_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(RouterConfigError, match="tokenizer_path"):
+        load_tokenizer(tmp_path)
