@@ -108,7 +108,7 @@ class _Console:
 
 
 def _signals(stop: asyncio.Event, force: asyncio.Event) -> None:
-    loop = asyncio.get_running_loop()
+    event_loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
         if stop.is_set():
@@ -116,7 +116,7 @@ def _signals(stop: asyncio.Event, force: asyncio.Event) -> None:
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+        event_loop.add_signal_handler(sig, on_signal)
 
 
 async def _up(fleet: LocalFleet, ui: _Console, ready_timeout: float) -> int:

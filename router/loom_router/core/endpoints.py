@@ -107,7 +107,7 @@ class StaticEndpoints:
     listeners in the caller's thread, in subscription order; operations are serialised, so
     listeners see generations in order. An asyncio shell that mutates from its event loop gets
     its listeners called on that loop; a listener that must reach another loop uses
-    `loop.call_soon_threadsafe`. Listeners must be quick and must not call admin operations. A
+    `event_loop.call_soon_threadsafe`. Listeners must be quick and must not call admin operations. A
     listener that raises is logged and stops neither the others nor the operation.
     """
 

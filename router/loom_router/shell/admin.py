@@ -32,7 +32,7 @@ from loom_router.errors import (
 )
 from loom_router.shell.config import endpoint_from_doc
 from loom_router.shell.prober import Prober
-from loom_router.shell.relay import Flights
+from loom_router.shell.transport import Flights
 from loom_runtime.wire.router_admin import ENDPOINTS_PATH, OPS, EndpointRecord, endpoints_json
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The router process: wires config, state, shells and the two HTTP apps, and runs until signalled.
 
 Owns construction and shutdown order (stop taking requests → cancel loops → close sockets);
-never routes (dispatch.py) and never decides a status (http_errors.py).
+never routes (dispatch.py) and never decides a status (loom_router.errors).
 """
 
 from __future__ import annotations
@@ -35,9 +35,11 @@ from loom_router.shell.config import (
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.kv_subscriber import KVSubscriber
 from loom_router.shell.metrics import RouterMetrics
+from loom_router.shell.picking import Picking
 from loom_router.shell.prober import Prober
 from loom_router.shell.proxy import ProxyApp
 from loom_router.shell.scraper import MetricsScraper
+from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
 from loom_runtime.errors import CheckpointError
 from loom_runtime.wire.tokenizer import Tokenizer
@@ -82,15 +84,18 @@ class RouterServer:
                 "precise prefix scoring needs tokenizer_path in ROUTER.json; without it requests "
                 "are routed by load and session only"
             )
-        self.dispatcher = Dispatcher(
+        self.picking = Picking(
             source=self.source, state=self.state, upstream=self.upstream, metrics=self.metrics,
-            prober=self.prober, tokenizer=tokenizer, policy=options.policy,
-            seed=options.seed,
+            policy=options.policy, seed=options.seed,
+        )  # fmt: skip
+        self.transport = Transport(self.upstream, self.prober, self.metrics, self.state.load)
+        self.dispatcher = Dispatcher(
+            state=self.state, picking=self.picking, upstream=self.upstream,
+            transport=self.transport, metrics=self.metrics, prober=self.prober,
+            tokenizer=tokenizer,
         )  # fmt: skip
         self.proxy = ProxyApp(self.dispatcher, self.metrics, config.model_name, options.api_keys)
-        self.admin = AdminApp(
-            self.source, self.dispatcher.relay.flights, self.prober, options.admin_token
-        )
+        self.admin = AdminApp(self.source, self.transport.flights, self.prober, options.admin_token)
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._add_gauges()
@@ -214,9 +219,9 @@ class _ExtrasFormatter(logging.Formatter):
 
 async def serve_until_signalled(server: RouterServer) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    event_loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        event_loop.add_signal_handler(sig, stop.set)
     await server.start()
     try:
         await stop.wait()

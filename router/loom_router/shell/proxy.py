@@ -134,7 +134,7 @@ class ProxyApp:
 
     async def ready(self, _: web.Request) -> web.Response:
         """Ready when at least one endpoint can serve a request end to end."""
-        snapshot = self.dispatcher.source.snapshot()
+        snapshot = self.dispatcher.picking.source.snapshot()
         routable = [e.id for e in snapshot.endpoints if e.routable and e.role in SERVING_ROLES]
         if routable:
             return web.json_response({"status": "ready", "endpoints": len(routable)})

@@ -147,9 +147,9 @@ class Worker:
 async def serve_until_signalled(worker: Worker) -> None:
     """Run the worker until SIGTERM or SIGINT, then stop it gracefully."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    event_loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        event_loop.add_signal_handler(sig, stop.set)
     await worker.start()
     try:
         await stop.wait()

@@ -1,6 +1,7 @@
 """The one bridge from the engine thread's `on_output` callbacks to an asyncio consumer.
 
-Owns the per-request bounded queue and abort-on-leave; never blocks the engine thread or the loop.
+Owns the per-request bounded queue and abort-on-leave; never blocks the engine thread or the
+event loop.
 """
 
 from __future__ import annotations
@@ -35,18 +36,18 @@ class RequestSink(Protocol):
 class OutputStream:
     """Outputs of one request, in order, delivered on the event loop that created it."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, request_id: str, bound: int) -> None:
+    def __init__(self, event_loop: asyncio.AbstractEventLoop, request_id: str, bound: int) -> None:
         self.request_id = request_id
         self.finished = False
-        self._loop = loop
+        self._event_loop = event_loop
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue(maxsize=bound)
         self._overflowed = False
 
     def push(self, out: RequestOutput) -> None:
         """Called from the engine thread; never blocks it."""
-        # A closed loop means the server is gone and nobody is listening.
+        # A closed event loop means the server is gone and nobody is listening.
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._put, out)
+            self._event_loop.call_soon_threadsafe(self._put, out)
 
     def _put(self, out: RequestOutput) -> None:
         try:

@@ -91,7 +91,7 @@ def test_a_silent_engine_raises_stalled_and_aborts() -> None:
 
 
 def test_pushing_after_the_loop_closed_is_harmless() -> None:
-    loop = asyncio.new_event_loop()
-    stream = OutputStream(loop, "r1", bound=2)
-    loop.close()
+    event_loop = asyncio.new_event_loop()
+    stream = OutputStream(event_loop, "r1", bound=2)
+    event_loop.close()
     stream.push(RequestOutput("r1", (1,), "x"))  # must not raise into the engine thread

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loom_runtime.wire.kv_transfer import KVTransferParams
 from loom_runtime.wire.pd import decode_body, prefill_body
 
 CLIENT: dict[str, Any] = {
@@ -20,16 +21,8 @@ CLIENT: dict[str, Any] = {
 
 def test_the_prefill_step_is_a_one_token_unstreamed_remote_decode_request() -> None:
     body = prefill_body(CLIENT)
-    assert body["kv_transfer_params"] == {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_request_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-        "tp_size": 1,
-    }
+    # vLLM's shape, pinned in test_kv_transfer.py
+    assert body["kv_transfer_params"] == KVTransferParams.for_prefill().to_dict()
     assert (body["stream"], body["max_tokens"], body["max_completion_tokens"]) == (False, 1, 1)
     assert "stream_options" not in body
     assert body["messages"] == CLIENT["messages"] and body["temperature"] == 0

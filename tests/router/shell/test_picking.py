@@ -1,4 +1,4 @@
-"""The dispatcher's pick and its in-flight prefixes (router.inFlightPrefixSeconds): off, replicas
+"""The pick and its in-flight prefixes (router.inFlightPrefixSeconds): off, replicas
 fed the same KV events make the same decisions; on, a burst sharing a new prompt stays together."""
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from loom_router.core.load import EngineMetrics
 from loom_router.core.request import RequestFeatures, features_from_tokens
 from loom_router.core.settings import RouterSettings
 from loom_router.core.state import RouterState
-from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.metrics import RouterMetrics
-from loom_router.shell.prober import Prober
+from loom_router.shell.picking import Picking
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
 from loom_runtime.wire.kv_events import BlockStored
 
@@ -28,37 +27,34 @@ OLD = list(range(1000, 1000 + 8 * BS))  # a prompt the engines reported long ago
 NEW = list(range(5000, 5000 + 4 * BS))  # a prompt no engine has reported yet
 
 
-def replica(endpoint: EndpointFactory, settings: RouterSettings) -> Dispatcher:
+def replica(endpoint: EndpointFactory, settings: RouterSettings) -> Picking:
     """One router replica over endpoints a, b, c (nothing is started: picks only)."""
     source = StaticEndpoints([endpoint(i, role="aggregated") for i in ("a", "b", "c")])
     state = RouterState(settings)
     state.on_endpoints(source.snapshot())
     upstream = Upstream(UpstreamTimeouts())
     metrics = RouterMetrics()
-    return Dispatcher(
-        source=source, state=state, upstream=upstream, metrics=metrics,
-        prober=Prober(source, upstream, metrics), tokenizer=None,
-    )  # fmt: skip
+    return Picking(source=source, state=state, upstream=upstream, metrics=metrics)
 
 
-def request(dispatcher: Dispatcher, request_id: str, tokens: Sequence[int]) -> RequestFeatures:
-    return features_from_tokens(request_id, tokens, dispatcher.state.hasher)
+def request(picking: Picking, request_id: str, tokens: Sequence[int]) -> RequestFeatures:
+    return features_from_tokens(request_id, tokens, picking.state.hasher)
 
 
-def cached(dispatcher: Dispatcher, endpoint_id: str, tokens: Sequence[int]) -> None:
+def cached(picking: Picking, endpoint_id: str, tokens: Sequence[int]) -> None:
     """The KV event an engine sends after prefilling `tokens`."""
-    hashes = dispatcher.state.hasher.hash_blocks(tokens)
+    hashes = picking.state.hasher.hash_blocks(tokens)
     event = BlockStored(tuple(hashes), None, tuple(tokens[: len(hashes) * BS]), BS)
-    dispatcher.state.prefix.apply_batch(endpoint_id, DecodedBatch(0.0, (event,), 0))
+    picking.state.prefix.apply_batch(endpoint_id, DecodedBatch(0.0, (event,), 0))
 
 
-def scrape(replicas: Sequence[Dispatcher], waiting: dict[str, int]) -> None:
+def scrape(replicas: Sequence[Picking], waiting: dict[str, int]) -> None:
     """Every replica reads the same scrape: the more waiting, the fuller the KV cache."""
     now = time.monotonic()
-    for dispatcher in replicas:
+    for picking in replicas:
         for endpoint_id, n in waiting.items():
             metrics = EngineMetrics(waiting=n, running=0, kv_usage=0.1 + 0.05 * n)
-            dispatcher.state.load.record_scrape(endpoint_id, metrics, now)
+            picking.state.load.record_scrape(endpoint_id, metrics, now)
 
 
 def test_in_flight_prefixes_are_kept_only_when_on_and_precise(
@@ -79,8 +75,8 @@ def test_replicas_that_routed_different_requests_agree_unless_in_flight_prefixes
     endpoint: EndpointFactory, seconds: float, follow_up: list[str]
 ) -> None:
     replicas = [replica(endpoint, replace(SETTINGS, in_flight_prefix_s=seconds)) for _ in "01"]
-    for dispatcher in replicas:  # the same KV events reach both
-        cached(dispatcher, "b", OLD)
+    for picking in replicas:  # the same KV events reach both
+        cached(picking, "b", OLD)
     scrape(replicas, {"a": 0, "b": 2, "c": 2})
     assert replicas[0].pick(request(replicas[0], "r0", NEW)).endpoint.id == "a"
     replicas[1].pick(request(replicas[1], "r1", [*OLD, 1, 2]))
@@ -94,9 +90,9 @@ def test_a_burst_sharing_a_new_prompt_stays_where_the_first_went_with_in_flight_
 ) -> None:
     sent = {}
     for seconds in (0.0, 10.0):
-        dispatcher = replica(endpoint, replace(SETTINGS, in_flight_prefix_s=seconds))
-        burst = [request(dispatcher, f"burst-{n}", [*NEW, n]) for n in range(12)]
-        sent[seconds] = [dispatcher.pick(features).endpoint.id for features in burst]
+        picking = replica(endpoint, replace(SETTINGS, in_flight_prefix_s=seconds))
+        burst = [request(picking, f"burst-{n}", [*NEW, n]) for n in range(12)]
+        sent[seconds] = [picking.pick(features).endpoint.id for features in burst]
     assert sent[10.0] == [sent[10.0][0]] * 12
     assert len(set(sent[0.0])) > 1  # off: the idle fleet ties, so the burst is spread
 

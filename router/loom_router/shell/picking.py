@@ -1,0 +1,140 @@
+"""Where a request goes: the scored EndpointPicker (or a random / round-robin baseline for
+benchmarks) over the live endpoint table, first picks, waits for paused capacity, and re-picks
+for a migration.
+
+Owns the pick policy, its metric label and what it remembers of a pick (in-flight prefixes,
+sessions); never sends anything to a worker (the attempt loop does) and never reads a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, replace
+
+from loom_router.core.endpoints import Endpoint, StaticEndpoints
+from loom_router.core.filters import SERVING_ROLES, filter_endpoints, rejection
+from loom_router.core.pipeline import EndpointPicker
+from loom_router.core.request import RequestFeatures
+from loom_router.core.state import RouterState
+from loom_router.errors import NoEndpointError
+from loom_router.shell.config import POLICIES, Policy
+from loom_router.shell.metrics import RouterMetrics
+from loom_router.shell.upstream import Upstream
+
+CAPACITY_WAIT_S = 60.0
+"""How long a new request waits for capacity while every worker that could take it is draining
+or not ready but none is down (a Barrier weight sync, a one-worker-per-role capacity gap):
+it is held, not refused, and routed as soon as one serves again."""
+CAPACITY_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a request goes, and the bounded label saying why (for metrics)."""
+
+    endpoint: Endpoint
+    prefill: Endpoint | None
+    why: str
+    reason: str = ""
+
+
+class Picking:
+    """The pick policy of one router replica over its endpoint table and routing state."""
+
+    def __init__(
+        self,
+        *,
+        source: StaticEndpoints,
+        state: RouterState,
+        upstream: Upstream,
+        metrics: RouterMetrics,
+        policy: Policy = "scored",
+        seed: int = 0,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.source = source
+        self.state = state
+        self.picker = EndpointPicker(state.settings)
+        self.upstream = upstream
+        self.metrics = metrics
+        self.policy = policy
+        self.rng = random.Random(seed)
+        self._turn = 0
+        self._max_model_len: int | None = None
+
+    def pick(self, features: RequestFeatures) -> Choice:
+        choice = self._choose(features)
+        self.metrics.inc("routed", choice.endpoint.id, choice.why)
+        return choice
+
+    async def pick_waiting(self, features: RequestFeatures) -> Choice:
+        """`pick`, but while capacity is only paused (see CAPACITY_WAIT_S) wait for it."""
+        deadline = time.monotonic() + CAPACITY_WAIT_S
+        while True:
+            try:
+                return self.pick(features)
+            except NoEndpointError:
+                if time.monotonic() >= deadline or not self._capacity_paused():
+                    raise
+            await asyncio.sleep(CAPACITY_POLL_S)
+
+    def repick(self, features: RequestFeatures, exclude: set[str], version: str | None) -> Endpoint:
+        """Another serving endpoint for a request that failed (on `version` if given)."""
+        moved = replace(features, exclude=frozenset(exclude), weights_version=version)
+        choice = self._choose(moved, remember=False)
+        self.metrics.inc("routed", choice.endpoint.id, "migration")
+        return choice.endpoint
+
+    async def max_model_len(self, endpoint: Endpoint) -> int | None:
+        """The served context length (learned once from a worker's /v1/models)."""
+        if self._max_model_len is None:
+            try:
+                status, text = await self.upstream.get(endpoint.url + "/v1/models", 5.0)
+                data = json.loads(text)["data"][0]["max_model_len"] if status == 200 else None
+            except Exception:  # any failure: unknown, and a migration restarts instead
+                data = None
+            self._max_model_len = data if isinstance(data, int) else None
+        return self._max_model_len
+
+    def _capacity_paused(self) -> bool:
+        """Some serving worker is held back only for now (draining, not ready, admission
+        closed, mid weight sync), not marked down."""
+        load = self.state.load.view(time.monotonic())
+        return any(
+            e.role in SERVING_ROLES and not e.down and rejection(e, load) is not None
+            for e in self.source.snapshot().endpoints
+        )
+
+    def _choose(self, features: RequestFeatures, remember: bool = True) -> Choice:
+        snapshot = self.source.snapshot()
+        if self.policy != "scored":
+            load = self.state.load.view(time.monotonic())
+            kept = filter_endpoints(
+                snapshot.endpoints, SERVING_ROLES, load, features.weights_version,
+                features.exclude,
+            ).kept  # fmt: skip
+            if not kept:
+                raise NoEndpointError(f"request {features.request_id}: no endpoint can take it")
+            if self.policy == "random":
+                return Choice(self.rng.choice(kept), None, "random")
+            self._turn += 1
+            return Choice(kept[self._turn % len(kept)], None, "round-robin")
+        now = time.monotonic()
+        inputs = self.state.inputs(snapshot, now)
+        # Ties break by the request's own id: replicas that saw the same events pick the same.
+        decision = self.picker.pick(features, inputs, random.Random(features.request_id))
+        if remember:
+            self.state.remember(decision, features, now)
+        if decision.spilled_from:
+            why = "spill"
+        elif decision.cached_blocks > 0:
+            why = "prefix"
+        elif dict(decision.scores[0].parts).get("session", 0.0) > 0:
+            why = "session"
+        else:
+            why = "load"
+        return Choice(decision.endpoint, decision.prefill, why, decision.reason)
