@@ -28,6 +28,7 @@ from loom_runtime.serve.control_service import (
 from loom_runtime.serve.errors import classify, http_error
 from loom_runtime.serve.metrics import ServerMetrics
 from loom_runtime.serve.prepare import ModelLimits
+from loom_runtime.wire.headers import REQUEST_ID_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise
         reply = http_error(exc.status, f"{request.method} {request.path}: {exc.reason}")
     except Exception as exc:
-        reply = classify(exc, request.headers.get(openai_api.REQUEST_ID_HEADER))
+        reply = classify(exc, request.headers.get(REQUEST_ID_HEADER))
         if not isinstance(exc, LoomError):
             logger.exception("request failed", extra={"path": request.path})
         elif reply.http_status >= 500:

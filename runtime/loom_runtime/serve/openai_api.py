@@ -42,11 +42,9 @@ from loom_runtime.serve.responses import (
     full_body,
     usage_chunk,
 )
+from loom_runtime.wire.headers import REQUEST_ID_HEADER, WEIGHTS_HEADER
 
 logger = logging.getLogger(__name__)
-
-WEIGHTS_HEADER = "x-loom-weights-version"
-REQUEST_ID_HEADER = "x-request-id"
 
 
 class ServingTokenizer(PromptTokenizer, Protocol):
