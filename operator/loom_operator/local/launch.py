@@ -12,37 +12,25 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from loom_operator.api.deployment_card import DeploymentCard
-from loom_operator.api.roles import Role, RoleName
-from loom_operator.fleet.desired import served_component
+from loom_operator.api.roles import RoleName
+from loom_operator.fleet import commands
+from loom_operator.fleet.commands import (  # re-exported: the local substrate's names
+    ADMIN_TOKEN_ENV,
+    CONTROL_TOKEN_ENV,
+    WorkerPorts,
+    router_document,
+)
 from loom_operator.local.cards import FleetCards
 
-CONTROL_TOKEN_ENV = "LOOM_CONTROL_TOKEN"
-ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
 HOST = "127.0.0.1"
 ROUTER_MODULE = "loom_router"
-# Card precision / engine dtype -> the runtime's --dtype (fp8 has no CPU compute dtype: default).
-DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-@dataclass(frozen=True)
-class WorkerPorts:
-    http: int
-    control: int
-    kv_events: int
-    kv_replay: int
-    kv_side: int | None = None
-    """Prefill only: the KV side channel decode workers pull from."""
-
-    @classmethod
-    def from_list(cls, role: RoleName, ports: list[int]) -> WorkerPorts:
-        """Ports from `ports_needed(role)` free ports, in order."""
-        http, control, events, replay = ports[:4]
-        return cls(http, control, events, replay, ports[4] if role == "prefill" else None)
+def worker_ports(role: RoleName, ports: list[int]) -> WorkerPorts:
+    """Ports from `ports_needed(role)` free ports, in order."""
+    http, control, events, replay = ports[:4]
+    return WorkerPorts(http, control, events, replay, ports[4] if role == "prefill" else None)
 
 
 def ports_needed(role: RoleName) -> int:
@@ -62,30 +50,9 @@ class LaunchOptions:
     """The router, run as `python -m ROUTER_MODULE` with the router's flags."""
 
 
-def role_settings(cards: FleetCards, role: RoleName) -> Role:
-    role_card = cards.deployment.spec.roles.present().get(role)
-    if role_card is None:  # a worker of a role the card dropped (retiring): its defaults
-        return Role()
-    return role_card
-
-
-def worker_dtype(cards: FleetCards, role: RoleName) -> str | None:
-    engine = role_settings(cards, role).engine
-    name = engine.dtype or served_component(cards.model).precision.weights
-    return DTYPES.get(name)
-
-
 def worker_card(cards: FleetCards, source: str, version: str) -> str:
-    """The ModelCard YAML a worker starts from: the served component first (the runtime serves
-    `components[0]`), loading `source` as `version`."""
-    doc: dict[str, Any] = cards.model.model_dump(mode="json", by_alias=True, exclude_none=True)
-    doc.pop("status", None)
-    served = served_component(cards.model).name
-    comps = doc["spec"]["components"]
-    comps.sort(key=lambda c: c["name"] != served)
-    comps[0]["source"] = {"uri": source}
-    comps[0]["weightsVersion"] = version
-    return yaml.safe_dump(doc, sort_keys=False)
+    """The ModelCard YAML a local worker starts from (see `commands.worker_card`)."""
+    return commands.worker_card(cards.model, source, version)
 
 
 def worker_argv(
@@ -97,27 +64,20 @@ def worker_argv(
     options: LaunchOptions,
 ) -> list[str]:
     """`python -m loom_runtime runtime …` for one worker (the control token goes in the env)."""
-    engine = role_settings(cards, role).engine
-    argv = [
-        options.python, "-m", "loom_runtime", "runtime",
-        "--card", str(card_path), "--role", role, "--host", HOST,
-        "--port", str(ports.http), "--control-port", str(ports.control),
-        "--kv-events-port", str(ports.kv_events), "--kv-events-replay-port", str(ports.kv_replay),
-        "--block-size", str(engine.block_size), "--max-num-seqs", str(engine.max_num_seqs),
-        "--weights-version", version,
-    ]  # fmt: skip
-    if engine.max_model_len is not None:
-        argv += ["--max-model-len", str(engine.max_model_len)]
-    dtype = worker_dtype(cards, role)
-    if dtype is not None:
-        argv += ["--dtype", dtype]
-    if role != "aggregated":
-        argv += ["--on-transfer-failure", cards.deployment.spec.failover.on_transfer_failure]
-        if options.kv_connector is not None:
-            argv += ["--kv-connector", options.kv_connector]
-    if ports.kv_side is not None:
-        argv += ["--kv-side-port", str(ports.kv_side)]
-    return argv
+    head = [
+        options.python,
+        "-m",
+        "loom_runtime",
+        "runtime",
+        "--card",
+        str(card_path),
+        "--host",
+        HOST,
+    ]
+    flags = commands.runtime_flags(
+        cards.model, cards.deployment, role, ports, version, options.kv_connector
+    )
+    return head + flags
 
 
 def worker_env(
@@ -141,28 +101,6 @@ def router_config(cards: FleetCards, tokenizer_path: Path) -> str:
     endpoints are registered over the admin API as workers become ready."""
     doc = router_document(cards.deployment, cards.model.name, tokenizer_path)
     return json.dumps(doc, indent=1, sort_keys=True)
-
-
-def router_document(
-    card: DeploymentCard, model_name: str, tokenizer_path: Path | None
-) -> dict[str, Any]:
-    """ROUTER.json as a document. The block size is the decode role's (or the aggregated
-    role's): the pool whose cache the prefix index predicts. Prefill pods report theirs in every
-    KV event, and a pod whose block size differs is flagged by the index, never scored zero."""
-    spec = card.spec
-    roles = spec.roles.present()
-    engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
-    block_size = engine_role.engine.block_size if engine_role is not None else 16
-    return {
-        "model_name": model_name,
-        "tokenizer_path": None if tokenizer_path is None else str(tokenizer_path),
-        "block_size": block_size,
-        "hash_seed": spec.prefix_caching.hash_seed,
-        "hash_algo": spec.prefix_caching.hash_algo,
-        "router": spec.router.model_dump(mode="json", by_alias=True),
-        "failover": spec.failover.model_dump(mode="json", by_alias=True),
-        "endpoints": [],
-    }
 
 
 def router_argv(config: Path, port: int, admin_port: int, options: LaunchOptions) -> list[str]:

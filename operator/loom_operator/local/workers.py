@@ -15,13 +15,13 @@ from loom_operator.api.roles import RoleName
 from loom_operator.local.cards import FleetCards
 from loom_operator.local.launch import (
     LaunchOptions,
-    WorkerPorts,
     ports_needed,
     router_argv,
     router_env,
     worker_argv,
     worker_card,
     worker_env,
+    worker_ports,
 )
 from loom_operator.local.ports import free_ports
 from loom_operator.local.process import LocalProcess
@@ -136,7 +136,7 @@ class ProcessSet:
         if proc is not None and proc.alive():
             proc.kill()
         avoid = self.table.ports()
-        ports = WorkerPorts.from_list(role, free_ports(ports_needed(role), avoid))
+        ports = worker_ports(role, free_ports(ports_needed(role), avoid))
         card_path = self._paths.worker_card(name).resolve()
         write_atomic(card_path, worker_card(cards, source, version))
         argv = worker_argv(cards, role, card_path, ports, version, self._options)

@@ -1,0 +1,112 @@
+"""What every substrate starts: a worker's `loom runtime` flags and ModelCard, the router's
+ROUTER.json. Pure: the same cards and ports give the same command on `loom up` and in a pod.
+
+Owns the mapping from card fields to runtime and router flags; never starts anything and
+never chooses addresses (the substrate passes host and ports).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.api.roles import Role, RoleName
+from loom_operator.fleet.desired import served_component
+from loom_runtime.card.model_card import ModelCard
+
+CONTROL_TOKEN_ENV = "LOOM_CONTROL_TOKEN"
+ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
+# Card precision / engine dtype -> the runtime's --dtype (fp8 has no CPU compute dtype: default).
+DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class WorkerPorts:
+    http: int
+    control: int
+    kv_events: int
+    kv_replay: int
+    kv_side: int | None = None
+    """Prefill only: the KV side channel decode workers pull from."""
+
+
+def role_settings(deployment: DeploymentCard, role: RoleName) -> Role:
+    role_card = deployment.spec.roles.present().get(role)
+    if role_card is None:  # a worker of a role the card dropped (retiring): its defaults
+        return Role()
+    return role_card
+
+
+def worker_dtype(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> str | None:
+    engine = role_settings(deployment, role).engine
+    name = engine.dtype or served_component(model).precision.weights
+    return DTYPES.get(name)
+
+
+def worker_card(model: ModelCard, source: str, version: str) -> str:
+    """The ModelCard YAML a worker starts from: the served component first (the runtime serves
+    `components[0]`), loading `source` as `version`."""
+    doc: dict[str, Any] = model.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc.pop("status", None)
+    served = served_component(model).name
+    comps = doc["spec"]["components"]
+    comps.sort(key=lambda c: c["name"] != served)
+    comps[0]["source"] = {"uri": source}
+    comps[0]["weightsVersion"] = version
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def runtime_flags(
+    model: ModelCard,
+    deployment: DeploymentCard,
+    role: RoleName,
+    ports: WorkerPorts,
+    version: str,
+    kv_connector: str | None = None,
+) -> list[str]:
+    """The flags after `loom runtime --card CARD --host HOST` (the token goes in the env)."""
+    engine = role_settings(deployment, role).engine
+    argv = [
+        "--role", role, "--port", str(ports.http), "--control-port", str(ports.control),
+        "--kv-events-port", str(ports.kv_events), "--kv-events-replay-port", str(ports.kv_replay),
+        "--block-size", str(engine.block_size), "--max-num-seqs", str(engine.max_num_seqs),
+        "--weights-version", version,
+    ]  # fmt: skip
+    if engine.max_model_len is not None:
+        argv += ["--max-model-len", str(engine.max_model_len)]
+    dtype = worker_dtype(model, deployment, role)
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    if role != "aggregated":
+        argv += ["--on-transfer-failure", deployment.spec.failover.on_transfer_failure]
+        if kv_connector is not None:
+            argv += ["--kv-connector", kv_connector]
+    if ports.kv_side is not None:
+        argv += ["--kv-side-port", str(ports.kv_side)]
+    return argv
+
+
+def router_document(
+    card: DeploymentCard, model_name: str, tokenizer_path: Path | None
+) -> dict[str, Any]:
+    """ROUTER.json as a document. The block size is the decode role's (or the aggregated
+    role's): the pool whose cache the prefix index predicts. Prefill pods report theirs in every
+    KV event, and a pod whose block size differs is flagged by the index, never scored zero."""
+    spec = card.spec
+    roles = spec.roles.present()
+    engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
+    block_size = engine_role.engine.block_size if engine_role is not None else 16
+    return {
+        "model_name": model_name,
+        "tokenizer_path": None if tokenizer_path is None else str(tokenizer_path),
+        "block_size": block_size,
+        "hash_seed": spec.prefix_caching.hash_seed,
+        "hash_algo": spec.prefix_caching.hash_algo,
+        "router": spec.router.model_dump(mode="json", by_alias=True),
+        "failover": spec.failover.model_dump(mode="json", by_alias=True),
+        "endpoints": [],
+    }

@@ -1,0 +1,160 @@
+"""One role's workers: a StatefulSet (ordinal = worker identity) and its headless Service.
+
+Pure; the pod runs the same `loom runtime` flags as `loom up` (fleet.commands), bound to
+its pod IP, with the ports and annotations the router reads (wire.pods).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.api.roles import Resources, RoleName
+from loom_operator.fleet.commands import (
+    CONTROL_TOKEN_ENV,
+    WorkerPorts,
+    role_settings,
+    runtime_flags,
+)
+from loom_operator.fleet.desired import served_component
+from loom_operator.k8s.labels import common, control_secret, role_object, worker_selector
+from loom_operator.k8s.render.config import CARDS_MOUNT, MODEL_CARD_KEY, MOUNT_PATH, cards_volume
+from loom_operator.k8s.settings import RenderSettings
+from loom_runtime.card.model_card import ModelCard
+from loom_runtime.wire.pods import (
+    CONTROL_PORT,
+    HTTP_PORT,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
+    KV_SIDE_PORT,
+    ROLE_LABEL,
+    WEIGHTS_VERSION_ANNOTATION,
+    WORKER_PORTS,
+)
+
+GRACE_MARGIN_S = 15  # beyond the drain timeout: the worker's own shutdown after draining
+
+
+def _ports(role: RoleName) -> WorkerPorts:
+    p = WORKER_PORTS
+    side = p[KV_SIDE_PORT] if role == "prefill" else None
+    return WorkerPorts(p[HTTP_PORT], p[CONTROL_PORT], p[KV_EVENTS_PORT], p[KV_REPLAY_PORT], side)
+
+
+def resources(card: Resources | None) -> dict[str, Any]:
+    """Requests = limits from the card (cpu, memory, nvidia.com/gpu)."""
+    if card is None:
+        return {}
+    amounts: dict[str, str] = {}
+    if card.cpu is not None:
+        amounts["cpu"] = str(card.cpu)
+    if card.memory is not None:
+        amounts["memory"] = str(card.memory)
+    if card.gpus:
+        amounts["nvidia.com/gpu"] = str(card.gpus)
+    return {"requests": amounts, "limits": dict(amounts)} if amounts else {}
+
+
+def field_env(name: str, path: str) -> dict[str, Any]:
+    """An env var from the downward API."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def http_port(port: int) -> dict[str, Any]:
+    """A Service port named http onto the container port named http."""
+    return {"name": HTTP_PORT, "port": port, "targetPort": HTTP_PORT}
+
+
+def _env() -> list[dict[str, Any]]:
+    return [
+        field_env("POD_IP", "status.podIP"),
+        field_env("POD_NAME", "metadata.name"),
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+def worker_container(
+    model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
+) -> dict[str, Any]:
+    ports = _ports(role)
+    version = served_component(model).weights_version
+    flags = runtime_flags(model, deployment, role, ports, version, settings.kv_connector)
+    command = [*settings.loom, "runtime", "--card", f"{MOUNT_PATH}/{MODEL_CARD_KEY}",
+               "--host", "$(POD_IP)", *flags]  # fmt: skip
+    token = {"secretKeyRef": {"name": control_secret(deployment.name), "key": "token"}}
+    container_ports = [{"name": HTTP_PORT, "containerPort": ports.http},
+                       {"name": CONTROL_PORT, "containerPort": ports.control},
+                       {"name": KV_EVENTS_PORT, "containerPort": ports.kv_events},
+                       {"name": KV_REPLAY_PORT, "containerPort": ports.kv_replay}]  # fmt: skip
+    if ports.kv_side is not None:
+        container_ports.append({"name": KV_SIDE_PORT, "containerPort": ports.kv_side})
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "image": settings.runtime_image,
+        "command": command,
+        "env": [*_env(), {"name": CONTROL_TOKEN_ENV, "valueFrom": token}],
+        "ports": container_ports,
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": HTTP_PORT}, "periodSeconds": 2},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        # The first start may generate or load a checkpoint: allow it up to 10 minutes.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT},
+            "periodSeconds": 2,
+            "failureThreshold": 300,
+        },
+        "volumeMounts": [CARDS_MOUNT],
+    }
+    res = resources(role_settings(deployment, role).resources)
+    if res:
+        container["resources"] = res
+    return container
+
+
+def role_manifests(
+    model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
+) -> list[dict[str, Any]]:
+    """The headless Service and the StatefulSet of one role."""
+    name, selector = role_object(deployment.name, role), worker_selector(deployment.name, role)
+    labels = {**common(deployment.name, "worker"), ROLE_LABEL: role}
+    version = served_component(model).weights_version
+    grace = deployment.spec.weight_sync.drain_timeout_seconds + GRACE_MARGIN_S
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector,
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {"name": HTTP_PORT, "port": WORKER_PORTS[HTTP_PORT], "targetPort": HTTP_PORT}
+            ],
+        },
+    }
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "serviceName": name,
+            "replicas": role_settings(deployment, role).replicas,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {WEIGHTS_VERSION_ANNOTATION: version},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": grace,
+                    "containers": [worker_container(model, deployment, role, settings)],
+                    "volumes": [cards_volume(deployment)],
+                },
+            },
+        },
+    }
+    return [service, statefulset]

@@ -1,0 +1,122 @@
+"""The renderers: what each example card becomes, and every manifest valid for Kubernetes 1.35."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from loom_operator.api.documents import load_documents
+from loom_operator.k8s.render import render
+from loom_operator.k8s.settings import RenderSettings
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+UID = "0b0c6a4e-7a1d-4d7e-9a0b-000000000001"
+
+
+def rendered(example: str, settings: RenderSettings | None = None) -> list[dict[str, Any]]:
+    cards = load_documents(EXAMPLES / example)
+    (model,) = cards.model_cards
+    (deployment,) = cards.deployment_cards
+    return render(model, deployment, UID, settings or RenderSettings())
+
+
+def by_kind(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(m["kind"], m["metadata"]["name"]): m for m in manifests}
+
+
+@pytest.mark.parametrize("example", ["tiny-pd.yaml", "tiny-aggregated.yaml", "glm-5-class.yaml"])
+def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
+    for manifest in rendered(example):
+        kubernetes_validate.validate(manifest, "1.35", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("example", "expected"),
+    [
+        (
+            "tiny-pd.yaml",
+            {("ConfigMap", "tiny-pd-cards"), ("StatefulSet", "tiny-pd-prefill"),
+             ("Service", "tiny-pd-prefill"), ("StatefulSet", "tiny-pd-decode"),
+             ("Service", "tiny-pd-decode"), ("Deployment", "tiny-pd-router"),
+             ("Service", "tiny-pd-router"), ("PodDisruptionBudget", "tiny-pd-router"),
+             ("ServiceAccount", "tiny-pd-router"), ("Role", "tiny-pd-router"),
+             ("RoleBinding", "tiny-pd-router")},
+        ),
+        (
+            "tiny-aggregated.yaml",
+            {("ConfigMap", "tiny-aggregated-cards"), ("StatefulSet", "tiny-aggregated-aggregated"),
+             ("Service", "tiny-aggregated-aggregated"), ("Deployment", "tiny-aggregated-router"),
+             ("Service", "tiny-aggregated-router"),
+             ("PodDisruptionBudget", "tiny-aggregated-router"),
+             ("ServiceAccount", "tiny-aggregated-router"), ("Role", "tiny-aggregated-router"),
+             ("RoleBinding", "tiny-aggregated-router")},
+        ),
+    ],
+)  # fmt: skip
+def test_objects_per_deployment(example: str, expected: set[tuple[str, str]]) -> None:
+    assert set(by_kind(rendered(example))) == expected
+
+
+def test_every_object_is_owned_by_the_deployment_card_and_labelled() -> None:
+    for m in rendered("tiny-pd.yaml"):
+        (owner,) = m["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "loom.dev/v1alpha1", "kind": "DeploymentCard", "name": "tiny-pd",
+            "uid": UID, "controller": True, "blockOwnerDeletion": True,
+        }  # fmt: skip
+        assert m["metadata"]["labels"]["loom.dev/deployment"] == "tiny-pd"
+
+
+def test_worker_pods_run_the_same_runtime_flags_as_loom_up_on_their_pod_ip() -> None:
+    objs = by_kind(rendered("tiny-pd.yaml", RenderSettings(loom=("loom",), kv_connector="tcp")))
+    pod = objs[("StatefulSet", "tiny-pd-prefill")]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    cmd = container["command"]
+    assert cmd[:6] == [
+        "loom",
+        "runtime",
+        "--card",
+        "/etc/loom/model-card.yaml",
+        "--host",
+        "$(POD_IP)",
+    ]
+    flags = dict(zip(cmd[6::2], cmd[7::2], strict=True))
+    assert flags["--role"] == "prefill" and flags["--port"] == "8000"
+    assert flags["--kv-side-port"] == "5600" and flags["--kv-connector"] == "tcp"
+    assert flags["--weights-version"] == "v1" and flags["--block-size"] == "16"
+    assert pod["metadata"]["labels"]["loom.dev/role"] == "prefill"
+    assert pod["metadata"]["annotations"]["loom.dev/weights-version"] == "v1"
+    names = {p["name"] for p in container["ports"]}
+    assert names == {"http", "control", "kv-events", "kv-replay", "kv-side"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    token = next(e for e in container["env"] if e["name"] == "LOOM_CONTROL_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "tiny-pd-control", "key": "token"}
+    decode = objs[("StatefulSet", "tiny-pd-decode")]["spec"]["template"]["spec"]["containers"][0]
+    assert "--kv-side-port" not in decode["command"]
+
+
+def test_resources_come_from_the_card_as_requests_and_limits() -> None:
+    objs = by_kind(rendered("glm-5-class.yaml"))
+    sts = [m for (kind, _), m in objs.items() if kind == "StatefulSet"]
+    assert sts
+    for s in sts:
+        res = s["spec"]["template"]["spec"]["containers"][0]["resources"]
+        assert res["requests"] == res["limits"]
+        assert int(res["limits"]["nvidia.com/gpu"]) >= 1
+
+
+def test_the_router_watches_its_deployment_pods_with_a_least_privilege_role() -> None:
+    objs = by_kind(rendered("tiny-pd.yaml"))
+    router = objs[("Deployment", "tiny-pd-router")]["spec"]["template"]["spec"]
+    cmd = router["containers"][0]["command"]
+    assert cmd[cmd.index("--watch-pods") + 1] == "loom.dev/deployment=tiny-pd"
+    assert router["serviceAccountName"] == "tiny-pd-router"
+    role = objs[("Role", "tiny-pd-router")]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    cm = objs[("ConfigMap", "tiny-pd-cards")]
+    assert set(cm["data"]) == {"model-card.yaml", "deployment-card.yaml", "router.json"}
