@@ -75,8 +75,8 @@ class ModelRunner:
             raise ValueError("build_batch needs at least one TokenWork")
         bs = self.block_size
         ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots: list[torch.Tensor] = []
+        positions: list[int] = []
+        slots: list[int] = []
         query_start = [0]
         context_lens: list[int] = []
         tables: list[list[int]] = []
@@ -91,24 +91,25 @@ class ModelRunner:
                     f"request {w.request_id!r}: tokens up to {w.end} need {num_blocks} blocks, "
                     f"table holds {len(w.table.block_ids)}"
                 )
+            table = w.table.block_ids[:num_blocks]
             ids.extend(w.token_ids)
-            pos = torch.arange(w.start, w.end, dtype=torch.long)
-            blocks = torch.as_tensor(w.table.block_ids[:num_blocks], dtype=torch.long)
-            positions.append(pos)
-            slots.append(blocks[pos // bs] * bs + pos % bs)
+            # plain ints: a decode step's few tokens cost less than building tensors per work
+            span = range(w.start, w.end)
+            positions.extend(span)
+            slots.extend(table[p // bs] * bs + p % bs for p in span)
             query_start.append(query_start[-1] + n)
             context_lens.append(w.end)
-            tables.append(list(w.table.block_ids[:num_blocks]))
+            tables.append(table)
             if w.want_logits:
                 logits_rows.append(query_start[-1] - 1)
         dev = self.device
         return ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.cat(positions).to(dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
             query_start=query_start,
             context_lens=context_lens,
             block_tables=tables,
-            slot_mapping=torch.cat(slots).to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
         )
 

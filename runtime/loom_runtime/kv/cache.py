@@ -55,6 +55,11 @@ class PagedKVCache:
         """[num_blocks, block_size, kv_heads, head_dim] view of one layer's values."""
         return self.data[:, layer, 1]
 
+    def layer_blocks(self, layer: int) -> torch.Tensor:
+        """[num_blocks, 2 (k, v), block_size, kv_heads, head_dim] view of one layer's KV: one
+        index_select over it gathers a set of blocks' keys and values together."""
+        return self.data[:, layer]
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v ([T, kv_heads, head_dim]) at flat slots (block * block_size + offset)."""
         bs = self.spec.block_size

@@ -5,6 +5,7 @@ Reads block tables from the ForwardBatch and KV from the cache; never allocates 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +28,17 @@ class PrefillSeq:
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """All single-token sequences of the batch, attended in one padded call."""
+    """All single-token sequences of the batch, attended together over their packed blocks.
+
+    The blocks of every sequence stand one after another (no padding): one gather per layer
+    reads exactly the KV the step attends to.
+    """
 
     rows: torch.Tensor | None  # [B] rows of T; None when they are exactly 0..T-1
-    blocks: torch.Tensor  # [B, max_blocks] int64, padded with block 0
-    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool; None if lengths equal
+    num_seqs: int  # B
+    blocks: torch.Tensor  # [N] int64: sequence 0's blocks, then sequence 1's, ...
+    seq_of_block: torch.Tensor  # [N] int64: which of the B sequences each block belongs to
+    beyond: torch.Tensor | None  # [N, 1, block_size, 1] bool: slots past a sequence's end
 
 
 @dataclass(frozen=True)
@@ -80,19 +87,30 @@ def _plan_decode(
 ) -> DecodeGroup | None:
     if not rows:
         return None
-    lens = [batch.context_lens[i] for i in seqs]
-    max_blocks = -(-max(lens) // block_size)
-    padded = [batch.block_tables[i][:max_blocks] for i in seqs]
-    padded = [t + [0] * (max_blocks - len(t)) for t in padded]
-    blocks = torch.as_tensor(padded, dtype=torch.long, device=device)
-    mask = None
-    if min(lens) != max(lens) or max(lens) != max_blocks * block_size:
-        positions = torch.arange(max_blocks * block_size, device=device)
-        length = torch.as_tensor(lens, device=device)
-        mask = (positions[None, :] < length[:, None])[:, None, None, :]
+    blocks: list[int] = []
+    owner: list[int] = []
+    partial: list[tuple[int, int]] = []  # (packed index of a last block, valid slots in it)
+    for j, i in enumerate(seqs):
+        n = -(-batch.context_lens[i] // block_size)
+        blocks.extend(batch.block_tables[i][:n])
+        owner.extend([j] * n)
+        if batch.context_lens[i] % block_size:
+            partial.append((len(blocks) - 1, batch.context_lens[i] % block_size))
+    beyond = None
+    if partial:
+        beyond = torch.zeros(len(blocks), 1, block_size, 1, dtype=torch.bool)
+        for at, valid in partial:
+            beyond[at, :, valid:] = True
+        beyond = beyond.to(device)
     all_rows = rows == list(range(batch.num_tokens))
     row_index = None if all_rows else torch.as_tensor(rows, dtype=torch.long, device=device)
-    return DecodeGroup(rows=row_index, blocks=blocks, mask=mask)
+    return DecodeGroup(
+        rows=row_index,
+        num_seqs=len(seqs),
+        blocks=torch.as_tensor(blocks, dtype=torch.long, device=device),
+        seq_of_block=torch.as_tensor(owner, dtype=torch.long, device=device),
+        beyond=beyond,
+    )
 
 
 def paged_attention(
@@ -150,11 +168,40 @@ def _prefill(
 def _decode(
     q: torch.Tensor, kv: PagedKVCache, layer: int, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """One query per sequence: the query heads of a KV head act as rows against its keys."""
+    """One query per sequence against its packed blocks: scores block by block, then one
+    softmax per sequence across its blocks (max and sum reduced per sequence).
+
+    Per block, every query head meets every (token, KV head) key as one contiguous matmul;
+    the pairs of a query head with another group's KV head are masked out, so each query
+    head attends to its own KV head only (grouped-query attention) without a copy of K or V.
+    """
     b, heads, dim = q.shape
     kv_heads = kv.spec.num_kv_heads
-    k = kv.keys(layer)[group.blocks].flatten(1, 2).to(q.dtype).transpose(1, 2)  # [B, KVH, L, D]
-    v = kv.values(layer)[group.blocks].flatten(1, 2).to(q.dtype).transpose(1, 2)
-    q_g = q.view(b, kv_heads, heads // kv_heads, dim)
-    o = F.scaled_dot_product_attention(q_g, k, v, attn_mask=group.mask, scale=scale)
-    return o.reshape(b, heads, dim)
+    size = kv.spec.block_size
+    owner = group.seq_of_block
+    n = owner.shape[0]
+    kv_blocks = kv.layer_blocks(layer).index_select(0, group.blocks).to(q.dtype)  # [N,2,S,KVH,D]
+    k = kv_blocks[:, 0].reshape(n, size * kv_heads, dim)  # rows: token-major, then KV head
+    v = kv_blocks[:, 1].reshape(n, size * kv_heads, dim)
+    q_blocks = (q * scale).index_select(0, owner)  # [N, H, D]
+    scores = torch.bmm(q_blocks, k.transpose(1, 2))  # [N, H, S * KVH]
+    grid = scores.view(n, heads, size, kv_heads)
+    grid.masked_fill_(_other_groups(heads, kv_heads, q.device), float("-inf"))
+    if group.beyond is not None:
+        grid.masked_fill_(group.beyond, float("-inf"))
+    per_block_max = scores.amax(-1)  # [N, H]
+    seq_max = torch.full((b, heads), float("-inf"), dtype=q.dtype, device=q.device)
+    seq_max.scatter_reduce_(0, owner[:, None].expand(n, heads), per_block_max, "amax")
+    weights = torch.exp_(scores - seq_max.index_select(0, owner).unsqueeze(-1))
+    total = torch.zeros(b, heads, dtype=q.dtype, device=q.device)
+    total.index_add_(0, owner, weights.sum(-1))
+    out = torch.zeros(b, heads, dim, dtype=q.dtype, device=q.device)
+    out.index_add_(0, owner, torch.bmm(weights, v))
+    return out / total.unsqueeze(-1)
+
+
+@functools.lru_cache(maxsize=16)
+def _other_groups(heads: int, kv_heads: int, device: torch.device) -> torch.Tensor:
+    """[H, 1, KVH] bool: True where query head h does not read KV head j (j != h // group)."""
+    group = torch.arange(heads, device=device) // (heads // kv_heads)
+    return (group[:, None] != torch.arange(kv_heads, device=device)[None, :])[:, None, :]
