@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from e2e.cluster import control_plane, kwok
-from e2e.kube import Kube
 from e2e.tools import ensure_tools
+from loom_operator.k8s.kube import Kube
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".cache" / "e2e" / "cluster"

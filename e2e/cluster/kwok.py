@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import control_plane
-from e2e.kube import STRATEGIC, Kube, KubeError
+from loom_operator.k8s.kube import STRATEGIC, Kube, KubeError
 
 ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_CIDR = "10.244.0.0/16"  # must not overlap the service range 10.96.0.0/16

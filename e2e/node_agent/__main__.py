@@ -12,10 +12,10 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlparse
 
-from e2e.kube import Kube
 from e2e.node_agent import POD_MARKER
 from e2e.node_agent.agent import NodeAgent, NodeSpec
 from e2e.node_agent.pod_runner import Settings
+from loom_operator.k8s.kube import Kube
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", required=True, type=Path, help="per-pod folders and logs")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--name-prefix", default="loom-node")
-    p.add_argument("--cpu", default="2", help="each node's cpu capacity")
-    p.add_argument("--memory", default="24Gi", help="each node's memory capacity")
+    # Declared for the scheduler: every pod of every node shares this one machine anyway.
+    p.add_argument("--cpu", default="16", help="each node's cpu capacity (default 16)")
+    p.add_argument("--memory", default="64Gi", help="each node's memory capacity (default 64Gi)")
     p.add_argument("--pods", type=int, default=110, help="each node's pod capacity")
     p.add_argument(
         "--backoff-seconds", type=float, default=10.0,

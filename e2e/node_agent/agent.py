@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from e2e.kube import STRATEGIC, Kube, KubeError, pod_path
 from e2e.node_agent.ips import IPPool
 from e2e.node_agent.node import lease_manifest, node_manifest, node_status
 from e2e.node_agent.pod_runner import PodRunner, Settings
+from loom_operator.k8s.kube import STRATEGIC, Kube, KubeError, pod_path
 
 logger = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from e2e.kube import STRATEGIC, Kube, KubeError, pod_path
 from e2e.node_agent.container import ContainerProcess
 from e2e.node_agent.env import EnvError, Lookup, container_env, expand
 from e2e.node_agent.probes import ProbeState, run_probe
 from e2e.node_agent.status import ContainerView, Terminated, pod_status, restart_backoff
 from e2e.node_agent.volumes import Mount, TokenRequest, materialise, mounts
+from loom_operator.k8s.kube import STRATEGIC, Kube, KubeError, pod_path
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,23 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from loom_operator.cli import apply, crds, down, plan, router, runtime, status, up, validate
+from loom_operator.cli import (
+    apply,
+    crds,
+    down,
+    operate,
+    plan,
+    router,
+    runtime,
+    status,
+    up,
+    validate,
+)
 
 # Each command module offers add_parser(subparsers) and run(args) -> exit code.
-COMMANDS: tuple[ModuleType, ...] = (validate, plan, crds, runtime, up, status, apply, down, router)
+COMMANDS: tuple[ModuleType, ...] = (
+    validate, plan, crds, runtime, up, status, apply, down, router, operate,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -175,6 +175,11 @@ class RouterOptions:
     log_level: str = "INFO"
     max_index_entries: int | None = None
     """Cap of the precise prefix index ((endpoint, block) entries); None: the default (1M)."""
+    watch_pods: str | None = None
+    """A label selector: the endpoints are the worker pods it matches (Kubernetes), kept in
+    step by a pod watch; None: ROUTER.json's list and the admin API only."""
+    namespace: str = "default"
+    """Where --watch-pods looks."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -204,6 +209,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cap of the precise prefix index, in (endpoint, block) entries of ~0.3 KiB "
         "(default 1,000,000)",
     )
+    p.add_argument(
+        "--watch-pods",
+        metavar="SELECTOR",
+        help="route to the worker pods matching this label selector (in-cluster or $KUBECONFIG)",
+    )
+    p.add_argument("--namespace", help="namespace of --watch-pods (default $POD_NAMESPACE)")
 
 
 def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOptions:
@@ -232,6 +243,8 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOp
         scrape_interval_s=args.scrape_interval,
         log_level=args.log_level,
         max_index_entries=args.max_index_entries,
+        watch_pods=args.watch_pods,
+        namespace=args.namespace or env.get("POD_NAMESPACE") or "default",
     )
 
 

@@ -36,6 +36,7 @@ from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.kv_subscriber import KVSubscriber
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.picking import Picking
+from loom_router.shell.pod_watch import PodWatch, kubernetes_pod_api
 from loom_router.shell.prober import Prober
 from loom_router.shell.proxy import ProxyApp
 from loom_router.shell.scraper import MetricsScraper
@@ -96,6 +97,12 @@ class RouterServer:
         )  # fmt: skip
         self.proxy = ProxyApp(self.dispatcher, self.metrics, config.model_name, options.api_keys)
         self.admin = AdminApp(self.source, self.transport.flights, self.prober, options.admin_token)
+        self.pod_watch: PodWatch | None = None
+        if options.watch_pods:
+            list_pods, watch_pods = kubernetes_pod_api()
+            self.pod_watch = PodWatch(
+                self.source, options.namespace, options.watch_pods, list_pods, watch_pods
+            )
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._add_gauges()
@@ -109,6 +116,8 @@ class RouterServer:
         await self.upstream.start()
         self.source.subscribe(self._on_endpoints)
         self._on_endpoints(self.source.snapshot())
+        if self.pod_watch is not None:
+            self.pod_watch.start()
         self.subscriber.start()
         self._tasks = [asyncio.create_task(self.scraper.run()),
                        asyncio.create_task(self.prober.run()),
@@ -124,6 +133,8 @@ class RouterServer:
                                              "endpoints": len(self.source.snapshot())})  # fmt: skip
 
     async def stop(self) -> None:
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
         for runner in self._runners:
             await runner.cleanup()
         for task in self._tasks:

@@ -20,7 +20,7 @@ def router_container(deployment: DeploymentCard, settings: RenderSettings) -> di
     command = [
         *settings.loom, "router", "--config", f"{MOUNT_PATH}/{ROUTER_KEY}",
         "--host", "$(POD_IP)", "--port", str(ROUTER_PORTS[HTTP_PORT]),
-        "--admin-port", str(ROUTER_PORTS[ROUTER_ADMIN_PORT]),
+        "--admin-host", "$(POD_IP)", "--admin-port", str(ROUTER_PORTS[ROUTER_ADMIN_PORT]),
         "--watch-pods", f"{DEPLOYMENT_LABEL}={deployment.name}", "--namespace", "$(POD_NAMESPACE)",
     ]  # fmt: skip
     token = {"secretKeyRef": {"name": control_secret(deployment.name), "key": "admin-token"}}
@@ -38,7 +38,7 @@ def router_container(deployment: DeploymentCard, settings: RenderSettings) -> di
             {"name": "PYTHONUNBUFFERED", "value": "1"},
         ],
         "ports": [{"name": n, "containerPort": p} for n, p in ROUTER_PORTS.items()],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": HTTP_PORT}, "periodSeconds": 2},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": HTTP_PORT}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/health", "port": HTTP_PORT}, "periodSeconds": 10},
         "volumeMounts": [CARDS_MOUNT],
     }

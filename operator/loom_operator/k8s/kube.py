@@ -1,7 +1,7 @@
-"""Plain-JSON access to a Kubernetes API server: requests, errors and watches over dicts.
+"""Plain-JSON access to a Kubernetes API server: requests, server-side apply, watches.
 
-Owns the HTTP calls of the harness and its tests (no typed models: manifests stay the
-dicts a user would write); never caches objects.
+Owns the HTTP calls of the operator, the e2e harness and its tests (no typed models:
+manifests stay the dicts a user would write); never caches objects.
 """
 
 from __future__ import annotations
@@ -12,11 +12,39 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from kubernetes import config
+from kubernetes import client, config
 
 Json = dict[str, Any]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+
+# kind -> (API prefix, plural) of the kinds the operator applies; all namespaced.
+RESOURCES = {
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "Service": ("/api/v1", "services"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "Pod": ("/api/v1", "pods"),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    "ModelCard": ("/apis/loom.dev/v1alpha1", "modelcards"),
+    "DeploymentCard": ("/apis/loom.dev/v1alpha1", "deploymentcards"),
+}
+
+
+def object_path(kind: str, namespace: str, name: str = "", sub: str = "") -> str:
+    """The URL path of a namespaced object (or of its collection, without a name)."""
+    prefix, plural = RESOURCES[kind]
+    path = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    if name:
+        path += f"/{quote(name)}"
+    if sub:
+        path += f"/{sub}"
+    return path
 
 
 class KubeError(RuntimeError):
@@ -28,8 +56,19 @@ class KubeError(RuntimeError):
 
 
 class Kube:
-    def __init__(self, kubeconfig: Path) -> None:
-        self._api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    """One API server, as the admin kubeconfig, a given kubeconfig or the pod's account sees it."""
+
+    def __init__(self, kubeconfig: Path | None = None) -> None:
+        """`kubeconfig`, else the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+        if kubeconfig is not None:
+            self._api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+            return
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        self._api = client.ApiClient(configuration)
 
     @property
     def server(self) -> str:
@@ -82,6 +121,14 @@ class Kube:
 
     def delete(self, path: str, body: Json | None = None) -> Json:
         return self.call("DELETE", path, body)
+
+    def apply(self, manifest: Json, field_manager: str) -> Json:
+        """Server-side apply of a whole manifest under `field_manager` (conflicts forced: the
+        operator owns what it renders)."""
+        meta = manifest["metadata"]
+        path = object_path(manifest["kind"], meta["namespace"], meta["name"])
+        query = {"fieldManager": field_manager, "force": "true"}
+        return self.call("PATCH", path, manifest, query=query, content_type=APPLY)
 
     def watch(self, path: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, Json]]:
         """(type, object) events from `resource_version` on, until the server ends the watch."""

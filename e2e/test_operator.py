@@ -1,0 +1,233 @@
+"""The operator on the real control plane: `kubectl apply` a card and get a served fleet.
+
+The operator runs as a process with the admin kubeconfig (the Helm install, with its own
+ServiceAccount, is the chart's suite); its pods run on the stand-in kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from openai import OpenAI
+
+from e2e.conftest import wait_for
+from e2e.providers import REPO, Cluster
+
+pytestmark = pytest.mark.timeout(420)
+
+TINY_PD = list(yaml.safe_load_all((REPO / "examples" / "tiny-pd.yaml").read_text()))
+
+
+@pytest.fixture(scope="module")
+def operator_ns(cluster: Cluster) -> Iterator[str]:
+    """A namespace with Loom's CRDs installed and an operator watching it."""
+    if not cluster.runs_pods_as_processes:
+        pytest.skip("needs pod IPs reachable from the test (the local provider)")
+    name = f"op-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    cluster.kubectl("create", "namespace", name)
+    assert cluster.root is not None
+    log = open(cluster.root / f"operator-{name}.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loom_operator.cli", "operator",
+         "--kubeconfig", str(cluster.kubeconfig), "--namespace", name, "--kv-connector", "tcp"],
+        stdout=log, stderr=subprocess.STDOUT, env=cluster.env,
+    )  # fmt: skip
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def card(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "deploymentcard", name, "-n", namespace, "-o", "json")
+    parsed: dict[str, Any] = json.loads(out.stdout)
+    return parsed
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return dict(cond)
+    return {}
+
+
+def pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def router_url(cluster: Cluster, namespace: str, name: str) -> str:
+    selector = f"loom.dev/deployment={name},app.kubernetes.io/component=router"
+    (router,) = [
+        p for p in pods(cluster, namespace, selector) if not p["metadata"].get("deletionTimestamp")
+    ]
+    return f"http://{router['status']['podIP']}:8000/v1"
+
+
+def ready(cluster: Cluster, namespace: str, name: str, decode: int = 0) -> dict[str, Any] | None:
+    """The card once Ready (and, given `decode`, once that many decode workers are ready)."""
+    got = card(cluster, namespace, name)
+    if condition(got, "Ready").get("status") != "True":
+        return None
+    roles = got["status"].get("roles") or {}
+    return got if not decode or roles.get("decode", {}).get("ready") == decode else None
+
+
+def invalid(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    got = card(cluster, namespace, name)
+    return got if condition(got, "Valid").get("status") == "False" else None
+
+
+def patch_card(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    args = ["patch", "deploymentcard", name, "-n", namespace, "--type=merge"]
+    cluster.kubectl(*args, "-p", json.dumps(patch))
+
+
+class StreamingLoad:
+    """Streaming chat requests, one after another on a thread, each checked to completion."""
+
+    def __init__(self, url: str) -> None:
+        self.client = OpenAI(base_url=url, api_key="unused", timeout=120)
+        self.done, self.failed = 0, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = self.client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "tell me a story"}],
+                    max_tokens=24, stream=True,
+                )  # fmt: skip
+                finish = [c.choices[0].finish_reason for c in stream if c.choices]
+                # A whole answer: it ends with a finish reason (a sampled EOS is a "stop").
+                assert finish and finish[-1] in ("length", "stop"), finish
+                self.done += 1
+            except Exception as exc:
+                self.failed.append(repr(exc))
+
+    def __enter__(self) -> StreamingLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(180)
+
+
+def test_apply_a_card_and_the_router_serves_it_disaggregated(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    ns = operator_ns
+    cluster.kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "tiny-pd.yaml"))
+    got = wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
+    status = got["status"]
+    assert status["phase"] == "Ready" and status["readyRoles"] == "2/2"
+    assert status["roles"]["prefill"] == {"ready": 1, "desired": 1, "weightsVersion": "v1"}
+    assert status["roles"]["decode"] == {"ready": 1, "desired": 1, "weightsVersion": "v1"}
+    assert status["observedGeneration"] == got["metadata"]["generation"]
+    assert condition(got, "Valid")["status"] == "True"
+
+    table = cluster.kubectl("get", "deploymentcards", "-n", ns).stdout.split("\n")
+    assert table[0].split()[:4] == ["NAME", "PHASE", "READY", "VERSION"], table
+    assert table[1].split()[:4] == ["tiny-pd", "Ready", "2/2", "v1"], table
+
+    client = OpenAI(base_url=router_url(cluster, ns, "tiny-pd"), api_key="unused", timeout=60)
+    out = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6
+    )
+    assert out.usage is not None and out.usage.completion_tokens == 6
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi again"}], max_tokens=6, stream=True
+    )
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len(pieces) >= 6
+    # Disaggregated: the prefill worker computed the prompts.
+    (prefill,) = pods(cluster, ns, "loom.dev/deployment=tiny-pd,loom.dev/role=prefill")
+    metrics = OpenAI(base_url=f"http://{prefill['status']['podIP']}:8000", api_key="x").get(
+        "/metrics", cast_to=str
+    )
+    prompt_tokens = [ln for ln in metrics.splitlines() if ln.startswith("vllm:prompt_tokens_total")]
+    assert prompt_tokens and float(prompt_tokens[0].split()[-1]) > 0
+
+
+def test_scale_decode_up_and_down_under_a_streaming_load(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    ns = operator_ns
+    wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
+    with StreamingLoad(router_url(cluster, ns, "tiny-pd")) as load:
+        wait_for(lambda: load.done >= 2, 120, "the load to run")
+        patch_card(cluster, ns, "tiny-pd", {"spec": {"roles": {"decode": {"replicas": 2}}}})
+        two = wait_for(lambda: ready(cluster, ns, "tiny-pd", decode=2), 300, "two decode workers")
+        assert two["status"]["roles"]["decode"]["desired"] == 2
+        before = load.done
+        wait_for(lambda: load.done >= before + 3, 120, "requests on the scaled fleet")
+        patch_card(cluster, ns, "tiny-pd", {"spec": {"roles": {"decode": {"replicas": 1}}}})
+        wait_for(
+            lambda: len(pods(cluster, ns, "loom.dev/deployment=tiny-pd,loom.dev/role=decode")) == 1,
+            180, "decode back to one pod",
+        )  # fmt: skip
+        before = load.done
+        wait_for(lambda: load.done >= before + 3, 120, "requests after scaling down")
+    assert not load.failed, load.failed
+
+
+def test_cards_only_the_operator_can_judge_get_valid_false_with_the_field_path(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    ns = operator_ns
+    orphan = {**TINY_PD[1], "metadata": {"name": "orphan"}}
+    orphan["spec"] = {**orphan["spec"], "modelCard": "no-such-model"}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(orphan))
+    bad = wait_for(lambda: invalid(cluster, ns, "orphan"), 120, "orphan Valid=False")
+    assert bad["status"]["phase"] == "Invalid"
+    assert "spec.modelCard" in condition(bad, "Valid")["message"]
+
+    sparse = yaml.safe_load(yaml.safe_dump(TINY_PD[1]))
+    sparse["metadata"] = {"name": "hisparse-on-llama"}
+    sparse["spec"]["roles"]["decode"]["hiSparse"] = {"hostPoolGiB": 1, "offloadGiB": 1}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(sparse))
+    bad = wait_for(lambda: invalid(cluster, ns, "hisparse-on-llama"), 120, "Valid=False")
+    message = condition(bad, "Valid")["message"]
+    assert "spec.roles.decode.hiSparse" in message and "sparse-mla" in message
+    assert not pods(cluster, ns, "loom.dev/deployment=hisparse-on-llama"), (
+        "an invalid card got pods"
+    )
+
+
+def test_deleting_the_card_garbage_collects_every_child(cluster: Cluster, operator_ns: str) -> None:
+    ns = operator_ns
+    wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
+    kinds = ",".join([
+        "statefulsets", "deployments", "services", "configmaps", "secrets", "pods",
+        "poddisruptionbudgets", "roles", "rolebindings", "serviceaccounts",
+    ])  # fmt: skip
+
+    def children() -> list[str]:
+        out = cluster.kubectl(
+            "get", kinds, "-n", ns, "-l", "loom.dev/deployment=tiny-pd", "-o", "name"
+        )
+        return out.stdout.split()
+
+    assert len(children()) >= 10
+    cluster.kubectl("delete", "deploymentcard", "tiny-pd", "-n", ns, "--wait=false")
+    wait_for(lambda: not children(), 180, "every child of tiny-pd to be garbage-collected")

@@ -1,0 +1,79 @@
+"""A DeploymentCard's status from its StatefulSets and pods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loom_operator.api.documents import load_documents
+from loom_operator.k8s.status import deployment_status, with_transition_times
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+(DEPLOYMENT,) = load_documents(EXAMPLES / "tiny-pd.yaml").deployment_cards
+
+
+def pod(
+    name: str, role: str | None, revision: str, ready: bool = True, **kw: Any
+) -> dict[str, Any]:
+    labels = {"loom.dev/deployment": "tiny-pd", "controller-revision-hash": revision}
+    labels |= {"loom.dev/role": role} if role else {"app.kubernetes.io/component": "router"}
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]
+    }
+    if "waiting" in kw:
+        status["containerStatuses"] = [
+            {"restartCount": 3, "state": {"waiting": {"reason": kw["waiting"]}}}
+        ]
+    return {"metadata": {"name": name, "labels": labels,
+                         "annotations": {"loom.dev/weights-version": kw.get("version", "v1")}},
+            "status": status}  # fmt: skip
+
+
+def sets(revision: str = "r2") -> dict[str, Any]:
+    return {f"tiny-pd-{r}": {"status": {"updateRevision": revision}} for r in ("prefill", "decode")}
+
+
+def conditions(status: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in status["conditions"]}
+
+
+def test_ready_when_every_role_and_the_router_serve_the_current_revision() -> None:
+    pods = [pod("p-0", "prefill", "r2"), pod("d-0", "decode", "r2"), pod("router-x", None, "")]
+    status = deployment_status(DEPLOYMENT, 3, sets(), pods)
+    assert status["phase"] == "Ready" and status["readyRoles"] == "2/2"
+    assert status["roles"]["decode"] == {"ready": 1, "desired": 1, "weightsVersion": "v1"}
+    assert conditions(status) == {
+        "Valid": "True",
+        "Ready": "True",
+        "Progressing": "False",
+        "Degraded": "False",
+    }
+    assert status["observedGeneration"] == 3 and status["weightsVersion"] == "v1"
+    assert status["endpoint"] == "http://tiny-pd-router.default.svc:8000/v1"
+
+
+def test_an_old_revision_pod_never_makes_a_role_ready() -> None:
+    pods = [pod("p-0", "prefill", "r2"), pod("d-0", "decode", "r1"), pod("router-x", None, "")]
+    status = deployment_status(DEPLOYMENT, 4, sets("r2"), pods)
+    assert status["phase"] == "Progressing" and conditions(status)["Ready"] == "False"
+    assert status["roles"]["decode"]["ready"] == 0
+    assert "decode 0/1" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
+
+
+def test_a_crash_loop_is_degraded_with_the_pod_named() -> None:
+    pods = [
+        pod("p-0", "prefill", "r2"),
+        pod("d-0", "decode", "r2", ready=False, waiting="CrashLoopBackOff"),
+    ]
+    status = deployment_status(DEPLOYMENT, 1, sets(), pods)
+    assert status["phase"] == "Degraded"
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and "d-0 (3 restarts)" in degraded["message"]
+
+
+def test_transition_times_carry_over_while_a_status_holds() -> None:
+    old = [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    same = with_transition_times([{"type": "Ready", "status": "True"}], old)
+    flipped = with_transition_times([{"type": "Ready", "status": "False"}], old)
+    assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert flipped[0]["lastTransitionTime"] != "2026-01-01T00:00:00Z"
