@@ -47,14 +47,6 @@ class PagedKVCache:
             device=device,
         )
 
-    def keys(self, layer: int) -> torch.Tensor:
-        """[num_blocks, block_size, kv_heads, head_dim] view of one layer's keys."""
-        return self.data[:, layer, 0]
-
-    def values(self, layer: int) -> torch.Tensor:
-        """[num_blocks, block_size, kv_heads, head_dim] view of one layer's values."""
-        return self.data[:, layer, 1]
-
     def layer_blocks(self, layer: int) -> torch.Tensor:
         """[num_blocks, 2 (k, v), block_size, kv_heads, head_dim] view of one layer's KV: one
         index_select over it gathers a set of blocks' keys and values together."""
@@ -66,12 +58,3 @@ class PagedKVCache:
         blocks, offsets = slots // bs, slots % bs
         self.data[blocks, layer, 0, offsets] = k.to(self.spec.dtype)
         self.data[blocks, layer, 1, offsets] = v.to(self.spec.dtype)
-
-    def gather(
-        self, layer: int, block_table: list[int], length: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contiguous ([length, kv_heads, head_dim]) keys and values of one sequence."""
-        idx = torch.as_tensor(block_table, dtype=torch.long, device=self.data.device)
-        k = self.data[idx, layer, 0].reshape(-1, self.spec.num_kv_heads, self.spec.head_dim)
-        v = self.data[idx, layer, 1].reshape(-1, self.spec.num_kv_heads, self.spec.head_dim)
-        return k[:length], v[:length]

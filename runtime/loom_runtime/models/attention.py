@@ -155,8 +155,9 @@ def _prefill(
     if seq.mask is None:  # a fresh prompt: its keys are exactly this chunk's
         k_s, v_s = k[seq.start : seq.end], v[seq.start : seq.end]
     else:
-        k_s = kv.keys(layer)[seq.blocks].flatten(0, 1)[: seq.context_len]
-        v_s = kv.values(layer)[seq.blocks].flatten(0, 1)[: seq.context_len]
+        blocks = kv.layer_blocks(layer).index_select(0, seq.blocks)  # [n, 2, S, KVH, D]
+        k_s = blocks[:, 0].flatten(0, 1)[: seq.context_len]
+        v_s = blocks[:, 1].flatten(0, 1)[: seq.context_len]
     k_s = k_s.to(q.dtype).transpose(0, 1)[None]  # [1, KVH, L, D]
     v_s = v_s.to(q.dtype).transpose(0, 1)[None]
     o = F.scaled_dot_product_attention(
