@@ -298,12 +298,8 @@ def gpu_deployment(replicas: int) -> dict[str, Any]:
             "selector": {"matchLabels": {"app": "gpus"}},
             "template": {
                 "metadata": {"labels": {"app": "gpus"}},
-                "spec": {
-                    "containers": [container],
-                    "tolerations": [
-                        {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                },
+                # No toleration: ExtendedResourceToleration adds the one for nvidia.com/gpu.
+                "spec": {"containers": [container]},
             },
         },
     }

@@ -191,6 +191,30 @@ def test_scale_decode_up_and_down_under_a_streaming_load(
     assert not load.failed, load.failed
 
 
+def test_a_decode_pod_deleted_mid_stream_finishes_its_request_and_comes_back(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    ns = operator_ns
+    wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
+    (decode,) = pods(cluster, ns, "loom.dev/deployment=tiny-pd,loom.dev/role=decode")
+    client = OpenAI(base_url=router_url(cluster, ns, "tiny-pd"), api_key="unused", timeout=120)
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "a long story"}], max_tokens=200,
+        stream=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = iter(stream)
+    first = next(chunks)
+    assert first.choices
+    cluster.kubectl("delete", "pod", decode["metadata"]["name"], "-n", ns, "--wait=false")
+    rest = [c for c in chunks if c.choices]
+    assert rest[-1].choices[0].finish_reason == "length", "the stream did not finish whole"
+    assert len(rest) + 1 >= 200
+    back = wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready again")
+    (new,) = pods(cluster, ns, "loom.dev/deployment=tiny-pd,loom.dev/role=decode")
+    assert new["metadata"]["uid"] != decode["metadata"]["uid"]
+    assert condition(back, "Degraded")["status"] == "False"
+
+
 def test_cards_only_the_operator_can_judge_get_valid_false_with_the_field_path(
     cluster: Cluster, operator_ns: str
 ) -> None:
@@ -231,3 +255,39 @@ def test_deleting_the_card_garbage_collects_every_child(cluster: Cluster, operat
     assert len(children()) >= 10
     cluster.kubectl("delete", "deploymentcard", "tiny-pd", "-n", ns, "--wait=false")
     wait_for(lambda: not children(), 180, "every child of tiny-pd to be garbage-collected")
+
+
+def test_a_glm_5_class_fleet_is_scheduled_onto_gpu_nodes_and_its_status_converges(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    """Scale by simulation: 8 prefill + 64 decode pods of 8 GPUs each on 100 kwok nodes of 8
+    GPUs; the real scheduler places them, kwok marks them Ready (nothing serves)."""
+    if cluster.root is None:
+        pytest.skip("kwok nodes are the local provider's")
+    ns = operator_ns
+    capacity = {"nvidia.com/gpu": "8", "cpu": "128", "memory": "2Ti"}
+    nodes = cluster.add_fake_nodes(100, capacity)
+    docs = list(yaml.safe_load_all((REPO / "examples" / "glm-5-class.yaml").read_text()))
+    docs[1]["spec"]["roles"]["prefill"]["replicas"] = 8
+    docs[1]["spec"]["roles"]["decode"]["replicas"] = 64
+    try:
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
+
+        def converged() -> dict[str, Any] | None:
+            roles = (card(cluster, ns, "glm-5").get("status") or {}).get("roles") or {}
+            want = {"prefill": 8, "decode": 64}
+            done = all(roles.get(r, {}).get("ready") == n for r, n in want.items())
+            return roles if done else None
+
+        roles = wait_for(converged, 300, "8 prefill and 64 decode pods ready", interval=2.0)
+        assert roles["prefill"]["desired"] == 8 and roles["decode"]["desired"] == 64
+        workers = pods(cluster, ns, "loom.dev/deployment=glm-5,app.kubernetes.io/component=worker")
+        per_node: dict[str, int] = {}
+        for p in workers:
+            per_node[p["spec"]["nodeName"]] = per_node.get(p["spec"]["nodeName"], 0) + 1
+        assert set(per_node) <= set(nodes), "a GPU worker landed on a node without GPUs"
+        assert max(per_node.values()) == 1, "two 8-GPU workers on one 8-GPU node"
+    finally:  # kwok deletes its pods within their grace period; the namespace goes at the end
+        cluster.kubectl("delete", "deploymentcard", "glm-5", "-n", ns, "--wait=false", check=False)
+        for name in nodes:
+            cluster.kubectl("delete", "node", name, "--wait=false", check=False)

@@ -134,6 +134,8 @@ def apiserver_args(state: ClusterState, pki: Pki) -> list[str]:
         f"--proxy-client-cert-file={p('front-proxy-client.crt')}",
         f"--proxy-client-key-file={p('front-proxy-client.key')}",
         "--allow-privileged=true",
+        # Pods that request an extended resource (nvidia.com/gpu) tolerate its node taint.
+        "--enable-admission-plugins=ExtendedResourceToleration",
         "--profiling=false",
     ]
 

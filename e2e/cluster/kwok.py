@@ -14,7 +14,9 @@ from e2e.cluster import control_plane
 from loom_operator.k8s.kube import STRATEGIC, Kube, KubeError
 
 ANNOTATION = "kwok.x-k8s.io/node"
-KWOK_CIDR = "10.244.0.0/16"  # must not overlap the service range 10.96.0.0/16
+# Pod IPs kwok hands out. Loopback, like the stand-in kubelet's: a router that watches these
+# pods may try to reach them, and nothing here may ever send traffic off this machine.
+KWOK_CIDR = "127.244.0.0/16"
 
 
 def start(root: Path, bin_dir: Path) -> None:
@@ -30,7 +32,7 @@ def start(root: Path, bin_dir: Path) -> None:
         f"--kubeconfig={state.kubeconfig}",
         f"--manage-nodes-with-annotation-selector={ANNOTATION}=fake",
         f"--cidr={KWOK_CIDR}",
-        "--node-ip=10.244.255.254",
+        "--node-ip=127.0.0.1",
         "--node-lease-duration-seconds=40",
         f"--server-address=127.0.0.1:{_free_port()}",
     ]
@@ -44,6 +46,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def taint_key(capacity: dict[str, str]) -> str:
+    """GPU nodes are tainted with their extended resource, as real clusters do (the API
+    server's ExtendedResourceToleration plugin lets the pods that request it tolerate it);
+    other fake nodes with kwok's own key, so no real pod lands on them by accident."""
+    return next((k for k in sorted(capacity) if "/" in k), ANNOTATION)
+
+
 def node_manifest(name: str, capacity: dict[str, str]) -> dict[str, Any]:
     resources = {"pods": "110", **capacity}
     return {
@@ -54,8 +63,8 @@ def node_manifest(name: str, capacity: dict[str, str]) -> dict[str, Any]:
             "annotations": {ANNOTATION: "fake"},
             "labels": {"type": "kwok", "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"},
         },
-        # Tainted so that only pods which ask for fake nodes land here (they run nothing).
-        "spec": {"taints": [{"key": ANNOTATION, "value": "fake", "effect": "NoSchedule"}]},
+        # Tainted so that only pods which ask for these nodes land here (they run nothing).
+        "spec": {"taints": [{"key": taint_key(capacity), "value": "fake", "effect": "NoSchedule"}]},
         "status": {"capacity": resources, "allocatable": resources},
     }
 

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # kopf logs every timer run at INFO; the status it writes says the same, once per change.
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(args.kubeconfig)  # kopf's own login reads it
     settings = RenderSettings(
