@@ -6,6 +6,7 @@ kubectl); never holds test logic. `E2E_PROVIDER=kind` picks kind (needs Docker a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -74,6 +75,14 @@ class Cluster:
         return kwok.add_nodes(self.kube, count, capacity)
 
 
+def pod_net(root: Path) -> int:
+    """The second octet of this cluster's pod IPs (127.NET.i.x), fixed by its state folder, so
+    clusters of different folders (a developer's, the suite's, another clone's) never share
+    addresses. 244 is kwok's."""
+    digest = hashlib.sha256(str(root.resolve()).encode()).digest()
+    return 10 + int.from_bytes(digest[:4], "big") % 230
+
+
 class Provider(Protocol):
     name: str
 
@@ -98,6 +107,7 @@ class LocalProvider:
             sys.executable, "-m", "e2e.node_agent",
             f"--kubeconfig={state.kubeconfig}", f"--state-dir={agent_dir}",
             f"--nodes={self.nodes}", f"--backoff-seconds={self.backoff_s}",
+            f"--pod-net={pod_net(self.root)}",
         ]  # fmt: skip
         # Pods run with the project's environment: its venv's `loom` on PATH, the repo importable.
         env = dict(

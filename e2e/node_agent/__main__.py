@@ -24,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", required=True, type=Path, help="per-pod folders and logs")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--name-prefix", default="loom-node")
+    p.add_argument(
+        "--pod-net", type=int, default=10,
+        help="node i hands out pod IPs from 127.NET.i.0/24 (default 10); two clusters on one "
+        "machine need different values",
+    )  # fmt: skip
     # Declared for the scheduler: every pod of every node shares this one machine anyway.
     p.add_argument("--cpu", default="16", help="each node's cpu capacity (default 16)")
     p.add_argument("--memory", default="64Gi", help="each node's memory capacity (default 64Gi)")
@@ -41,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     server = urlparse(kube.server)
     nodes = [
         NodeSpec(
-            f"{args.name_prefix}-{i}", f"127.0.{10 + i}.0/24", args.cpu, args.memory, args.pods
+            f"{args.name_prefix}-{i}",
+            f"127.{args.pod_net}.{i}.0/24",
+            args.cpu,
+            args.memory,
+            args.pods,
         )
         for i in range(args.nodes)
     ]
