@@ -140,7 +140,9 @@ def apiserver_args(state: ClusterState, pki: Pki) -> list[str]:
     ]
 
 
-def controller_manager_args(state: ClusterState, pki: Pki) -> list[str]:
+def _component_args(state: ClusterState) -> list[str]:
+    """What the controller-manager and the scheduler share: the admin kubeconfig for all three
+    of their clients, no serving port, one instance (no leader election)."""
     kc = state.kubeconfig
     return [
         f"--kubeconfig={kc}",
@@ -149,26 +151,23 @@ def controller_manager_args(state: ClusterState, pki: Pki) -> list[str]:
         "--bind-address=127.0.0.1",
         "--secure-port=0",
         "--leader-elect=false",
+        "--profiling=false",
+    ]
+
+
+def controller_manager_args(state: ClusterState, pki: Pki) -> list[str]:
+    return [
+        *_component_args(state),
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={pki.path('sa.key')}",
         f"--root-ca-file={pki.ca}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allocate-node-cidrs=false",
-        "--profiling=false",
     ]
 
 
 def scheduler_args(state: ClusterState) -> list[str]:
-    kc = state.kubeconfig
-    return [
-        f"--kubeconfig={kc}",
-        f"--authentication-kubeconfig={kc}",
-        f"--authorization-kubeconfig={kc}",
-        "--bind-address=127.0.0.1",
-        "--secure-port=0",
-        "--leader-elect=false",
-        "--profiling=false",
-    ]
+    return _component_args(state)
 
 
 def admin_ssl_context(pki: Pki) -> ssl.SSLContext:
