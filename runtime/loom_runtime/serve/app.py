@@ -48,6 +48,7 @@ class ServeSettings:
     drain_timeout_s: float = 600.0  # Pause(WAIT) default and upper bound
     shutdown_drain_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
     max_body_bytes: int = 16 * 1024 * 1024  # largest request body accepted (413 beyond)
+    strict_fields: bool = False  # refuse unknown request fields (default: ignore and name them)
 
 
 class EngineHealth:
@@ -71,7 +72,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        reply = http_error(exc.status, f"{request.method} {request.path}: {exc.reason}")
+        detail = exc.text if exc.status == 413 and exc.text else exc.reason  # names the limit
+        reply = http_error(exc.status, f"{request.method} {request.path}: {detail}")
     except Exception as exc:
         reply = classify(exc, request.headers.get(REQUEST_ID_HEADER))
         if not isinstance(exc, LoomError):
@@ -92,7 +94,9 @@ def build_http_app(
         max_model_len=engine.max_model_len,
         vocab_size=engine.model_config.vocab_size,
     )
-    api = openai_api.ApiContext(engine, limits, metrics, settings.stall_timeout_s, int(time.time()))
+    api = openai_api.ApiContext(
+        engine, limits, metrics, settings.stall_timeout_s, int(time.time()), settings.strict_fields
+    )
     openai_api.add_routes(app, api)
     probes.add_routes(app, probes.ProbeContext(EngineHealth(engine), metrics))
     return app

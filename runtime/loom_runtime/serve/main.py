@@ -61,6 +61,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--weights-version", help="reported version (default: the card's)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="default float32")
     p.add_argument("--drain-timeout", type=float, default=600.0, help="Pause(WAIT) bound, s")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=ServeSettings.max_body_bytes,
+        help="largest request body accepted; larger ones get 413 (default 16 MiB)",
+    )
+    p.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="refuse request fields neither OpenAI nor vLLM defines (default: ignore and name "
+        "them in the x-loom-ignored-fields header, as vLLM does)",
+    )
     pd = p.add_argument_group("P/D disaggregation (--role prefill | decode)")
     pd.add_argument(
         "--kv-connector",
@@ -157,7 +169,11 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         control_port=args.control_port,
         control_token=token,
         drain_timeout_s=args.drain_timeout,
+        max_body_bytes=args.max_body_bytes,
+        strict_fields=args.strict_fields,
     )
+    if serve.max_body_bytes < 1024:
+        raise UsageError(f"--max-body-bytes must be at least 1024, got {serve.max_body_bytes}")
     return WorkerPlan(path, engine, serve, *(pd or (None, None)))
 
 

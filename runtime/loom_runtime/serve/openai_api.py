@@ -31,6 +31,7 @@ from loom_runtime.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
+    unknown_fields,
 )
 from loom_runtime.serve.responses import (
     Accumulated,
@@ -42,7 +43,7 @@ from loom_runtime.serve.responses import (
     full_body,
     usage_chunk,
 )
-from loom_runtime.wire.headers import REQUEST_ID_HEADER, WEIGHTS_HEADER
+from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,15 @@ class ApiContext:
     metrics: ServerMetrics
     stall_timeout_s: float  # longest wait for the engine's next output before giving up
     started: int  # unix time the worker started (the model's `created`)
+    strict_fields: bool = False  # refuse fields the schema does not define (else: ignore, name)
+
+
+@dataclass(frozen=True)
+class UsageMode:
+    """Where a stream reports usage: a last usage-only chunk, and/or on every chunk (vLLM)."""
+
+    final: bool = False
+    every_chunk: bool = False
 
 
 API_CONTEXT = web.AppKey("api_context", ApiContext)
@@ -145,19 +155,15 @@ async def _stream(
     outputs: OutputStream,
     first: RequestOutput,
     meta: ResponseMeta,
-    include_usage: bool,
+    usage: UsageMode,
+    headers: dict[str, str],
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            WEIGHTS_HEADER: meta.weights_version,
-            REQUEST_ID_HEADER: meta.id,
-        }
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
     )
     await resp.prepare(request)
     try:
-        await _write_events(resp, run, outputs, first, meta, include_usage)
+        await _write_events(resp, run, outputs, first, meta, usage)
     except ConnectionResetError:  # the caller's `submitted` block aborts the request
         logger.info("client left mid-stream", extra={"request_id": meta.id})
     return resp
@@ -169,12 +175,14 @@ async def _write_events(
     outputs: OutputStream,
     first: RequestOutput,
     meta: ResponseMeta,
-    include_usage: bool,
+    usage: UsageMode,
 ) -> None:
     ids = run.prompt_ids is not None
     prompt_ids = run.prompt_ids  # sent once, on the first chunk
     if run.kind == "chat":
-        head = chunk("chat", meta, "", None, None, include_usage, True, None, prompt_ids)
+        start = Accumulated(prompt_tokens=first.num_prompt_tokens).usage()
+        head = chunk("chat", meta, "", None, None, usage.final, True, None, prompt_ids,
+                     start if usage.every_chunk else None)  # fmt: skip
         await resp.write(_sse(head))
         prompt_ids = None
     out = first
@@ -185,15 +193,16 @@ async def _write_events(
                 lp = run.logprobs(out)
                 reason = run.acc.finish_reason if out.finished else None
                 tokens = out.new_token_ids if ids else None
-                body = chunk(run.kind, meta, out.new_text, lp, reason, include_usage,
-                             False, tokens, prompt_ids)  # fmt: skip
+                so_far = run.acc.usage() if usage.every_chunk else None
+                body = chunk(run.kind, meta, out.new_text, lp, reason, usage.final,
+                             False, tokens, prompt_ids, so_far)  # fmt: skip
                 await resp.write(_sse(body))
                 prompt_ids = None
                 run.text_len += len(out.new_text)
             if out.finished:
                 break
             out = await outputs.next(run.ctx.stall_timeout_s)
-        if include_usage:
+        if usage.final:
             await resp.write(_sse(usage_chunk(run.kind, meta, run.acc)))
     except LoomError as exc:  # headers are sent: the error travels as an SSE event
         logger.warning("stream ended by error: %s", exc, extra={"request_id": meta.id})
@@ -207,6 +216,7 @@ async def _serve(
     kind: Kind,
     parsed: CompletionRequest | ChatCompletionRequest,
     ereq: EngineRequest,
+    ignored: tuple[str, ...],
 ) -> web.StreamResponse:
     ctx = request.app[API_CONTEXT]
     prompt_ids = ereq.prompt_token_ids if parsed.return_token_ids else None
@@ -218,8 +228,10 @@ async def _serve(
                 run.take(first)  # raises RequestAbortedError before any header is sent
             meta = ResponseMeta(ereq.request_id, int(time.time()), ctx.limits.model_name,
                                 first.weights_version)  # fmt: skip
+            headers = _headers(meta, ignored)
             if parsed.stream:
-                return await _stream(request, run, outputs, first, meta, parsed.include_usage_chunk)
+                usage = UsageMode(parsed.include_usage_chunk, parsed.continuous_usage)
+                return await _stream(request, run, outputs, first, meta, usage, headers)
             await _collect(run, outputs, first)
         finally:
             if not outputs.finished:  # the client left or the engine stalled: counted as aborted
@@ -227,27 +239,42 @@ async def _serve(
     body = full_body(kind, meta, run.acc, run.logprobs(None), run.prompt_ids)
     if run.kv_transfer_params is not None:
         body["kv_transfer_params"] = run.kv_transfer_params
-    return web.json_response(
-        body, headers={WEIGHTS_HEADER: meta.weights_version, REQUEST_ID_HEADER: meta.id}
-    )
+    return web.json_response(body, headers=headers)
+
+
+def _headers(meta: ResponseMeta, ignored: tuple[str, ...]) -> dict[str, str]:
+    out = {WEIGHTS_HEADER: meta.weights_version, REQUEST_ID_HEADER: meta.id}
+    if ignored:
+        out[IGNORED_FIELDS_HEADER] = ", ".join(ignored)[:1024]
+    return out
+
+
+def _ignored(parsed: CompletionRequest | ChatCompletionRequest, rid: str) -> tuple[str, ...]:
+    """Fields the schema does not define: ignored, as vLLM does, and said so (log + header)."""
+    ignored = unknown_fields(parsed)
+    if ignored:
+        logger.info(
+            "ignored unknown request fields: %s", ", ".join(ignored), extra={"request_id": rid}
+        )
+    return ignored
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     ctx = request.app[API_CONTEXT]
-    parsed = parse_request(CompletionRequest, await request.read())
+    parsed = parse_request(CompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "cmpl")
     ereq = prepare_completion(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
-    return await _serve(request, "completion", parsed, ereq)
+    return await _serve(request, "completion", parsed, ereq, _ignored(parsed, rid))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     ctx = request.app[API_CONTEXT]
-    parsed = parse_request(ChatCompletionRequest, await request.read())
+    parsed = parse_request(ChatCompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "chatcmpl")
     ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
-    return await _serve(request, "chat", parsed, ereq)
+    return await _serve(request, "chat", parsed, ereq, _ignored(parsed, rid))
 
 
 async def models(request: web.Request) -> web.Response:

@@ -12,10 +12,10 @@ from typing import Any, Protocol
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
 from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
+from loom_runtime.wire import context_length
+from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
 from loom_runtime.wire.kv_transfer import FIELD, KVTransferParams
 from loom_runtime.wire.prompt import template_message
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 class PromptTokenizer(Protocol):
@@ -48,28 +48,10 @@ def check_model(requested: str, limits: ModelLimits) -> None:
 def resolve_max_tokens(
     requested: int | None, default: int | None, prompt_len: int, limits: ModelLimits, param: str
 ) -> int:
-    """max_tokens to run with; InvalidRequestError when prompt + output cannot fit the context.
-
-    `default` None means "the rest of the context" (chat); a default larger than the room left
-    is clamped, an explicit value is not.
-    """
-    room = limits.max_model_len - prompt_len
-    if room < 1:
-        raise InvalidRequestError(
-            f"this model's maximum context length is {limits.max_model_len} tokens, but the "
-            f"prompt has {prompt_len}; shorten the prompt",
-            param=param,
-        )
-    if requested is None:
-        return room if default is None else min(default, room)
-    if requested > room:
-        raise InvalidRequestError(
-            f"this model's maximum context length is {limits.max_model_len} tokens, but "
-            f"{prompt_len} prompt tokens + max_tokens {requested} = {prompt_len + requested}; "
-            f"lower max_tokens to at most {room} or shorten the prompt",
-            param="max_tokens",
-        )
-    return requested
+    """The context-length rule (loom_runtime.wire.context_length) against this model's limits."""
+    return context_length.resolve_max_tokens(
+        requested, default, prompt_len, limits.max_model_len, param
+    )
 
 
 def _check_token_ids(ids: Sequence[int], limits: ModelLimits) -> None:
@@ -81,9 +63,34 @@ def _check_token_ids(ids: Sequence[int], limits: ModelLimits) -> None:
         )
 
 
+ENGINE_PENDING: tuple[tuple[str, object], ...] = (
+    ("min_tokens", 0),
+    ("repetition_penalty", 1.0),
+    ("min_p", 0.0),
+    ("skip_special_tokens", True),
+    ("include_stop_str_in_output", False),
+)
+"""vLLM fields the engine's sampler and detokenizer do not implement yet: accepted at these
+(vLLM's default) values, refused with a 400 naming the field otherwise, never silently dropped.
+spaces_between_special_tokens needs no entry: special tokens are always skipped, so it never
+changes the text."""
+
+
+def _check_engine_pending(req: CompletionRequest | ChatCompletionRequest) -> None:
+    for name, default in ENGINE_PENDING:
+        value = getattr(req, name)
+        if value != default:
+            raise InvalidRequestError(
+                f"{name}={value!r} is not supported by this worker yet (only {default!r}); "
+                f"leave {name} out",
+                param=name,
+            )
+
+
 def _sampling(
     req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
 ) -> SamplingParams:
+    _check_engine_pending(req)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=req.temperature,

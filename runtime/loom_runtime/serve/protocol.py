@@ -1,4 +1,5 @@
-"""OpenAI request bodies (completions, chat) as pydantic models, parsed into typed errors.
+"""OpenAI request bodies (completions, chat, and vLLM's extension fields) as pydantic models,
+parsed into typed errors; fields neither defines are ignored and named, or refused when strict.
 
 Owns field names, ranges and what Loom refuses to pretend to support; never touches the engine.
 """
@@ -22,6 +23,10 @@ from loom_runtime.wire.prompt import join_text_parts
 
 MAX_LOGPROBS = 20  # top alternatives per token, as vLLM allows
 MAX_STOP_SEQUENCES = 16
+MAX_STOP_TOKEN_IDS = 256
+MAX_MESSAGES = 4096
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.long, as vLLM bounds `seed`
+INT_MAX = 2**31 - 1  # ceiling of every count and token-id field (the vocabulary comes later)
 
 
 def _prompt(value: object) -> str | tuple[int, ...]:
@@ -39,10 +44,19 @@ def _prompt(value: object) -> str | tuple[int, ...]:
     if isinstance(value, list):
         if not value:
             raise ValueError("prompt is empty")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-            raise ValueError("a token-id prompt must be a list of non-negative integers")
+        for i, t in enumerate(value):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= INT_MAX:
+                raise ValueError(
+                    f"a token-id prompt must be a list of non-negative integers (item {i} is "
+                    f"{_shown(t)})"
+                )
         return tuple(value)
     raise ValueError("prompt must be a string or a list of token ids")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _stop(value: object) -> tuple[str, ...]:
@@ -67,11 +81,14 @@ Content = Annotated[str, PlainValidator(_message_content)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    """Strict types; fields this schema does not define are kept aside (`unknown_fields`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
 
 
 class ChatMessage(_Strict):
@@ -86,12 +103,20 @@ class _SamplingRequest(_Strict):
     model: str
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)  # vLLM extension; 0 or -1 = off
+    top_k: int = Field(0, ge=-1, le=INT_MAX)  # vLLM extension; 0 or -1 = off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)  # vLLM extension; 0 = off
     n: int = 1
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: Stop = ()
-    stop_token_ids: tuple[int, ...] = ()  # vLLM extension
+    stop_token_ids: tuple[Annotated[int, Field(ge=0, le=INT_MAX)], ...] = Field(
+        (), max_length=MAX_STOP_TOKEN_IDS
+    )  # vLLM extension
     ignore_eos: bool = False  # vLLM extension
+    min_tokens: int = Field(0, ge=0, le=INT_MAX)  # vLLM extension
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)  # vLLM extension; 1 = off
+    skip_special_tokens: bool = True  # vLLM extension
+    spaces_between_special_tokens: bool = True  # vLLM extension
+    include_stop_str_in_output: bool = False  # vLLM extension
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -134,10 +159,17 @@ class _SamplingRequest(_Strict):
     def include_usage_chunk(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous_usage_stats: every chunk carries the usage so far (needs
+        include_usage, as in vLLM)."""
+        opts = self.stream_options
+        return self.include_usage_chunk and opts is not None and opts.continuous_usage_stats
+
 
 class CompletionRequest(_SamplingRequest):
     prompt: Prompt
-    max_tokens: int | None = Field(None, ge=1)  # None = 16, as OpenAI
+    max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = 16, as OpenAI
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
@@ -166,9 +198,9 @@ class CompletionRequest(_SamplingRequest):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage]
-    max_tokens: int | None = Field(None, ge=1)  # None = the rest of the context
-    max_completion_tokens: int | None = Field(None, ge=1)  # newer name; wins over max_tokens
+    messages: list[ChatMessage] = Field(max_length=MAX_MESSAGES)
+    max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = the rest of the context
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # wins over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
@@ -237,17 +269,50 @@ def _message(err: Any, param: str | None) -> str:
     return f"{param}: {msg}" if param else msg
 
 
-def parse_request(cls: type[R], body: bytes) -> R:
-    """Parse a JSON body, or raise InvalidRequestError naming the first bad field."""
+def unknown_fields(model: BaseModel, prefix: str = "") -> tuple[str, ...]:
+    """Paths of every field in `model` (nested models included) that the schema does not
+    define, in body order: ('frobnicate', 'stream_options.x', 'messages[0].tool_calls')."""
+    found = [f"{prefix}{key}" for key in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = value if isinstance(value, list | tuple) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, BaseModel):
+                at = f"{name}[{i}]" if item is not value else name
+                found.extend(unknown_fields(item, f"{prefix}{at}."))
+    return tuple(found)
+
+
+def parse_request(cls: type[R], body: bytes, strict_fields: bool = False) -> R:
+    """Parse a JSON body, or raise InvalidRequestError naming the first bad field.
+
+    Fields the schema does not define are ignored (see `unknown_fields`), as vLLM does; with
+    `strict_fields` the first of them is refused instead.
+    """
     try:
-        return cls.model_validate_json(body)
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"the request body is not UTF-8 (invalid byte at offset {exc.start})", param=None
+        ) from None
+    try:
+        parsed = cls.model_validate_json(body)
     except ValidationError as exc:
         err = exc.errors()[0]
         if err["type"] == "json_invalid":
             raise InvalidRequestError(
                 f"the request body is not valid JSON ({err['msg']})", param=None
             ) from None
-        if err["type"] == "model_type":
+        if err["type"] == "model_type" and not err["loc"]:
             raise InvalidRequestError("the request body must be a JSON object", None) from None
         param = _param(tuple(err["loc"]))
         raise InvalidRequestError(_message(err, param), param=param) from None
+    if strict_fields:
+        unknown = unknown_fields(parsed)
+        if unknown:
+            raise InvalidRequestError(
+                f"unsupported field {unknown[0]!r}: this server does not implement it "
+                "(the worker runs with --strict-fields)",
+                param=unknown[0],
+            )
+    return parsed

@@ -144,9 +144,11 @@ def chunk(
     role: bool = False,
     token_ids: Sequence[int] | None = None,
     prompt_token_ids: Sequence[int] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk. Chat chunks carry a delta; the first has the role. With
-    return_token_ids every chunk has its new `token_ids` and the first the prompt's."""
+    return_token_ids every chunk has its new `token_ids` and the first the prompt's. `usage`
+    (vLLM's continuous_usage_stats) is the usage so far; else `usage: null` when asked for."""
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -159,7 +161,9 @@ def chunk(
         body = meta.head("text_completion")
     body["choices"] = [choice]
     _add_token_ids(kind, body, choice, token_ids, prompt_token_ids)
-    if with_usage_field:
+    if usage is not None:
+        body["usage"] = usage
+    elif with_usage_field:
         body["usage"] = None
     return body
 

@@ -17,3 +17,6 @@ PD_HEADER = "x-loom-pd"
 """remote-prefill | local-prefill: how the decode got the prompt's KV."""
 PD_FALLBACK_HEADER = "x-loom-pd-fallback"
 """Set when a remote prefill was planned and failed: why, and on which worker."""
+IGNORED_FIELDS_HEADER = "x-loom-ignored-fields"
+"""The worker's answer: request fields it does not define and ignored (comma-separated paths,
+as vLLM ignores them); the router relays it. A worker run with --strict-fields refuses them."""

@@ -7,7 +7,12 @@ import json
 import pytest
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from loom_runtime.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+    unknown_fields,
+)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -76,7 +81,26 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, logit_bias={"1": 5}), "logit_bias", "not supported"),
     (CompletionRequest, _body(COMPLETION, stop=[""]), "stop", "non-empty"),
     (CompletionRequest, _body(COMPLETION, stream_options={}), "stream_options", "stream is true"),
-    (CompletionRequest, _body(COMPLETION, frobnicate=1), "frobnicate", "unsupported field"),
+    (CompletionRequest, _body(COMPLETION, seed=99999999999999999999999), "seed", "less than"),
+    (CompletionRequest, _body(COMPLETION, seed=-(2**63) - 1), "seed", "greater than"),
+    (CompletionRequest, _body(COMPLETION, prompt=5), "prompt", "string or a list"),
+    (CompletionRequest, _body(COMPLETION, prompt=[-5]), "prompt", "item 0"),
+    (CompletionRequest, _body(COMPLETION, prompt=[1, True]), "prompt", "item 1"),
+    (CompletionRequest, _body(COMPLETION, prompt=[2**40]), "prompt", "item 0"),
+    (CompletionRequest, _body(COMPLETION, prompt=[[1], [2]]), "prompt", "batched"),
+    (CompletionRequest, _body(COMPLETION, max_tokens=2**40), "max_tokens", "less than"),
+    (CompletionRequest, _body(COMPLETION, stop_token_ids=[-1]), "stop_token_ids[0]", "greater"),
+    (CompletionRequest, _body(COMPLETION, min_tokens=-1), "min_tokens", "greater than"),
+    (CompletionRequest, _body(COMPLETION, min_p=1.5), "min_p", "less than"),
+    (CompletionRequest, _body(COMPLETION, repetition_penalty=0), "repetition_penalty", "greater"),
+    (CompletionRequest, _body(COMPLETION, ignore_eos="yes"), "ignore_eos", "boolean"),
+    (CompletionRequest,
+     _body(COMPLETION, stream=True, stream_options={"continuous_usage_stats": 1}),
+     "stream_options.continuous_usage_stats", "boolean"),
+    (CompletionRequest, b'{"model": "m", "prompt": "x", "temperature": NaN}', "temperature",
+     "finite"),
+    (CompletionRequest, b'{"model": "m", "prompt": "\xff"}', None, "not UTF-8"),
+    (ChatCompletionRequest, _body(CHAT, messages=[5]), "messages[0]", "object"),
     (ChatCompletionRequest, _body(CHAT, messages=[]), "messages", "at least one"),
     (ChatCompletionRequest, _body(CHAT, messages="hi"), "messages", "valid array"),
     (ChatCompletionRequest, _body(CHAT, messages=[{"role": "robot", "content": "x"}]),
@@ -104,3 +128,59 @@ def test_bad_request_names_its_field(
         parse_request(cls, body)
     assert info.value.param == param
     assert words in str(info.value)
+
+
+def test_vllm_extension_fields_are_read() -> None:
+    req = parse_request(
+        CompletionRequest,
+        _body(
+            COMPLETION,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            ignore_eos=True,
+            min_tokens=0,
+            repetition_penalty=1.0,
+            stop_token_ids=[3, 4],
+            skip_special_tokens=True,
+            include_stop_str_in_output=False,
+            spaces_between_special_tokens=False,
+            top_k=5,
+            min_p=0.0,
+            seed=2**63 - 1,
+        ),
+    )
+    assert req.continuous_usage and req.include_usage_chunk
+    assert req.stop_token_ids == (3, 4) and req.seed == 2**63 - 1 and req.top_k == 5
+    assert unknown_fields(req) == ()
+
+
+def test_continuous_usage_needs_include_usage_as_in_vllm() -> None:
+    opts = {"continuous_usage_stats": True}
+    req = parse_request(CompletionRequest, _body(COMPLETION, stream=True, stream_options=opts))
+    assert not req.continuous_usage
+
+
+def test_unknown_fields_are_ignored_and_named_at_any_depth() -> None:
+    body = _body(
+        CHAT,
+        frobnicate=1,
+        stream=True,
+        stream_options={"include_usage": True, "later": 2},
+        messages=[{"role": "user", "content": "hi", "tool_calls": []}],
+    )
+    req = parse_request(ChatCompletionRequest, body)
+    assert unknown_fields(req) == ("frobnicate", "stream_options.later", "messages[0].tool_calls")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_body(COMPLETION, frobnicate=1), "frobnicate"),
+        (_body(COMPLETION, stream=True, stream_options={"later": 1}), "stream_options.later"),
+    ],
+)
+def test_strict_fields_refuses_unknown_fields(body: bytes, param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_request(CompletionRequest, body, strict_fields=True)
+    assert info.value.param == param
+    assert "unsupported field" in str(info.value)
