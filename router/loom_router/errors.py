@@ -67,7 +67,12 @@ class UpstreamBrokenError(UpstreamError):
 
 
 class BadRequestError(RouterError):
-    """The client's body is not a JSON object, or misses what routing needs (HTTP 400)."""
+    """The client's body is not a JSON object, or misses what routing needs (HTTP 400);
+    `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class UnauthorizedError(RouterError):
@@ -88,9 +93,10 @@ class Reply:
     type: str
     code: str | None
     message: str
+    param: str | None = None
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": None,
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}  # fmt: skip
 
 
@@ -114,7 +120,8 @@ def classify(exc: BaseException, request_id: str | None = None) -> Reply:
     """The reply for `exc`; errors the router did not raise on purpose hide their text."""
     for cls, status, kind, code in _TABLE:
         if isinstance(exc, cls):
-            return Reply(status, kind, code, str(exc))
+            param = exc.param if isinstance(exc, BadRequestError) else None
+            return Reply(status, kind, code, str(exc), param)
     where = f" (request {request_id})" if request_id else ""
     return Reply(500, "server_error", None, f"internal router error{where}; see the router log")
 

@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
+
 Kind = Literal["completion", "chat"]
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 COMPLETIONS_PATH = "/v1/completions"
 _NOT_FOR_COMPLETIONS = frozenset(
     {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",

@@ -21,7 +21,12 @@ from loom_router.core.request import RequestFeatures
 from loom_router.errors import RouterError, classify
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.sse import encode
-from loom_runtime.wire.headers import ENDPOINT_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
+from loom_runtime.wire.headers import (
+    ENDPOINT_HEADER,
+    IGNORED_FIELDS_HEADER,
+    REQUEST_ID_HEADER,
+    WEIGHTS_HEADER,
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,9 @@ class ClientReply:
             self.version = headers.get(WEIGHTS_HEADER) or endpoint.weights_version
             self.headers[ENDPOINT_HEADER] = endpoint.id
             self.headers[WEIGHTS_HEADER] = self.version
+            ignored = headers.get(IGNORED_FIELDS_HEADER)
+            if ignored:  # the worker names request fields it ignored
+                self.headers[IGNORED_FIELDS_HEADER] = ignored
 
     async def send(self, chunk: Mapping[str, Any] | str) -> None:
         await self._write(encode(dict(chunk) if not isinstance(chunk, str) else chunk))

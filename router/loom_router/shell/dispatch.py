@@ -9,7 +9,6 @@ never retries (attempt_loop.py) and never maps errors to statuses (loom_router.e
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -18,10 +17,16 @@ from typing import Any
 
 from aiohttp import web
 
+from loom_router.core.body_check import (
+    check_body,
+    check_context,
+    check_rewritten_fields,
+    parse_body,
+)
 from loom_router.core.migration import Kind
 from loom_router.core.request import RequestFeatures, features_from_text, features_from_tokens
 from loom_router.core.state import RouterState
-from loom_router.errors import BadRequestError, PrefillFailedError, UpstreamRefusedError
+from loom_router.errors import PrefillFailedError, UpstreamRefusedError
 from loom_router.shell.attempt_loop import AttemptLoop
 from loom_router.shell.client_reply import Trip
 from loom_router.shell.metrics import RouterMetrics
@@ -62,14 +67,17 @@ class Dispatcher:
     async def handle(self, request: web.Request, kind: Kind, request_id: str) -> web.StreamResponse:
         started = time.perf_counter()
         body = await _json_body(request)
+        check_body(kind, body)
         session = request.headers.get(self.settings.session_header)
         if _short(kind, body):  # a few blocks: cheaper than a hop to a thread
-            features = self.features(request_id, kind, body, session)
+            features, ids = self.features(request_id, kind, body, session)
         else:
-            features = await asyncio.to_thread(self.features, request_id, kind, body, session)
+            features, ids = await asyncio.to_thread(self.features, request_id, kind, body, session)
         choice = await self.picking.pick_waiting(features)
         self.metrics.overhead.observe(time.perf_counter() - started)
         up_headers = {REQUEST_ID_HEADER: request_id}
+        if choice.prefill is not None:  # a client's error is decided here, not as a P/D fault
+            await self._check_before_prefill(choice, kind, body, ids)
         decode, out_headers = await self._prefill(choice, request.path, body, up_headers)
         trip = Trip(
             request_id, kind, request.path, body, up_headers, out_headers, started, features
@@ -81,8 +89,9 @@ class Dispatcher:
 
     def features(
         self, request_id: str, kind: Kind, body: Mapping[str, Any], session: str | None
-    ) -> RequestFeatures:
-        """CPU-bound (tokenizing, hashing): call it in a thread."""
+    ) -> tuple[RequestFeatures, list[int] | None]:
+        """The request's features and its prompt ids when the router tokenized it. CPU-bound
+        (tokenizing, hashing): call it in a thread."""
         ids: list[int] | None = None
         if self.tokenizer is not None:
             if kind == "completion":
@@ -92,13 +101,25 @@ class Dispatcher:
         approximate = self.settings.prefix_scorer == "approximate"
         text = _prompt_text(kind, body, ids) if approximate or ids is None else None
         if ids is not None and not approximate:
-            return features_from_tokens(request_id, ids, self.state.hasher, session_token=session)
+            hasher = self.state.hasher
+            return features_from_tokens(request_id, ids, hasher, session_token=session), ids
         features = features_from_text(request_id, text or "", session_token=session)
         if ids is not None:
             features = replace(features, prompt_tokens=len(ids))
-        return features
+        return features, ids
 
     # --- P/D ----------------------------------------------------------------------------------
+
+    async def _check_before_prefill(
+        self, choice: Choice, kind: Kind, body: Mapping[str, Any], ids: list[int] | None
+    ) -> None:
+        """What the decode would refuse and the prefill cannot see: the fields the prefill body
+        rewrites, and a prompt too long for the decode's context."""
+        check_rewritten_fields(body)
+        if ids is not None:
+            max_len = await self.picking.max_model_len(choice.endpoint)
+            if max_len is not None:
+                check_context(kind, body, len(ids), max_len)
 
     async def _prefill(
         self, choice: Choice, path: str, body: dict[str, Any], headers: Mapping[str, str]
@@ -152,14 +173,7 @@ def _short(kind: Kind, body: Mapping[str, Any]) -> bool:
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise BadRequestError(f"the request body is not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise BadRequestError("the request body must be a JSON object")
-    return body
+    return parse_body(await request.read())
 
 
 def _prompt_text(kind: Kind, body: Mapping[str, Any], ids: list[int] | None = None) -> str:

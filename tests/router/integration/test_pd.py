@@ -110,3 +110,23 @@ def test_a_failed_prefill_falls_back_and_says_so(fleet: dict[str, Any], launch_r
         status, answer, _ = router.post("/v1/completions", body(ids))
         assert status == 502 and answer["error"]["code"] == "prefill_failed"
         assert "onTransferFailure" in answer["error"]["message"]
+
+
+def test_an_over_length_prompt_is_refused_before_the_prefill_hop(
+    fleet: dict[str, Any], launch_router: Any
+) -> None:
+    """A client's error is not a P/D fault: no prefill runs, no fallback is logged or counted."""
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/completions", body(prompt(88, 2100)))
+        assert status == 400, answer
+        assert answer["error"]["param"] == "prompt"
+        assert "maximum context length is 2048" in answer["error"]["message"]
+        assert "x-loom-pd-fallback" not in headers
+        status, answer, _ = router.post("/v1/completions", body(prompt(89, 2040), max_tokens=16))
+        assert status == 400 and answer["error"]["param"] == "max_tokens", answer
+        status, answer, _ = router.post("/v1/completions", body(prompt(90, 100), max_tokens=0))
+        assert status == 400 and answer["error"]["param"] == "max_tokens", answer
+        assert router.metric("loom_router:pd_fallbacks_total", reason="status") == 0
+        assert router.metric("loom_router:pd_total", mode="remote-prefill") == 0
+    assert fleet["prefill"].proc.pool_whole()  # no lease waits for a decode that never came

@@ -61,6 +61,40 @@ def test_the_router_refuses_what_it_cannot_route(router: Any, launch_router: Any
         assert "no decode or aggregated endpoint" in answer["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "sent", "param", "words"),
+    [
+        ("/v1/completions", {"prompt": 5}, "prompt", "string or a list of token ids"),
+        ("/v1/completions", {"prompt": [-5]}, "prompt", "non-negative integers"),
+        ("/v1/completions", {"prompt": [[1], [2]]}, "prompt", "batched"),
+        ("/v1/chat/completions", {"messages": [5]}, "messages[0]", "an object"),
+        ("/v1/chat/completions", {"messages": None}, "messages", "array"),
+    ],
+)
+def test_unroutable_prompts_get_a_400_naming_the_field(
+    router: Any, path: str, sent: dict[str, Any], param: str, words: str
+) -> None:
+    """Finding 2: `prompt: 5` and `prompt: [-5]` were 500s (the router crashed reading them);
+    `messages: [5]` said the body was not a JSON object."""
+    status, answer, _ = router.post(path, {"model": MODEL, "max_tokens": 2, **sent})
+    assert status == 400, answer
+    assert answer["error"]["param"] == param and words in answer["error"]["message"]
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert "JSON object" not in answer["error"]["message"]
+
+
+def test_vllm_fields_pass_through_and_ignored_ones_are_named(router: Any) -> None:
+    status, _, headers = router.post("/v1/completions", body(frobnicate=1, top_k=3, seed=7))
+    assert status == 200 and headers["x-loom-ignored-fields"] == "frobnicate"
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    stream = router.stream("/v1/completions", body(stream_options=options, ignore_eos=True))
+    events = list(stream.events())
+    stream.close()
+    assert stream.status == 200 and events
+    assert all(isinstance(e.get("usage"), dict) for e in events), events
+    assert events[-1]["usage"]["completion_tokens"] == 3
+
+
 def test_models_health_ready_and_metrics(router: Any) -> None:
     status, models, _ = router.get("/v1/models")
     assert status == 200 and [m["id"] for m in models["data"]] == [MODEL]
