@@ -26,9 +26,33 @@ pytestmark = pytest.mark.timeout(420)
 TINY_PD = list(yaml.safe_load_all((REPO / "examples" / "tiny-pd.yaml").read_text()))
 
 
-@pytest.fixture(scope="module")
-def operator_ns(cluster: Cluster) -> Iterator[str]:
-    """A namespace with Loom's CRDs installed and an operator watching it."""
+class Operator:
+    """One `loom operator` process watching one namespace, its output in a log file."""
+
+    def __init__(self, cluster: Cluster, namespace: str, tag: str) -> None:
+        assert cluster.root is not None
+        self.log = cluster.root / f"operator-{namespace}-{tag}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "loom_operator.cli", "operator", "--kubeconfig",
+                 str(cluster.kubeconfig), "--namespace", namespace, "--kv-connector", "tcp"],
+                stdout=out, stderr=subprocess.STDOUT, env=cluster.env,
+            )  # fmt: skip
+
+    def said(self, text: str) -> bool:
+        return text in self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def operator_namespace(cluster: Cluster) -> str:
+    """A new namespace, with Loom's CRDs installed in the cluster."""
     if not cluster.runs_pods_as_processes:
         pytest.skip("needs pod IPs reachable from the test (the local provider)")
     name = f"op-{uuid.uuid4().hex[:6]}"
@@ -36,23 +60,19 @@ def operator_ns(cluster: Cluster) -> Iterator[str]:
     for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
     cluster.kubectl("create", "namespace", name)
-    assert cluster.root is not None
-    log = open(cluster.root / f"operator-{name}.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loom_operator.cli", "operator",
-         "--kubeconfig", str(cluster.kubeconfig), "--namespace", name, "--kv-connector", "tcp"],
-        stdout=log, stderr=subprocess.STDOUT, env=cluster.env,
-    )  # fmt: skip
+    return name
+
+
+@pytest.fixture(scope="module")
+def operator_ns(cluster: Cluster) -> Iterator[str]:
+    """A namespace with an operator watching it."""
+    name = operator_namespace(cluster)
+    operator = Operator(cluster, name, "main")
     try:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        operator.stop()
 
 
 def card(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -291,3 +311,29 @@ def test_a_glm_5_class_fleet_is_scheduled_onto_gpu_nodes_and_its_status_converge
         cluster.kubectl("delete", "deploymentcard", "glm-5", "-n", ns, "--wait=false", check=False)
         for name in nodes:
             cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def test_of_two_operator_replicas_exactly_one_acts_and_the_other_takes_over(
+    cluster: Cluster,
+) -> None:
+    ns = operator_namespace(cluster)
+    first = Operator(cluster, ns, "a")
+    second = None
+    try:
+        wait_for(lambda: first.said("acquired lease"), 60, "the first replica to lead")
+        second = Operator(cluster, ns, "b")
+        wait_for(lambda: second.said("another replica leads"), 60, "the second replica to wait")
+        cluster.kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / "tiny-aggregated.yaml"))
+        wait_for(lambda: first.said("applied"), 60, "the leader to apply the card")
+        assert not second.said("applied"), "the waiting replica acted too"
+
+        first.proc.kill()  # kill -9: no release, the lease must expire
+        first.proc.wait()
+        wait_for(lambda: second.said("acquired lease"), 60, "the second replica to take over")
+        wait_for(lambda: second.said("applied"), 60, "the new leader to resume the card")
+        wait_for(lambda: ready(cluster, ns, "tiny-aggregated"), 300, "tiny-aggregated Ready")
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for op in (first, second):
+            if op is not None:
+                op.stop()

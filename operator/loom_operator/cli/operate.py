@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
+from loom_operator.k8s.leader import LeaseSettings
 from loom_operator.k8s.settings import RenderSettings
 
 
@@ -29,6 +33,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--runtime-image", default=defaults.runtime_image, help="worker pods' image")
     p.add_argument("--router-image", default=defaults.router_image, help="router pods' image")
     p.add_argument("--kv-connector", choices=("nixl", "tcp"), help="P/D workers' KV connector")
+    p.add_argument(
+        "--no-leader-elect", dest="leader_elect", action="store_false",
+        help="act without holding the loom-operator Lease (only when a single replica runs)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(run=run)
 
@@ -38,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from loom_operator.k8s import handlers
     from loom_operator.k8s.kube import Kube
+    from loom_operator.k8s.leader import LeaderElector
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -52,12 +61,45 @@ def run(args: argparse.Namespace) -> int:
         kv_connector=args.kv_connector,
     )
     namespaces = args.namespace or [os.environ.get("POD_NAMESPACE", "default")]
-    memo = kopf.Memo(kube=Kube(args.kubeconfig), settings=settings)
+    kube = Kube(args.kubeconfig)
+    memo = kopf.Memo(kube=kube, settings=settings)
     assert handlers.configure is not None  # the import registers the handlers with kopf
-    kopf.run(
-        standalone=True,
-        clusterwide=args.all_namespaces,
-        namespaces=() if args.all_namespaces else namespaces,
-        memo=memo,
-    )
-    return 0
+    stop, kopf_stop = threading.Event(), threading.Event()
+    elector = None
+    if args.leader_elect:
+        elector = LeaderElector(kube, lease_settings(namespaces))
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            if not elector.acquire(stop):
+                return 0
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        threading.Thread(target=elector.keep, args=(stop,), daemon=True).start()
+        threading.Thread(target=_stop_on, args=(elector.lost, kopf_stop), daemon=True).start()
+    try:
+        kopf.run(
+            standalone=True,
+            clusterwide=args.all_namespaces,
+            namespaces=() if args.all_namespaces else namespaces,
+            memo=memo,
+            stop_flag=kopf_stop,
+        )
+    finally:
+        stop.set()
+        if elector is not None and not elector.lost.is_set():
+            elector.release()
+    return 1 if elector is not None and elector.lost.is_set() else 0
+
+
+def _stop_on(lost: threading.Event, kopf_stop: threading.Event) -> None:
+    """A replica that lost the lease stops acting at once (its pod is restarted)."""
+    lost.wait()
+    kopf_stop.set()
+
+
+def lease_settings(namespaces: list[str]) -> LeaseSettings:
+    """The Lease every replica of this operator contends for: in its own namespace in a pod,
+    else in the first namespace it watches."""
+    namespace = os.environ.get("POD_NAMESPACE") or namespaces[0]
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    return LeaseSettings("loom-operator", namespace, identity)

@@ -118,8 +118,10 @@ def reconcile(card: Obj, memo: kopf.Memo) -> dict[str, Any] | None:
         return validity(card, _problems(exc))
     (model,), (deployment,) = cards.model_cards, cards.deployment_cards
     _ensure_secret(kube, namespace, name, str(meta["uid"]))
-    for manifest in render(model, deployment, str(meta["uid"]), settings):
+    manifests = render(model, deployment, str(meta["uid"]), settings)
+    for manifest in manifests:
         kube.apply(manifest, FIELD_MANAGER)
+    logger.info("applied %d objects of %s/%s", len(manifests), namespace, name)
     if (card.get("status") or {}).get("phase") == "Invalid":
         return validity(card, None) | {"phase": "Progressing"}
     return None
