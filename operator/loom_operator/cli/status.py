@@ -76,6 +76,9 @@ def render(console: Console, status: FleetStatus, running: bool) -> None:
         f"[bold]{status.deployment}[/]  {state}  endpoint {status.endpoint}  "
         f"target {status.target_version} ({status.strategy})  [dim]as of {age:.0f}s ago[/]"
     )
+    sync = status.weight_sync
+    if sync is not None and sync.active:
+        console.print(f"weight sync to {sync.target_version}: {sync.phase} — {sync.message}")
     table = Table("worker", "role", "address", "version", "state", "ready", "routed",
                   "in-flight", "restarts", "KV free")  # fmt: skip
     for w in status.workers:

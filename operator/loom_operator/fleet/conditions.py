@@ -22,6 +22,7 @@ ALL_READY = "AllReplicasReady"
 PARTIALLY_READY = "PartiallyReady"
 FALLBACK = "AggregatedFallback"
 NOT_SERVING = "NoRoutableWorkers"
+SYNC_HOLDING = "WeightSyncHolding"
 SCALED_TO_ZERO = "ScaledToZero"
 WEIGHT_SYNC = "WeightSync"
 SCALING_DOWN = "ScalingDown"
@@ -90,6 +91,13 @@ def _ready(p: Plans, routable: list[WorkerState]) -> SetCondition:
             "prompts themselves"
         )
         return SetCondition("Ready", "True", FALLBACK, msg)
+    if p.sync.syncing and not p.failover.failed and not p.scaling.missing:
+        held = p.observed.held_requests
+        msg = (
+            f"the weight sync has paused what serves requests ({roles} routable); the router "
+            f"holds {held} request(s) until a worker serves again: {p.sync.message}"
+        )
+        return SetCondition("Ready", "False", SYNC_HOLDING, msg)
     why = _why_not_serving(p)
     return SetCondition("Ready", "False", NOT_SERVING, f"nothing can serve requests: {why}")
 

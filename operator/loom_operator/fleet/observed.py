@@ -79,6 +79,8 @@ class FleetObservation:
     workers: tuple[WorkerState, ...]
     now: float
     by_name: Mapping[str, WorkerState] = field(init=False, repr=False, compare=False)
+    held_requests: int = 0
+    """Requests the router holds for paused capacity (a sync took a role out); 0 if unknown."""
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.workers, key=lambda w: w.name))

@@ -61,6 +61,9 @@ class Executor:
         self._router = router
         self._events = events
         self._loads: dict[str, asyncio.Task[None]] = {}
+        self._told: dict[str, tuple[str, str]] = {}
+        """Condition type -> the (status, reason) last printed: a line per change, not per
+        message update (status.json always has the current message)."""
         self.wake = asyncio.Event()
         """Set when something finished between rounds (a LoadWeights call)."""
 
@@ -80,8 +83,10 @@ class Executor:
 
     async def _do(self, a: Action, r: Round) -> None:
         if isinstance(a, SetCondition):
-            msg = f"{a.type} {a.status} ({a.reason}): {a.message}"
-            self._events(FleetEvent("condition", msg))
+            if self._told.get(a.type) != (a.status, a.reason):
+                self._told[a.type] = (a.status, a.reason)
+                msg = f"{a.type} {a.status} ({a.reason}): {a.message}"
+                self._events(FleetEvent("condition", msg))
         elif isinstance(a, RouteOff):
             await self._router.down(a.worker)
         elif isinstance(a, Freeze):
@@ -149,6 +154,7 @@ class Executor:
         async def load() -> None:
             try:
                 status = await client.load_weights(a.source, a.version, timeout)
+                self._processes.record_version(a.worker, a.version)
                 msg = f"{a.worker} loaded {a.version} ({status.state})"
                 self._events(FleetEvent("weights", msg, a.worker))
             except ControlError as exc:

@@ -32,7 +32,13 @@ from loom_operator.local.observe import Observer, worker_state
 from loom_operator.local.ports import free_ports, port_is_free
 from loom_operator.local.router_admin import RouterAdmin
 from loom_operator.local.routing import RouterLink
-from loom_operator.local.snapshot import FleetStatus, condition_rows, save_status, worker_row
+from loom_operator.local.snapshot import (
+    FleetStatus,
+    condition_rows,
+    save_status,
+    weight_sync_row,
+    worker_row,
+)
 from loom_operator.local.state import (
     Applied,
     ControllerInfo,
@@ -251,6 +257,7 @@ class LocalFleet:
         probes = await self.observer.probe_all(members, alive, now)
         if self.processes.router_alive():
             await self.router.refresh()
+            await self.router.refresh_held(self.endpoint.removesuffix("/v1") + "/metrics")
         loading = self.executor.loading
         states = [
             worker_state(
@@ -263,7 +270,7 @@ class LocalFleet:
             )
             for w in members
         ]
-        return FleetObservation(tuple(states), now)
+        return FleetObservation(tuple(states), now, held_requests=self.router.held)
 
     async def _keep_router(self, now: float) -> None:
         """Restart a router that exited, with backoff (the endpoint keeps its port)."""
@@ -347,6 +354,7 @@ class LocalFleet:
             updated_at=now,
             workers=rows,
             conditions=condition_rows(rec.conditions),
+            weight_sync=weight_sync_row(rec.conditions, self.cards.desired.weights_version),
         )
         self.status = status
         written = self._written

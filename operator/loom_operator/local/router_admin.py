@@ -80,6 +80,35 @@ class RouterAdmin:
     async def op(self, endpoint_id: str, op: Op) -> None:
         await self._request("POST", f"{ENDPOINTS_PATH}/{endpoint_id}/{op}")
 
+    async def held_requests(self, metrics_url: str) -> int:
+        """How many requests the router holds for paused capacity (its public /metrics)."""
+        what = f"GET {metrics_url}"
+        try:
+            async with self._client().get(metrics_url) as r:
+                text = await r.text()
+        except aiohttp.ClientError as exc:
+            raise RouterAdminError(what, 0, str(exc) or type(exc).__name__) from None
+        except TimeoutError:
+            raise RouterAdminError(what, 0, "timed out") from None
+        if r.status != 200:
+            raise RouterAdminError(what, r.status, text[:300])
+        return held_from_metrics(text)
+
+
+HELD_METRIC = "loom_router:held_requests"
+
+
+def held_from_metrics(text: str) -> int:
+    """The router's held-requests gauge in Prometheus text (0 when it is absent)."""
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == HELD_METRIC:
+            try:
+                return max(0, int(float(value)))
+            except ValueError:
+                return 0
+    return 0
+
 
 def _json(text: str) -> Any:
     try:

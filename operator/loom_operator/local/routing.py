@@ -36,6 +36,8 @@ class RouterLink:
         self.view: dict[str, EndpointRecord] = {}
         self.known = False
         """True once the table was read since the router (re)started."""
+        self.held = 0
+        """Requests the router held for paused capacity when last asked."""
 
     async def refresh(self) -> bool:
         """Re-read the table; False (keeping the last view) when the router does not answer."""
@@ -47,10 +49,18 @@ class RouterLink:
         self.known = True
         return True
 
+    async def refresh_held(self, metrics_url: str) -> None:
+        """Re-read the held-requests count (kept when the router does not answer)."""
+        try:
+            self.held = await self.admin.held_requests(metrics_url)
+        except RouterAdminError as exc:
+            logger.info("router metrics unavailable: %s", exc)
+
     def forget(self) -> None:
         """The router restarted: its table is empty until read again."""
         self.view = {}
         self.known = False
+        self.held = 0
 
     def routed(self, name: str) -> bool:
         e = self.view.get(name)

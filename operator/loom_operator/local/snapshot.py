@@ -47,6 +47,18 @@ class ConditionRow:
 
 
 @dataclass(frozen=True)
+class WeightSyncRow:
+    """Where the weight sync stands (the WeightSyncing condition, as data for scripts)."""
+
+    active: bool
+    phase: str
+    """The condition's reason: InSync when idle, else the strategy (Rolling, Barrier) or what
+    holds it up (CapacityGap, …; docs/fleet.md)."""
+    target_version: str
+    message: str
+
+
+@dataclass(frozen=True)
 class FleetStatus:
     deployment: str
     endpoint: str
@@ -59,6 +71,7 @@ class FleetStatus:
     workers: tuple[WorkerRow, ...] = ()
     conditions: tuple[ConditionRow, ...] = ()
     stopped: bool = False
+    weight_sync: WeightSyncRow | None = None
 
     def condition(self, type_: str) -> ConditionRow | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -73,6 +86,8 @@ class FleetStatus:
             raise ValueError(f"not a {SCHEMA} document")
         doc["workers"] = tuple(WorkerRow(**w) for w in doc["workers"])
         doc["conditions"] = tuple(ConditionRow(**c) for c in doc["conditions"])
+        sync = doc.get("weight_sync")
+        doc["weight_sync"] = WeightSyncRow(**sync) if isinstance(sync, dict) else None
         return cls(**doc)
 
 
@@ -105,6 +120,13 @@ def worker_row(
 
 def condition_rows(conditions: tuple[SetCondition, ...]) -> tuple[ConditionRow, ...]:
     return tuple(ConditionRow(c.type, c.status, c.reason, c.message) for c in conditions)
+
+
+def weight_sync_row(conditions: tuple[SetCondition, ...], target: str) -> WeightSyncRow | None:
+    c = next((c for c in conditions if c.type == "WeightSyncing"), None)
+    if c is None:
+        return None
+    return WeightSyncRow(c.status == "True", c.reason, target, c.message)
 
 
 def save_status(paths: StatePaths, status: FleetStatus) -> None:

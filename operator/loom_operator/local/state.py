@@ -146,7 +146,8 @@ class WorkerEntry:
     kv_replay_port: int
     kv_side_port: int | None
     version: str
-    """The weights version it was started with (it may have loaded another since)."""
+    """The weights version it serves as far as the controller knows: the one it was started
+    with, or the last one a LoadWeights call finished loading."""
     source: str
     restarts: int = 0
     last_exit_at: float | None = None

@@ -162,6 +162,12 @@ class ProcessSet:
         self._save(self.table.with_worker(entry))
         return entry
 
+    def record_version(self, name: str, version: str) -> None:
+        """Worker `name` now serves `version` (a LoadWeights finished): the table says so."""
+        entry = self.table.get(name)
+        if entry is not None and entry.version != version:
+            self._save(self.table.with_worker(dataclasses.replace(entry, version=version)))
+
     def stop_worker(self, name: str) -> None:
         """Begin stopping `name` (it leaves the fleet now; the process ends in the background)."""
         entry = self.table.get(name)

@@ -65,6 +65,15 @@ class Picking:
         self.rng = random.Random(seed)
         self._turn = 0
         self._max_model_len: int | None = None
+        self.held = 0
+        """Requests waiting in `pick_waiting` for paused capacity now (a sync, a gap)."""
+        metrics.add_gauge(
+            "held_requests",
+            "Requests held (not refused) while every worker that could take them is paused: "
+            "a weight sync or a capacity gap. `loom up` reports it in the Ready condition.",
+            (),
+            lambda: [((), float(self.held))],
+        )
 
     def pick(self, features: RequestFeatures) -> Choice:
         choice = self._choose(features)
@@ -74,13 +83,22 @@ class Picking:
     async def pick_waiting(self, features: RequestFeatures) -> Choice:
         """`pick`, but while capacity is only paused (see CAPACITY_WAIT_S) wait for it."""
         deadline = time.monotonic() + CAPACITY_WAIT_S
-        while True:
-            try:
-                return self.pick(features)
-            except NoEndpointError:
-                if time.monotonic() >= deadline or not self._capacity_paused():
-                    raise
-            await asyncio.sleep(CAPACITY_POLL_S)
+        try:
+            return self.pick(features)
+        except NoEndpointError:
+            if not self._capacity_paused():
+                raise
+        self.held += 1
+        try:
+            while True:
+                await asyncio.sleep(CAPACITY_POLL_S)
+                try:
+                    return self.pick(features)
+                except NoEndpointError:
+                    if time.monotonic() >= deadline or not self._capacity_paused():
+                        raise
+        finally:
+            self.held -= 1
 
     def repick(self, features: RequestFeatures, exclude: set[str], version: str | None) -> Endpoint:
         """Another serving endpoint for a request that failed (on `version` if given)."""

@@ -141,10 +141,24 @@ def test_barrier_says_nothing_serves_and_why(fleet: Any, worker: Any) -> None:
         Freeze("dep-decode-0"),
     }
     ready = rec.condition("Ready")
-    assert (ready.status, ready.reason) == ("False", "NoRoutableWorkers")
-    assert "Barrier" in ready.message
+    assert (ready.status, ready.reason) == ("False", "WeightSyncHolding")
+    assert "Barrier" in ready.message and "holds 0 request(s)" in ready.message
     assert _conds(rec)["Progressing"] == ("True", "WeightSync")
     assert rec.wake_at == 10.0  # the drain timeout
+
+
+def test_a_rolling_sync_with_one_worker_per_role_says_the_router_holds_requests(
+    fleet: Any, worker: Any
+) -> None:
+    """Finding 5: the router held every request of a one-replica Rolling sync, and Ready said
+    'NoRoutableWorkers: nothing can serve requests'."""
+    desired = fleet({"prefill": 1, "decode": 1}, strategy="Rolling")
+    workers = (worker("prefill", 0, "v1"), worker("decode", 0, "v1"))
+    rec = reconcile(desired, FleetObservation(workers, 0.0, held_requests=3), FleetRecord())
+    ready = rec.condition("Ready")
+    assert (ready.status, ready.reason) == ("False", "WeightSyncHolding"), ready
+    assert "holds 3 request(s)" in ready.message
+    assert _conds(rec)["WeightSyncing"][0] == "True"
 
 
 def test_bring_up_reports_scaling_up_and_not_degraded(fleet: Any) -> None:

@@ -3,6 +3,7 @@ fed the same KV events make the same decisions; on, a burst sharing a new prompt
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -106,3 +107,29 @@ def test_replicas_break_ties_the_same_way_whatever_they_routed_before(
     for n in range(20):  # an idle fleet and a new prompt: every endpoint ties
         picks = {d.pick(request(d, f"tie-{n}", [*NEW, n])).endpoint.id for d in replicas}
         assert len(picks) == 1
+
+
+def test_requests_held_for_paused_capacity_are_counted_and_exported(
+    endpoint: EndpointFactory,
+) -> None:
+    """While every serving worker is draining (a one-replica sync) a request waits, counted in
+    loom_router:held_requests, and is routed when one serves again."""
+    source = StaticEndpoints([endpoint("a", role="aggregated", draining=True)])
+    state = RouterState(SETTINGS)
+    state.on_endpoints(source.snapshot())
+    metrics = RouterMetrics()
+    picking = Picking(source=source, state=state, upstream=Upstream(UpstreamTimeouts()),
+                      metrics=metrics)  # fmt: skip
+
+    async def scenario() -> tuple[int, str, str]:
+        waiting = asyncio.create_task(picking.pick_waiting(request(picking, "r1", NEW)))
+        while picking.held == 0:
+            await asyncio.sleep(0.01)
+        exported = metrics.render().decode()
+        source.update(replace(source.snapshot().endpoints[0], draining=False))
+        choice = await waiting
+        return picking.held, exported, choice.endpoint.id
+
+    held_after, exported, picked = asyncio.run(scenario())
+    assert "loom_router:held_requests 1.0" in exported
+    assert held_after == 0 and picked == "a"
