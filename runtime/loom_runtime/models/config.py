@@ -5,7 +5,6 @@ Parses and validates once, collecting every problem; never touches weights or th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.cache import KVCacheSpec
+from loom_runtime.wire.tokenizer import read_json_object
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")
@@ -146,17 +146,9 @@ class ModelConfig:
 
 
 def _read_json(path: Path, required: bool) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise CheckpointError(f"{path} is missing: a checkpoint directory needs config.json")
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return data
+    if required and not path.is_file():
+        raise CheckpointError(f"{path} is missing: a checkpoint directory needs config.json")
+    return read_json_object(path)
 
 
 def _positive_int(raw: Mapping[str, Any], name: str, errors: list[str]) -> int:

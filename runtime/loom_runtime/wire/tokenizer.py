@@ -56,7 +56,7 @@ class Tokenizer:
             backend = tokenizers.Tokenizer.from_file(str(file))
         except Exception as exc:  # the Rust side raises a bare Exception
             raise CheckpointError(f"{file} cannot be loaded: {exc}") from exc
-        config = _read_config(root / "tokenizer_config.json")
+        config = read_json_object(root / "tokenizer_config.json")
         special = {key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
         source = _template_source(root, config)
         template = None if source is None else ChatTemplate(source, special)
@@ -149,7 +149,8 @@ class IncrementalDecoder:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict ({} when absent); CheckpointError when unreadable."""
     if not path.is_file():
         return {}
     try:
