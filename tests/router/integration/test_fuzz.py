@@ -23,7 +23,7 @@ from loom_runtime.testing.processes import poll
 
 MODEL = "tiny-router"
 VOCAB = 4142  # the tiny checkpoint's vocabulary
-EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "40"))  # `make fuzz`: 400
+EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "30"))  # `make fuzz`: 300
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
