@@ -35,17 +35,30 @@ def clamp(value: float) -> float:
     return 1.0 if value > 1.0 else value
 
 
+def with_fleet_mean(candidates: tuple[str, ...], values: Mapping[str, float]) -> dict[str, float]:
+    """`values` with each unknown candidate (no fresh scrape) at the mean of the known ones.
+
+    A stale endpoint is neither the best (it may be loaded) nor the worst (on a saturated
+    machine a burst could otherwise skip it entirely): it counts as the fleet's average.
+    Nothing known: nothing to impute, `values` as given.
+    """
+    known = [values[c] for c in candidates if c in values]
+    if not known:
+        return dict(values)
+    mean = sum(known) / len(known)
+    return {c: values.get(c, mean) for c in candidates}
+
+
 def lower_is_better(candidates: tuple[str, ...], values: Mapping[str, float]) -> dict[str, float]:
     """Min-max scaled so the lowest value scores 1 and the highest 0 (all equal: all 1).
 
-    A candidate missing from `values` is unknown and scores 0: never mistaken for idle.
+    An unknown candidate counts as the fleet mean (`with_fleet_mean`); with nothing known at
+    all, every candidate scores 0.
     """
+    values = with_fleet_mean(candidates, values)
     known = [values[c] for c in candidates if c in values]
     if not known:
         return dict.fromkeys(candidates, 0.0)
     low, high = min(known), max(known)
     span = high - low
-    return {
-        c: (0.0 if c not in values else 1.0 if span <= 0 else clamp((high - values[c]) / span))
-        for c in candidates
-    }
+    return {c: 1.0 if span <= 0 else clamp((high - values[c]) / span) for c in candidates}

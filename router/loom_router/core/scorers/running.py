@@ -1,6 +1,7 @@
 """Running scorer: fewer requests in the running batch (vllm:num_requests_running) scores higher.
 
-Owns the scaling across candidates; never reads a stale scrape (unknown scores 0).
+Owns the scaling across candidates; never reads a stale scrape (an unknown endpoint
+counts as the fleet mean).
 """
 
 from __future__ import annotations

@@ -18,11 +18,12 @@ def test_clamp(value: float, expected: float) -> None:
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        ({"a": 0, "b": 10}, {"a": 1.0, "b": 0.0, "c": 0.0}),
+        ({"a": 0, "b": 10}, {"a": 1.0, "b": 0.0, "c": 0.5}),  # c unknown: the fleet mean
         ({"a": 2, "b": 4, "c": 3}, {"a": 1.0, "b": 0.0, "c": 0.5}),
         ({"a": 5, "b": 5, "c": 5}, {"a": 1.0, "b": 1.0, "c": 1.0}),  # all equal: all best
-        ({"a": 5}, {"a": 1.0, "b": 0.0, "c": 0.0}),  # b, c unknown: never best
-        ({}, {"a": 0.0, "b": 0.0, "c": 0.0}),
+        ({"a": 5}, {"a": 1.0, "b": 1.0, "c": 1.0}),  # b, c unknown: as loaded as a
+        ({"a": 0, "b": 8, "c": 1}, {"a": 1.0, "b": 0.0, "c": 0.875}),
+        ({}, {"a": 0.0, "b": 0.0, "c": 0.0}),  # nothing known
     ],
 )
 def test_lower_is_better(values: dict[str, float], expected: dict[str, float]) -> None:

@@ -41,7 +41,7 @@ CASES: list[tuple[str, Scorer, ScoringContext, dict[str, float]]] = [
         ctx(blocks={"b": 1}, total=4),
         {"a": 0, "b": 0.25, "c": 0},
     ),
-    # queue: fewer waiting is better; unknown (stale) is worst, never idle
+    # queue: fewer waiting is better; unknown (stale) counts as the fleet mean, never idle
     (
         "queue",
         queue.score,
@@ -51,8 +51,8 @@ CASES: list[tuple[str, Scorer, ScoringContext, dict[str, float]]] = [
     (
         "queue stale",
         queue.score,
-        ctx({"a": {"waiting": 3}, "b": {"waiting": 3}}),
-        {"a": 1, "b": 1, "c": 0},
+        ctx({"a": {"waiting": 2}, "b": {"waiting": 6}}),
+        {"a": 1, "b": 0, "c": 0.5},
     ),
     ("queue absent", queue.score, ctx({"a": {"running": 1}}), {"a": 0, "b": 0, "c": 0}),
     # running: same shape
@@ -62,19 +62,20 @@ CASES: list[tuple[str, Scorer, ScoringContext, dict[str, float]]] = [
         ctx({"a": {"running": 8}, "b": {"running": 0}, "c": {"running": 4}}),
         {"a": 0, "b": 1, "c": 0.5},
     ),
-    # kv utilisation: 1 − usage; unknown is 0
+    # kv utilisation: 1 − usage; unknown counts as the fleet mean usage
     (
         "kv",
         kv_utilization.score,
         ctx({"a": {"kv_usage": 0.25}, "b": {"kv_usage": 1.0}}),
-        {"a": 0.75, "b": 0, "c": 0},
+        {"a": 0.75, "b": 0, "c": 0.375},
     ),
     (
         "kv over",
         kv_utilization.score,
         ctx({"a": {"kv_usage": 1.5}, "b": {"kv_usage": -0.5}}),
-        {"a": 0, "b": 1, "c": 0},
+        {"a": 0, "b": 1, "c": 0.5},
     ),
+    ("kv unknown", kv_utilization.score, ctx(), {"a": 0, "b": 0, "c": 0}),
     # in-flight: the router's own count, always known (missing = 0 requests)
     ("in flight", in_flight.score, ctx(flights={"a": 4, "b": 2}), {"a": 0, "b": 0.5, "c": 1}),
     ("in flight idle", in_flight.score, ctx(), {"a": 1, "b": 1, "c": 1}),
