@@ -41,6 +41,9 @@ class Choice:
     reason: str = ""
 
 
+MAX_KNOWN_LENGTHS = 4096
+
+
 class Picking:
     """The pick policy of one router replica over its endpoint table and routing state."""
 
@@ -64,7 +67,8 @@ class Picking:
         self.policy = policy
         self.rng = random.Random(seed)
         self._turn = 0
-        self._max_model_len: int | None = None
+        self._max_model_len: dict[str, int] = {}
+        """Endpoint URL -> its served context length, learned once per address."""
         self.held = 0
         """Requests waiting in `pick_waiting` for paused capacity now (a sync, a gap)."""
         metrics.add_gauge(
@@ -108,15 +112,22 @@ class Picking:
         return choice.endpoint
 
     async def max_model_len(self, endpoint: Endpoint) -> int | None:
-        """The served context length (learned once from a worker's /v1/models)."""
-        if self._max_model_len is None:
-            try:
-                status, text = await self.upstream.get(endpoint.url + "/v1/models", 5.0)
-                data = json.loads(text)["data"][0]["max_model_len"] if status == 200 else None
-            except Exception:  # any failure: unknown, and a migration restarts instead
-                data = None
-            self._max_model_len = data if isinstance(data, int) else None
-        return self._max_model_len
+        """The endpoint's served context length, learned once per endpoint address from its
+        /v1/models (workers may differ: a card's roles set their own maxModelLen)."""
+        known = self._max_model_len.get(endpoint.url)
+        if known is not None:
+            return known
+        try:
+            status, text = await self.upstream.get(endpoint.url + "/v1/models", 5.0)
+            data = json.loads(text)["data"][0]["max_model_len"] if status == 200 else None
+        except Exception:  # any failure: unknown for now (asked again next time)
+            data = None
+        if not isinstance(data, int):
+            return None
+        if len(self._max_model_len) >= MAX_KNOWN_LENGTHS:  # bounded: addresses come and go
+            self._max_model_len.clear()
+        self._max_model_len[endpoint.url] = data
+        return data
 
     def _capacity_paused(self) -> bool:
         """Some serving worker is held back only for now (draining, not ready, admission

@@ -133,3 +133,42 @@ def test_requests_held_for_paused_capacity_are_counted_and_exported(
     held_after, exported, picked = asyncio.run(scenario())
     assert "loom_router:held_requests 1.0" in exported
     assert held_after == 0 and picked == "a"
+
+
+def test_max_model_len_is_learned_per_endpoint(endpoint: EndpointFactory) -> None:
+    asyncio.run(_lengths_per_endpoint(endpoint))
+
+
+async def _lengths_per_endpoint(endpoint: EndpointFactory) -> None:
+    """Two workers (stub HTTP servers, a test double of /v1/models) with different lengths."""
+    from aiohttp import web
+
+    async def serve(length: int) -> tuple[web.AppRunner, str]:
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "tiny", "max_model_len": length}]})
+
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        return runner, f"http://127.0.0.1:{port}"
+
+    short, short_url = await serve(512)
+    long, long_url = await serve(8192)
+    picking = replica(endpoint, SETTINGS)
+    await picking.upstream.start()
+    try:
+        a = replace(endpoint("a", role="aggregated"), url=short_url)
+        b = replace(endpoint("b", role="aggregated"), url=long_url)
+        assert await picking.max_model_len(a) == 512
+        assert await picking.max_model_len(b) == 8192
+        assert await picking.max_model_len(a) == 512
+        gone = replace(a, url="http://127.0.0.1:9")  # nothing listens: unknown, not a guess
+        assert await picking.max_model_len(gone) is None
+    finally:
+        await picking.upstream.close()
+        await short.cleanup()
+        await long.cleanup()
