@@ -9,7 +9,9 @@ For each model config it runs, on the same prompt token ids and greedy decoding:
   - mixed: N requests at once whose output lengths differ (max_tokens/4 .. 2*max_tokens), as
     real traffic does (transformers' batch runs until its longest request is done; only each
     request's own tokens count),
-and reports output tok/s, TTFT p50/p90 and Loom/transformers ratios. Each repeat uses fresh
+and reports output tok/s, TTFT p50/p90 and Loom/transformers ratios, and output tokens per
+CPU-second (Loom: its server process; transformers: the bench process), which a machine
+shared with other work distorts far less than wall time. Each repeat uses fresh
 prompts (so Loom's prefix cache gives it nothing a baseline could not have); the summary is the
 median over repeats. Usage:
 
@@ -59,10 +61,15 @@ class PhaseResult:
     output_tokens: int
     wall_s: float
     ttft_s: list[float]
+    cpu_s: float  # CPU time the engine's process spent on the phase (all its threads)
 
     @property
     def tok_per_s(self) -> float:
         return self.output_tokens / self.wall_s
+
+    @property
+    def tok_per_cpu_s(self) -> float:
+        return self.output_tokens / self.cpu_s
 
     def ttft(self, q: float) -> float:
         xs = sorted(self.ttft_s)
@@ -135,6 +142,12 @@ def make_prompts(ckpt: Path, cfg: BenchConfig, n: int, round_: int) -> list[list
 
 
 # ----------------------------------------------------------------------------- Loom
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -235,19 +248,21 @@ class Phase:
     concurrent: bool
 
 
-async def loom_phase(url: str, phase: Phase) -> PhaseResult:
+async def loom_phase(server: LoomServer, phase: Phase) -> PhaseResult:
     timeout = aiohttp.ClientTimeout(total=3600)
     work = list(zip(phase.prompts, phase.lengths, strict=True))
+    url = server.url
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        cpu0 = process_cpu_s(server.proc.pid)
         t0 = time.perf_counter()
         if phase.concurrent:
             results = await asyncio.gather(*(stream_one(session, url, p, n) for p, n in work))
         else:
             results = [await stream_one(session, url, p, n) for p, n in work]
         wall = time.perf_counter() - t0
-    return PhaseResult(
-        "loom", phase.name, sum(t for _, t in results), wall, [f for f, _ in results]
-    )
+        cpu = process_cpu_s(server.proc.pid) - cpu0
+    tokens = sum(t for _, t in results)
+    return PhaseResult("loom", phase.name, tokens, wall, [f for f, _ in results], cpu)
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -298,6 +313,7 @@ def hf_phase(model: Any, phase: Phase) -> PhaseResult:
 
     Only each request's own tokens count as output (a server would cut the rest off).
     """
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     if phase.concurrent:
         ttft, _ = hf_generate(model, phase.prompts, max(phase.lengths))
@@ -308,7 +324,8 @@ def hf_phase(model: Any, phase: Phase) -> PhaseResult:
         ]
         ttfts, tokens = [f for f, _ in pairs], sum(t for _, t in pairs)
     wall = time.perf_counter() - t0
-    return PhaseResult("transformers", phase.name, tokens, wall, ttfts)
+    cpu = time.process_time() - cpu0
+    return PhaseResult("transformers", phase.name, tokens, wall, ttfts, cpu)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -339,7 +356,7 @@ def run_config(cfg: BenchConfig, repeats: int, concurrency: int, singles: int) -
         server.wait_ready()
         for r in range(repeats + 1):
             for ph in phases(ckpt, cfg, r, singles, concurrency):
-                got = [asyncio.run(loom_phase(server.url, ph)), hf_phase(model, ph)]
+                got = [asyncio.run(loom_phase(server, ph)), hf_phase(model, ph)]
                 results += got if r else []
     finally:
         server.stop()
@@ -354,6 +371,7 @@ def summarize(cfg: BenchConfig, results: list[PhaseResult]) -> dict[str, Any]:
                 "engine": res.engine,
                 "phase": res.phase,
                 "tok_per_s": res.tok_per_s,
+                "tok_per_cpu_s": res.tok_per_cpu_s,
                 "output_tokens": res.output_tokens,
                 "wall_s": res.wall_s,
                 "ttft_p50": res.ttft(0.5),
@@ -364,23 +382,26 @@ def summarize(cfg: BenchConfig, results: list[PhaseResult]) -> dict[str, Any]:
         med: dict[str, float] = {}
         for engine in ("loom", "transformers"):
             runs = [r for r in summary["runs"] if r["engine"] == engine and r["phase"] == phase]
-            for key in ("tok_per_s", "ttft_p50", "ttft_p90"):
+            for key in ("tok_per_s", "tok_per_cpu_s", "ttft_p50", "ttft_p90"):
                 med[f"{engine}_{key}"] = statistics.median(r[key] for r in runs)
         med["throughput_ratio"] = med["loom_tok_per_s"] / med["transformers_tok_per_s"]
+        med["cpu_ratio"] = med["loom_tok_per_cpu_s"] / med["transformers_tok_per_cpu_s"]
         summary["median"][phase] = med
     return summary
 
 
 def print_table(name: str, summary: dict[str, Any]) -> None:
     print(f"\n== {name}  (medians; ratio = Loom / transformers)")
-    print(f"{'phase':<11}{'engine':<14}{'tok/s':>9}{'TTFT p50':>10}{'TTFT p90':>10}")
+    print(f"{'phase':<11}{'engine':<14}{'tok/s':>9}{'tok/CPU-s':>11}", end="")
+    print(f"{'TTFT p50':>10}{'TTFT p90':>10}")
     for phase, med in summary["median"].items():
         for engine in ("loom", "transformers"):
             print(
                 f"{phase:<11}{engine:<14}{med[f'{engine}_tok_per_s']:>9.1f}"
+                f"{med[f'{engine}_tok_per_cpu_s']:>11.1f}"
                 f"{med[f'{engine}_ttft_p50']:>10.3f}{med[f'{engine}_ttft_p90']:>10.3f}"
             )
-        print(f"{'':<11}{'ratio':<14}{med['throughput_ratio']:>9.2f}x")
+        print(f"{'':<11}{'ratio':<14}{med['throughput_ratio']:>9.2f}x{med['cpu_ratio']:>10.2f}x")
 
 
 def main() -> int:
