@@ -15,7 +15,8 @@ from openai import OpenAI
 from e2e.conftest import pod_dir, wait_for
 from e2e.providers import REPO, Cluster
 
-pytestmark = pytest.mark.timeout(300)
+# Bounded per case; generous, since a loaded 2-core machine starts a worker in seconds to minutes.
+pytestmark = pytest.mark.timeout(600)
 
 MODEL_CARD = (REPO / "examples" / "tiny-aggregated.yaml").read_text().split("\n---\n")[0]
 
@@ -121,7 +122,10 @@ def worker_manifests(namespace: str) -> str:
                                 "name": "runtime",
                                 "image": "loom-runtime:dev",
                                 "command": command,
-                                "env": [{"name": "POD_IP", "valueFrom": POD_IP}],
+                                "env": [
+                                    {"name": "POD_IP", "valueFrom": POD_IP},
+                                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                                ],
                                 "ports": [{"name": "http", "containerPort": 8000}],
                                 "readinessProbe": probe("/ready", periodSeconds=1),
                                 "livenessProbe": probe("/health", periodSeconds=5),
@@ -145,7 +149,7 @@ def test_a_loom_worker_runs_on_the_stand_in_kubelet_and_survives_pod_deletion(
     if not cluster.runs_pods_as_processes:
         pytest.skip("needs pod IPs reachable from the test (the local provider); kind runs images")
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=worker_manifests(namespace))
-    first = wait_for(lambda: ready_pod(cluster, namespace, "tiny-0"), 180, "tiny-0 Ready")
+    first = wait_for(lambda: ready_pod(cluster, namespace, "tiny-0"), 300, "tiny-0 Ready")
     node = first["spec"]["nodeName"]
     assert (
         json.loads(cluster.kubectl("get", "node", node, "-o", "json").stdout)["metadata"]["labels"][
@@ -169,7 +173,7 @@ def test_a_loom_worker_runs_on_the_stand_in_kubelet_and_survives_pod_deletion(
     log = pod_dir(cluster, namespace, "tiny-0", first["metadata"]["uid"]) / "runtime.log"
     cluster.kubectl("delete", "pod", "tiny-0", "-n", namespace, "--wait=false")
     uid = first["metadata"]["uid"]
-    second = wait_for(lambda: ready_pod(cluster, namespace, "tiny-0", uid), 180, "a new tiny-0")
+    second = wait_for(lambda: ready_pod(cluster, namespace, "tiny-0", uid), 300, "a new tiny-0")
     assert not running(pid), "the old worker process is still running"
     text = log.read_text()
     assert "stopping" in text, f"the worker did not shut down on SIGTERM:\n{text[-2000:]}"
