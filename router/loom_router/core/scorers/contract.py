@@ -62,3 +62,14 @@ def lower_is_better(candidates: tuple[str, ...], values: Mapping[str, float]) ->
     low, high = min(known), max(known)
     span = high - low
     return {c: 1.0 if span <= 0 else clamp((high - values[c]) / span) for c in candidates}
+
+
+def fewer_is_better(ctx: ScoringContext, metric: str) -> dict[str, float]:
+    """`lower_is_better` over one scraped engine metric (`waiting`, `running`) of each candidate."""
+    values: dict[str, float] = {}
+    for c in ctx.candidates:
+        m = ctx.load.fresh.get(c)
+        value = None if m is None else getattr(m, metric)
+        if value is not None:
+            values[c] = value
+    return lower_is_better(ctx.candidates, values)

@@ -6,14 +6,8 @@ counts as the fleet mean).
 
 from __future__ import annotations
 
-from loom_router.core.scorers.contract import ScoringContext, lower_is_better
+from loom_router.core.scorers.contract import ScoringContext, fewer_is_better
 
 
 def score(ctx: ScoringContext) -> dict[str, float]:
-    fresh = ctx.load.fresh.get
-    values: dict[str, float] = {}
-    for c in ctx.candidates:
-        m = fresh(c)
-        if m is not None and m.running is not None:
-            values[c] = m.running
-    return lower_is_better(ctx.candidates, values)
+    return fewer_is_better(ctx, "running")
