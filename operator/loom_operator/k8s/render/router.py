@@ -12,6 +12,7 @@ from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.fleet.commands import ADMIN_TOKEN_ENV
 from loom_operator.k8s.labels import common, control_secret, router_object, router_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MOUNT_PATH, ROUTER_KEY, cards_volume
+from loom_operator.k8s.render.workers import http_service
 from loom_operator.k8s.settings import RenderSettings
 from loom_runtime.wire.pods import DEPLOYMENT_LABEL, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_PORTS
 
@@ -83,17 +84,7 @@ def router_manifests(deployment: DeploymentCard, settings: RenderSettings) -> li
             },
         },
     }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "selector": selector,
-            "ports": [
-                {"name": HTTP_PORT, "port": ROUTER_PORTS[HTTP_PORT], "targetPort": HTTP_PORT}
-            ],
-        },
-    }
+    service = http_service(name, labels, selector, ROUTER_PORTS[HTTP_PORT], headless=False)
     pdb = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

@@ -60,9 +60,19 @@ def field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def http_port(port: int) -> dict[str, Any]:
-    """A Service port named http onto the container port named http."""
-    return {"name": HTTP_PORT, "port": port, "targetPort": HTTP_PORT}
+def http_service(
+    name: str, labels: dict[str, str], selector: dict[str, str], port: int, headless: bool
+) -> dict[str, Any]:
+    """A Service with one port named http onto the container port named http. Headless for a
+    role's StatefulSet (stable pod names; not-ready pods listed too)."""
+    spec: dict[str, Any] = {
+        "selector": selector,
+        "ports": [{"name": HTTP_PORT, "port": port, "targetPort": HTTP_PORT}],
+    }
+    if headless:
+        spec |= {"clusterIP": "None", "publishNotReadyAddresses": True}
+    meta = {"name": name, "labels": labels}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
 def _env() -> list[dict[str, Any]]:
@@ -122,19 +132,7 @@ def role_manifests(
     labels = {**common(deployment.name, "worker"), ROLE_LABEL: role}
     version = served_component(model).weights_version
     grace = deployment.spec.weight_sync.drain_timeout_seconds + GRACE_MARGIN_S
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "clusterIP": "None",
-            "selector": selector,
-            "publishNotReadyAddresses": True,
-            "ports": [
-                {"name": HTTP_PORT, "port": WORKER_PORTS[HTTP_PORT], "targetPort": HTTP_PORT}
-            ],
-        },
-    }
+    service = http_service(name, labels, selector, WORKER_PORTS[HTTP_PORT], headless=True)
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
