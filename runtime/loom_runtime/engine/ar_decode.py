@@ -1,7 +1,8 @@
 """The autoregressive-decode loop: prefill the prompt, then one token per step until a stop.
 
 Owns the per-request state (tokens, sampling params, seeded generator, KV block table, text,
-timestamps) and the rules that fold a step's result into it; never batches or schedules.
+timestamps) and the rules that fold a step's result into it (stop tokens and strings, min_tokens,
+what text is kept); never batches or schedules.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Protocol
 import torch
 
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenWork
-from loom_runtime.engine.sampler import SampledToken, is_greedy, make_generator
+from loom_runtime.engine.sampler import SampledToken, TokenHistory, is_greedy, make_generator
 from loom_runtime.engine.scheduler import RunningSeq, WaitingSeq
 from loom_runtime.engine.stop import find_stop, holdback
 from loom_runtime.engine.token_forward import TokenResult
@@ -70,9 +71,10 @@ class ARDecodeState:
     table: BlockTable
     generator: torch.Generator | None
     decoder: TextDecoder
+    history: TokenHistory  # what the sampler looks back at: `tokens` itself, and the stop ids
     num_computed: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int | None = None  # prefix hits at first admission
-    text: str = ""  # detokenized output, trimmed at a stop string
+    text: str = ""  # detokenized output, cut at a stop string (after it, when included)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     emitted_tokens: int = 0
@@ -106,7 +108,8 @@ class ARDecodeLoop:
     TOKEN_FORWARD plans, run by the engine's TokenForward executor.
 
     Besides the loop contract it offers the engine the KV steps that change a state's blocks
-    (admit, grow, preempt) and the views and outputs the engine reads.
+    (admit, grow, preempt) and the views and outputs the engine reads. `new_decoder(prompt ids,
+    skip_special_tokens)` makes a request's detokenizer (Tokenizer.incremental_decoder fits).
     """
 
     kind = "ar_decode"
@@ -114,7 +117,7 @@ class ARDecodeLoop:
     def __init__(
         self,
         kv: KVAllocator,
-        new_decoder: Callable[[Sequence[int]], TextDecoder],
+        new_decoder: Callable[[Sequence[int], bool], TextDecoder],
         eos_token_ids: Sequence[int] = (),
         prefix_caching: bool = True,
     ) -> None:
@@ -129,14 +132,17 @@ class ARDecodeLoop:
     def init(self, req: EngineRequest, ctx: LoopContext) -> ARDecodeState:
         params = req.sampling
         gen = None if is_greedy(params) else make_generator(params.seed)
+        tokens = list(req.prompt_token_ids)
+        stop_ids = self.eos_token_ids.union(params.stop_token_ids)
         return ARDecodeState(
             request=req,
             ctx=ctx,
-            tokens=list(req.prompt_token_ids),
-            num_prompt_tokens=len(req.prompt_token_ids),
+            tokens=tokens,
+            num_prompt_tokens=len(tokens),
             table=BlockTable(),
             generator=gen,
-            decoder=self.new_decoder(req.prompt_token_ids),
+            decoder=self.new_decoder(req.prompt_token_ids, params.skip_special_tokens),
+            history=TokenHistory(tokens, len(tokens), stop_ids),
             arrival_time=req.arrival_time or ctx.clock(),
         )
 
@@ -190,6 +196,7 @@ class ARDecodeLoop:
             want_logits=end == len(state.tokens),
             sampling=state.request.sampling,
             generator=state.generator,
+            history=state.history,
         )
         decode = num_tokens == 1 and end == len(state.tokens) and end > state.num_prompt_tokens
         new_blocks = max(0, self.kv.blocks_for(end) - len(state.table.block_ids))
@@ -215,10 +222,14 @@ class ARDecodeLoop:
         if tok.logprob is not None:
             state.logprobs.append(tok.logprob)
         params = state.request.sampling
-        stop_token = tok.token_id in params.stop_token_ids or (
-            not params.ignore_eos and tok.token_id in self.eos_token_ids
+        # before min_tokens no stop id ends the request (the sampler masks them, as vLLM)
+        stop_token = state.num_output_tokens >= params.min_tokens and (
+            tok.token_id in params.stop_token_ids
+            or (not params.ignore_eos and tok.token_id in self.eos_token_ids)
         )
-        piece = "" if stop_token else state.decoder.step(tok.token_id)
+        # a stop token's own text is kept only with include_stop_str_in_output (as vLLM)
+        detokenize = not stop_token or params.include_stop_str_in_output
+        piece = state.decoder.step(tok.token_id) if detokenize else ""
         if self._add_text(state, piece):
             return
         # At the end of the stream a trailing incomplete character still belongs to it.
@@ -227,16 +238,24 @@ class ARDecodeLoop:
             state.finish_reason = "stop" if stop_token else "length"
 
     def _add_text(self, state: ARDecodeState, piece: str) -> bool:
-        """Append detokenized text; on a stop string trim it there and finish. True if stopped."""
+        """Append detokenized text; on a stop string cut it there (after it, with
+        include_stop_str_in_output) and finish. True if stopped.
+
+        As in vLLM, the text of the first min_tokens tokens is never searched: a stop string
+        ends the request only if it ends in the text of a later token.
+        """
         if not piece:
             return False
-        stops = state.request.sampling.stop
+        params = state.request.sampling
         searched = len(state.text)
         state.text += piece
-        at = find_stop(state.text, stops, searched) if stops else None
-        if at is None:
+        if not params.stop or state.num_output_tokens <= params.min_tokens:
             return False
-        state.text = state.text[: max(at, state.emitted_chars)]
+        found = find_stop(state.text, params.stop, searched)
+        if found is None:
+            return False
+        cut = found.end if params.include_stop_str_in_output else found.start
+        state.text = state.text[: max(cut, state.emitted_chars)]
         state.finish_reason = "stop"
         return True
 
@@ -317,14 +336,16 @@ class ARDecodeLoop:
     def take_output(self, state: ARDecodeState) -> RequestOutput | None:
         """The increment since the last call; the final one (after finalize) has finished=True.
 
-        While running, text that could be the start of a stop string is held back.
+        While running, text that could be the start of a stop string is held back (unless the
+        stop string would be kept in the output anyway, as vLLM does).
         """
         final = state.finished_time is not None
         first_new = state.num_prompt_tokens + state.emitted_tokens
         new_tokens = tuple(state.tokens[first_new:])
         end = len(state.text)
-        if not final and state.request.sampling.stop:
-            end = max(state.emitted_chars, end - holdback(state.text, state.request.sampling.stop))
+        params = state.request.sampling
+        if not final and params.stop and not params.include_stop_str_in_output:
+            end = max(state.emitted_chars, end - holdback(state.text, params.stop))
         new_text = state.text[state.emitted_chars : end]
         if not final and not new_tokens and not new_text:
             return None

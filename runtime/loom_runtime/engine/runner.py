@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from loom_runtime.engine.sampler import TokenHistory
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.cache import PagedKVCache
@@ -32,8 +33,8 @@ class TokenWork:
 
     `table` is the owning loop state's live block table (read when the batch is built, after
     the scheduler grew it). `want_logits` asks for the last token's logits row, from which
-    the step's one sampler draws with `sampling` and the state's own `generator` (None when
-    greedy). The runner itself reads neither.
+    the step's one sampler draws with `sampling`, the state's own `generator` (None when
+    greedy) and its `history` (the tokens so far). The runner itself reads none of them.
     """
 
     request_id: str
@@ -43,6 +44,7 @@ class TokenWork:
     want_logits: bool
     sampling: SamplingParams = field(default_factory=SamplingParams)
     generator: torch.Generator | None = field(default=None, repr=False, compare=False)
+    history: TokenHistory | None = field(default=None, repr=False, compare=False)
 
     @property
     def end(self) -> int:

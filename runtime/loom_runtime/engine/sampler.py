@@ -1,13 +1,15 @@
-"""Token sampling: greedy, temperature, top-k, top-p, seeded draws and logprobs over logits rows.
+"""Token sampling over logits rows: repetition penalty, min_tokens, greedy, temperature,
+min-p/top-k/top-p, seeded draws and logprobs.
 
-Owns the arithmetic only; every random draw uses the row's own generator (held in the request's
-loop state), never the global RNG, so a token never depends on who shares the batch.
+Owns the arithmetic only; every random draw uses the row's own generator and every look back
+reads the row's own TokenHistory (both held in the request's loop state), never global state,
+so a token never depends on who shares the batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +20,20 @@ from loom_runtime.engine.types import SamplingParams, TokenLogprob
 class SampledToken:
     token_id: int
     logprob: TokenLogprob | None = None  # set when the request asked for logprobs
+
+
+@dataclass(frozen=True)
+class TokenHistory:
+    """What a row's request has produced, for the rules that look back (repetition_penalty,
+    min_tokens). `token_ids` is the loop state's own live list, read when the row is sampled."""
+
+    token_ids: Sequence[int] = field(repr=False)  # prompt, then output
+    num_prompt_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()  # EOS and the request's stop_token_ids
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -38,38 +54,83 @@ def sample(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
+    histories: Sequence[TokenHistory | None] | None = None,
 ) -> list[SampledToken]:
-    """One token per row of `logits` ([N, vocab]); row i uses params[i] and generators[i].
+    """One token per row of `logits` ([N, vocab]); row i uses params[i], generators[i] and
+    histories[i] (None: no look back; repetition_penalty and min_tokens then do nothing).
 
-    Greedy rows take the first maximum (argmax); the others draw from the filtered softmax with
-    their generator, which a greedy row may leave as None.
+    Each row is first adjusted (`adjusted_logits`); greedy rows take its first maximum (argmax),
+    the others draw from its filtered softmax with their generator, which a greedy row may leave
+    as None. Logprobs are of the raw logits, as vLLM's default (raw_logprobs).
     """
-    if logits.dim() != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
+    if histories is None:
+        histories = [None] * len(params)
+    if (
+        logits.dim() != 2
+        or logits.shape[0] != len(params)
+        or not len(params) == len(generators) == len(histories)
+    ):
         raise ValueError(
-            f"sample needs [N, vocab] logits with N params and generators, got "
-            f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators"
+            f"sample needs [N, vocab] logits with N params, generators and histories, got "
+            f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators, "
+            f"{len(histories)} histories"
         )
     greedy_ids = torch.argmax(logits, dim=-1).tolist() if len(params) else []
     out: list[SampledToken] = []
-    for i, (p, gen) in enumerate(zip(params, generators, strict=True)):
+    for i, (p, gen, history) in enumerate(zip(params, generators, histories, strict=True)):
         row = logits[i]
+        x = adjusted_logits(row, p, history)
         if is_greedy(p):
-            token_id = int(greedy_ids[i])
+            token_id = int(greedy_ids[i]) if x is row else int(torch.argmax(x))
         else:
             if gen is None:
                 raise ValueError(
                     f"row {i} samples with temperature {p.temperature}: needs a generator"
                 )
-            token_id = _draw(row, p, gen)
+            token_id = _draw(x, p, gen)
         lp = token_logprob(row, token_id, p.logprobs) if p.logprobs is not None else None
         out.append(SampledToken(token_id=token_id, logprob=lp))
     return out
 
 
+def adjusted_logits(
+    row: torch.Tensor, params: SamplingParams, history: TokenHistory | None
+) -> torch.Tensor:
+    """The row greedy and sampling both read: vLLM's repetition penalty over every id seen so
+    far (prompt and output), and under min_tokens the stop ids masked. `row` itself (not a
+    copy) when neither applies, so the defaults change nothing."""
+    if history is None:
+        return row
+    penalty = params.repetition_penalty
+    masked = min_tokens_masked(params, history, row.shape[0])
+    if penalty == 1.0 and not masked:
+        return row
+    x = row.clone()
+    if penalty != 1.0 and history.token_ids:
+        seen = torch.tensor(sorted(set(history.token_ids)), dtype=torch.long, device=row.device)
+        values = x[seen]
+        x[seen] = torch.where(values > 0, values / penalty, values * penalty)
+    if masked:
+        x[torch.tensor(masked, dtype=torch.long, device=row.device)] = float("-inf")
+    return x
+
+
+def min_tokens_masked(params: SamplingParams, history: TokenHistory, vocab: int) -> list[int]:
+    """The ids the next token may not be: EOS and the stop ids while fewer than min_tokens
+    tokens were generated (vLLM masks EOS even under ignore_eos)."""
+    if history.num_output_tokens >= params.min_tokens:
+        return []
+    return sorted(t for t in history.stop_token_ids if t < vocab)
+
+
 def filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Softmax of row / temperature after top-k and top-p filtering ([vocab], sums to 1)."""
+    """Softmax of row / temperature after min-p, top-k and top-p filtering ([vocab], sums to
+    1); min-p keeps the tokens whose probability is at least min_p times the top one's."""
     x = row.to(torch.float64) / params.temperature
     vocab = x.shape[0]
+    if params.min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        x = x.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
     if 0 < params.top_k < vocab:
         kth = torch.topk(x, params.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))

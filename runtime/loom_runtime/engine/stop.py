@@ -6,23 +6,32 @@ Pure string functions; never sees tokens, tensors or request state.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
-def find_stop(text: str, stops: Sequence[str], searched: int) -> int | None:
-    """Where the earliest stop string in `text` starts, or None.
+@dataclass(frozen=True)
+class StopMatch:
+    """A stop string found in the text: text[start:end] is it."""
+
+    start: int
+    end: int
+
+
+def find_stop(text: str, stops: Sequence[str], searched: int) -> StopMatch | None:
+    """The earliest stop string in `text` (the first listed of those starting there), or None.
 
     `searched` is how much of `text` was already checked on an earlier call: only matches
     that end after it can be new, so the scan starts just far enough back to catch a stop
     string that straddles old and new text.
     """
-    best: int | None = None
+    best: StopMatch | None = None
     for stop in stops:
         if not stop:
             continue
         start = max(0, searched - len(stop) + 1)
         at = text.find(stop, start)
-        if at != -1 and (best is None or at < best):
-            best = at
+        if at != -1 and (best is None or at < best.start):
+            best = StopMatch(at, at + len(stop))
     return best
 
 

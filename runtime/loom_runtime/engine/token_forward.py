@@ -28,7 +28,7 @@ class TokenResult:
 class TokenForward:
     """Executor for shape TOKEN_FORWARD: prefill chunks and decode tokens of every loop in one
     varlen forward; the rows that want logits are sampled together, each with its own
-    params and generator, so a token never depends on who shares the batch."""
+    params, generator and history, so a token never depends on who shares the batch."""
 
     shape = TOKEN_FORWARD
 
@@ -45,6 +45,7 @@ class TokenForward:
                 torch.stack([row for _, row in wanted]),
                 [works[i].sampling for i, _ in wanted],
                 [works[i].generator for i, _ in wanted],
+                [works[i].history for i, _ in wanted],
             )
             picked = {i: tok for (i, _), tok in zip(wanted, tokens, strict=True)}
         return [TokenResult(len(w.token_ids), picked.get(i)) for i, w in enumerate(works)]

@@ -15,16 +15,22 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. temperature 0 is greedy; seed makes sampling reproducible."""
+    """How to pick tokens and render them; vLLM's SamplingParams semantics. temperature 0 is
+    greedy; seed makes sampling reproducible. Every default changes nothing."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # drop tokens with prob < min_p * the top prob (after temperature); 0 = off
+    repetition_penalty: float = 1.0  # over prompt + output ids: logit>0 divided, <0 multiplied
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # EOS/stop ids masked and stop strings unmatched until this many tokens
+    include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's text)
+    skip_special_tokens: bool = True  # False: the text keeps special tokens
     logprobs: int | None = None  # number of top alternatives to report per token, None = off
 
 

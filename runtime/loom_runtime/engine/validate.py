@@ -46,6 +46,19 @@ def validate_request(req: EngineRequest, max_model_len: int, vocab_size: int) ->
         raise InvalidRequestError(f"top_p must be in (0, 1], got {p.top_p}", "top_p")
     if p.top_k < 0:
         raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {p.top_k}", "top_k")
+    if math.isnan(p.min_p) or not 0 <= p.min_p <= 1:
+        raise InvalidRequestError(f"min_p must be in [0, 1] (0 = off), got {p.min_p}", "min_p")
+    if not 0 < p.repetition_penalty < math.inf:
+        raise InvalidRequestError(
+            f"repetition_penalty must be > 0 (1 = off), got {p.repetition_penalty}",
+            param="repetition_penalty",
+        )
+    if not 0 <= p.min_tokens <= p.max_tokens:
+        raise InvalidRequestError(
+            f"request {rid!r}: min_tokens must be in 0..max_tokens ({p.max_tokens}), got "
+            f"{p.min_tokens}; lower min_tokens or raise max_tokens",
+            param="min_tokens",
+        )
     if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
         raise InvalidRequestError(
             f"logprobs must be in 0..{MAX_LOGPROBS}, got {p.logprobs}", param="logprobs"

@@ -63,43 +63,26 @@ def _check_token_ids(ids: Sequence[int], limits: ModelLimits) -> None:
         )
 
 
-ENGINE_PENDING: tuple[tuple[str, object], ...] = (
-    ("min_tokens", 0),
-    ("repetition_penalty", 1.0),
-    ("min_p", 0.0),
-    ("skip_special_tokens", True),
-    ("include_stop_str_in_output", False),
-)
-"""vLLM fields the engine's sampler and detokenizer do not implement yet: accepted at these
-(vLLM's default) values, refused with a 400 naming the field otherwise, never silently dropped.
-spaces_between_special_tokens needs no entry: special tokens are always skipped, so it never
-changes the text."""
-
-
-def _check_engine_pending(req: CompletionRequest | ChatCompletionRequest) -> None:
-    for name, default in ENGINE_PENDING:
-        value = getattr(req, name)
-        if value != default:
-            raise InvalidRequestError(
-                f"{name}={value!r} is not supported by this worker yet (only {default!r}); "
-                f"leave {name} out",
-                param=name,
-            )
-
-
 def _sampling(
     req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
 ) -> SamplingParams:
-    _check_engine_pending(req)
+    """The engine's sampling params. spaces_between_special_tokens is accepted and has no
+    effect: Loom detokenizes with the checkpoint's fast tokenizer (tokenizer.json), whose decode
+    has no such option, as with vLLM's fast detokenizer."""
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=max(req.top_k, 0),
+        min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
         seed=req.seed,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
         logprobs=logprobs,
     )
 

@@ -15,13 +15,21 @@ PDMode = Literal["remote-prefill", "local-prefill"]
 
 
 def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Step 1: the client's request as a non-streamed one-token prefill for a remote decode."""
+    """Step 1: the client's request as a non-streamed one-token prefill for a remote decode.
+
+    A min_tokens above 1 becomes 1 (it must not exceed max_tokens, and the prefill's token is
+    never sent: the decode samples its own); any other value is left for the prefill to judge
+    as the decode would.
+    """
     out = dict(body)
     out[FIELD] = KVTransferParams.for_prefill().to_dict()
     out["stream"] = False
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
+    min_tokens = out.get("min_tokens")
+    if isinstance(min_tokens, int) and not isinstance(min_tokens, bool) and min_tokens > 1:
+        out["min_tokens"] = 1
     out.pop("stream_options", None)
     out.pop("return_token_ids", None)
     return out

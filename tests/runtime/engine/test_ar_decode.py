@@ -1,16 +1,25 @@
 """The AR-decode loop on the production step (a batch scheduler driving it, the TokenForward
 executor running its plans): its plans, chunked prefill, stop rules and streaming text, with
-every bit of per-request state in its state object."""
+every bit of per-request state in its state object; and the text rules (stop strings and ids,
+min_tokens, include_stop_str_in_output, skip_special_tokens) on a one-character-per-token
+decoder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from loom_runtime.engine.ar_decode import CompletedRequest
+import pytest
+
+from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.sampler import SampledToken
+from loom_runtime.engine.token_forward import TokenResult
 from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.kv.allocator import KVAllocator
+from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.loop.contract import Done, LoopContext
 from loom_runtime.models.loader import LoadedModel
+from loom_runtime.wire.prefix_hash import PrefixHasher
 
 Prompt = Callable[[int, int], tuple[int, ...]]
 Greedy = Callable[..., SamplingParams]
@@ -131,3 +140,83 @@ def test_two_states_interleaved_by_hand_match_each_alone(
                 loop.advance(s, result)
     outs = [loop.finalize(s) for s in states]
     assert [o.output_token_ids for o in outs] == [plain(r).output_token_ids for r in reqs]
+
+
+# --- the text rules, on a decoder that renders token t as chr(t) ---------------------------------
+
+EOS = 1  # ids below 32 are special: rendered as <t> only when not skipped
+
+
+class CharDecoder:
+    def __init__(self, context: Sequence[int], skip_special_tokens: bool) -> None:
+        self.skip = skip_special_tokens
+
+    def step(self, token_id: int) -> str:
+        if token_id < 32:
+            return "" if self.skip else f"<{token_id}>"
+        return chr(token_id)
+
+    def flush(self) -> str:
+        return ""
+
+
+def feed(sampling: SamplingParams, ids: Sequence[int]) -> tuple[ARDecodeState, list[str]]:
+    """Fold `ids` in as the sampled tokens of a one-token prompt, as the step would, until the
+    request finishes; its state and every streamed text increment."""
+    loop = ARDecodeLoop(
+        KVAllocator(BlockPool(8, 16), PrefixHasher(16)), CharDecoder, (EOS,), prefix_caching=False
+    )
+    state = loop.init(EngineRequest("r", (65,), sampling), LoopContext())
+    assert loop.admit(state)
+    streamed: list[str] = []
+    for t in ids:
+        loop.advance(state, TokenResult(len(state.tokens) - state.num_computed, SampledToken(t)))
+        out = loop.take_output(state)
+        streamed.append(out.new_text if out else "")
+        if state.finished:
+            break
+    return state, streamed
+
+
+def _ids(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+TEXT_RULES = [
+    # (sampling, fed ids, final text, finish reason)
+    (SamplingParams(stop=("cd",)), _ids("abcdef"), "ab", "stop"),
+    (SamplingParams(stop=("cd",), include_stop_str_in_output=True), _ids("abcdef"), "abcd", "stop"),
+    # min_tokens 4: "cd" ends in the 4th token's text, never searched; the next "cd" stops it
+    (SamplingParams(stop=("cd",), min_tokens=4), _ids("abcdefcdx"), "abcdef", "stop"),
+    # min_tokens 3: "cd" ends in the 4th token's text, searched back across the boundary
+    (SamplingParams(stop=("cd",), min_tokens=3), _ids("abcdef"), "ab", "stop"),
+    (SamplingParams(stop=("cd",), min_tokens=6, max_tokens=6), _ids("abcdef"), "abcdef", "length"),
+    # a stop token's text is kept only with include_stop_str_in_output, special only unskipped
+    (SamplingParams(), [*_ids("ab"), EOS], "ab", "stop"),
+    (SamplingParams(include_stop_str_in_output=True), [*_ids("ab"), EOS], "ab", "stop"),
+    (SamplingParams(include_stop_str_in_output=True, skip_special_tokens=False),
+     [*_ids("ab"), EOS], "ab<1>", "stop"),
+    (SamplingParams(skip_special_tokens=False, max_tokens=3), [*_ids("a"), 7, *_ids("b")],
+     "a<7>b", "length"),
+    (SamplingParams(max_tokens=3), [*_ids("a"), 7, *_ids("b")], "ab", "length"),
+    (SamplingParams(stop_token_ids=(ord("c"),)), _ids("abcd"), "ab", "stop"),
+    (SamplingParams(stop_token_ids=(ord("c"),), include_stop_str_in_output=True),
+     _ids("abcd"), "abc", "stop"),
+    # before min_tokens no stop id ends the request (the sampler masks them; the loop agrees)
+    (SamplingParams(min_tokens=3, max_tokens=4), [*_ids("a"), EOS, *_ids("bc")], "abc", "length"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sampling", "ids", "text", "reason"), TEXT_RULES)
+def test_stop_rules_and_kept_text(
+    sampling: SamplingParams, ids: list[int], text: str, reason: str
+) -> None:
+    state, streamed = feed(sampling, ids)
+    assert (state.text, state.finish_reason) == (text, reason)
+    assert "".join(streamed) == text  # streamed exactly once, nothing past the cut
+
+
+def test_an_included_stop_string_is_not_held_back_while_streaming() -> None:
+    _, held = feed(SamplingParams(stop=("cd",)), _ids("abc"))
+    _, sent = feed(SamplingParams(stop=("cd",), include_stop_str_in_output=True), _ids("abc"))
+    assert held == ["a", "b", ""] and sent == ["a", "b", "c"]  # "c" may start "cd": kept anyway

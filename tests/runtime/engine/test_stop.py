@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom_runtime.engine.stop import find_stop, holdback
+from loom_runtime.engine.stop import StopMatch, find_stop, holdback
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,14 @@ from loom_runtime.engine.stop import find_stop, holdback
     ],
 )
 def test_find_stop(text: str, stops: list[str], searched: int, expected: int | None) -> None:
-    assert find_stop(text, stops, searched) == expected
+    found = find_stop(text, stops, searched)
+    assert (None if found is None else found.start) == expected
+    if found is not None:
+        assert any(text[found.start : found.end] == s for s in stops)  # the match's own end
+
+
+def test_a_tie_at_one_start_is_the_first_listed_stop_string() -> None:
+    assert find_stop("say hello", ["hell", "hello", "he"], 0) == StopMatch(4, 8)
 
 
 @pytest.mark.parametrize(
@@ -44,9 +51,9 @@ def test_streaming_stops_at_the_first_match_to_end(text: str, stops: list[str]) 
     # Searching after each new character finds a match as soon as the first one is complete.
     ends = [text.find(s) + len(s) for s in stops if s in text]
     for i in range(1, len(text) + 1):
-        at = find_stop(text[:i], stops, i - 1)
-        if at is not None:
+        found = find_stop(text[:i], stops, i - 1)
+        if found is not None:
             assert i == min(ends)
-            assert any(text.startswith(s, at) and at + len(s) <= i for s in stops)
+            assert any(text.startswith(s, found.start) and found.start + len(s) <= i for s in stops)
             return
     assert not ends

@@ -32,6 +32,12 @@ def req(prompt: tuple[int, ...] = (1, 2, 3), rid: str = "r", **sampling: object)
         (req(logprobs=21), "logprobs"),
         (req(logprobs=-1), "logprobs"),
         (req(stop=("",)), "stop"),
+        (req(min_p=1.5), "min_p"),
+        (req(min_p=float("nan")), "min_p"),
+        (req(repetition_penalty=0.0), "repetition_penalty"),
+        (req(repetition_penalty=float("inf")), "repetition_penalty"),
+        (req(min_tokens=-1), "min_tokens"),
+        (req(max_tokens=4, min_tokens=5), "min_tokens"),
         (req(rid=""), "request_id"),
     ],
 )
@@ -44,3 +50,4 @@ def test_invalid_requests_name_their_parameter(request_: EngineRequest, param: s
 def test_a_request_at_the_limits_is_accepted() -> None:
     validate_request(req(tuple(range(63)), max_tokens=1), MAX_LEN, VOCAB)
     validate_request(req((99,), max_tokens=63, top_p=1.0, logprobs=20, temperature=0.0), 64, 100)
+    validate_request(req(max_tokens=4, min_tokens=4, min_p=1.0, repetition_penalty=0.01), 64, 100)

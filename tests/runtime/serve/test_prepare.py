@@ -1,11 +1,24 @@
-"""Context rules: prompt + max_tokens must fit max_model_len; defaults follow OpenAI."""
+"""Context rules: prompt + max_tokens must fit max_model_len; defaults follow OpenAI. vLLM's
+sampling fields reach the engine's SamplingParams."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
+from loom_runtime.engine.types import SamplingParams
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
-from loom_runtime.serve.prepare import ModelLimits, check_model, resolve_max_tokens
+from loom_runtime.serve.prepare import (
+    ModelLimits,
+    check_model,
+    prepare_chat,
+    prepare_completion,
+    resolve_max_tokens,
+)
+from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
 LIMITS = ModelLimits(model_name="tiny", max_model_len=100, vocab_size=500)
 
@@ -50,3 +63,34 @@ def test_unknown_model_is_refused_and_the_served_one_named() -> None:
     check_model("tiny", LIMITS)
     with pytest.raises(ModelNotFoundError, match="'tiny'"):
         check_model("gpt-4", LIMITS)
+
+
+class _Tokenizer:
+    def encode(self, text: str) -> Sequence[int]:
+        return [1, 2, 3]
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> Sequence[int]:
+        return [1, 2]
+
+
+VLLM_FIELDS = {"min_tokens": 3, "repetition_penalty": 1.3, "min_p": 0.05,
+               "skip_special_tokens": False, "include_stop_str_in_output": True}  # fmt: skip
+
+
+def test_vllm_sampling_fields_reach_the_engine_request() -> None:
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 8, **VLLM_FIELDS}
+    req = parse_request(CompletionRequest, json.dumps(body).encode())
+    sampling = prepare_completion(req, _Tokenizer(), LIMITS, "r", 0.0).sampling
+    assert {k: getattr(sampling, k) for k in VLLM_FIELDS} == VLLM_FIELDS
+    chat_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **VLLM_FIELDS}
+    chat = parse_request(ChatCompletionRequest, json.dumps(chat_body).encode())
+    chat_sampling = prepare_chat(chat, _Tokenizer(), LIMITS, "r", 0.0).sampling
+    assert {k: getattr(chat_sampling, k) for k in VLLM_FIELDS} == VLLM_FIELDS
+    # left out, they are vLLM's defaults: the engine's own defaults, which change nothing
+    plain = parse_request(CompletionRequest, b'{"model": "tiny", "prompt": "hi"}')
+    got = prepare_completion(plain, _Tokenizer(), LIMITS, "r", 0.0).sampling
+    assert {k: getattr(got, k) for k in VLLM_FIELDS} == {
+        k: getattr(SamplingParams(), k) for k in VLLM_FIELDS
+    }

@@ -44,3 +44,12 @@ def test_without_params_from_the_prefill_the_decode_prefills_locally() -> None:
 
 def test_prefill_body_never_asks_token_ids() -> None:
     assert "return_token_ids" not in prefill_body({"model": "m", "return_token_ids": True})
+
+
+def test_prefill_body_keeps_min_tokens_within_its_one_token() -> None:
+    assert prefill_body({**CLIENT, "min_tokens": 30})["min_tokens"] == 1
+    assert prefill_body({**CLIENT, "min_tokens": 1})["min_tokens"] == 1
+    assert "min_tokens" not in prefill_body(CLIENT)
+    # a value the decode would refuse reaches the prefill unchanged, so it refuses it too
+    assert prefill_body({**CLIENT, "min_tokens": -3})["min_tokens"] == -3
+    assert prefill_body({**CLIENT, "min_tokens": "9"})["min_tokens"] == "9"
