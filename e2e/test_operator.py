@@ -6,11 +6,7 @@ ServiceAccount, is the chart's suite); its pods run on the stand-in kubelet.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,48 +15,22 @@ import yaml
 from openai import OpenAI
 
 from e2e.conftest import wait_for
+from e2e.fleet_helpers import (
+    Operator,
+    card,
+    condition,
+    invalid,
+    operator_namespace,
+    patch_card,
+    pods,
+    ready,
+    router_url,
+)
 from e2e.providers import REPO, Cluster
 
 pytestmark = pytest.mark.timeout(420)
 
 TINY_PD = list(yaml.safe_load_all((REPO / "examples" / "tiny-pd.yaml").read_text()))
-
-
-class Operator:
-    """One `loom operator` process watching one namespace, its output in a log file."""
-
-    def __init__(self, cluster: Cluster, namespace: str, tag: str) -> None:
-        assert cluster.root is not None
-        self.log = cluster.root / f"operator-{namespace}-{tag}.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "loom_operator.cli", "operator", "--kubeconfig",
-                 str(cluster.kubeconfig), "--namespace", namespace, "--kv-connector", "tcp"],
-                stdout=out, stderr=subprocess.STDOUT, env=cluster.env,
-            )  # fmt: skip
-
-    def said(self, text: str) -> bool:
-        return text in self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def operator_namespace(cluster: Cluster) -> str:
-    """A new namespace, with Loom's CRDs installed in the cluster."""
-    if not cluster.runs_pods_as_processes:
-        pytest.skip("needs pod IPs reachable from the test (the local provider)")
-    name = f"op-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-    cluster.kubectl("create", "namespace", name)
-    return name
 
 
 @pytest.fixture(scope="module")
@@ -73,52 +43,6 @@ def operator_ns(cluster: Cluster) -> Iterator[str]:
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
         operator.stop()
-
-
-def card(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    out = cluster.kubectl("get", "deploymentcard", name, "-n", namespace, "-o", "json")
-    parsed: dict[str, Any] = json.loads(out.stdout)
-    return parsed
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond["type"] == kind:
-            return dict(cond)
-    return {}
-
-
-def pods(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
-    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
-    return items
-
-
-def router_url(cluster: Cluster, namespace: str, name: str) -> str:
-    selector = f"loom.dev/deployment={name},app.kubernetes.io/component=router"
-    (router,) = [
-        p for p in pods(cluster, namespace, selector) if not p["metadata"].get("deletionTimestamp")
-    ]
-    return f"http://{router['status']['podIP']}:8000/v1"
-
-
-def ready(cluster: Cluster, namespace: str, name: str, decode: int = 0) -> dict[str, Any] | None:
-    """The card once Ready (and, given `decode`, once that many decode workers are ready)."""
-    got = card(cluster, namespace, name)
-    if condition(got, "Ready").get("status") != "True":
-        return None
-    roles = got["status"].get("roles") or {}
-    return got if not decode or roles.get("decode", {}).get("ready") == decode else None
-
-
-def invalid(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
-    got = card(cluster, namespace, name)
-    return got if condition(got, "Valid").get("status") == "False" else None
-
-
-def patch_card(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any]) -> None:
-    args = ["patch", "deploymentcard", name, "-n", namespace, "--type=merge"]
-    cluster.kubectl(*args, "-p", json.dumps(patch))
 
 
 class StreamingLoad:

@@ -14,16 +14,16 @@ import re
 import signal
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from loom_operator.local.observe import metric_value
+from loom_operator.control.probe import metric_value
 from loom_operator.local.snapshot import FleetStatus, WorkerRow
 from loom_operator.testing.cards import card_text
-from loom_operator.testing.fleet import FleetProcess, reference_worker, run_fleet, wait_for
-from loom_operator.testing.load import Stream, StreamingLoad, check_streams, reference_streams
+from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
+from loom_operator.testing.load import Stream, StreamingLoad, check_streams
+from loom_operator.testing.weights import Weights, two_versions
 from loom_runtime.models.tiny import init_tiny
 
 MODEL = "tiny"
@@ -36,36 +36,11 @@ PROMPTS = tuple(
 )
 
 
-@dataclass(frozen=True)
-class Weights:
-    """The two checkpoints versions alternate between, and their greedy references."""
-
-    paths: tuple[Path, Path]
-    references: tuple[list[tuple[str, ...]], list[tuple[str, ...]]]
-
-    def for_version(self, version: str) -> int:
-        """v1, v3, … load checkpoint 0; v2, v4, … checkpoint 1."""
-        return (int(version.removeprefix("v")) - 1) % 2
-
-    def source(self, version: str) -> str:
-        return f"file://{self.paths[self.for_version(version)]}"
-
-    def expected(self, *versions: str) -> dict[str, list[tuple[str, ...]]]:
-        return {v: self.references[self.for_version(v)] for v in versions}
-
-
 @pytest.fixture(scope="session")
 def weights(tmp_path_factory: pytest.TempPathFactory, child_env: dict[str, str]) -> Weights:
     root = tmp_path_factory.mktemp("chaos-weights")
     paths = (init_tiny(root / "a", seed=0), init_tiny(root / "b", seed=1))
-    refs = []
-    for i, path in enumerate(paths):
-        card = root / f"ref-{i}.yaml"
-        card.write_text(card_text(f"file://{path}", model=MODEL))
-        with reference_worker(card, "float64", root / f"ref-{i}.log", child_env) as url:
-            refs.append(reference_streams(url + "/v1", MODEL, PROMPTS, MAX_TOKENS))
-    assert refs[0] != refs[1], "the two checkpoints must answer differently"
-    return Weights(paths, (refs[0], refs[1]))
+    return two_versions(paths, MODEL, PROMPTS, MAX_TOKENS, root, child_env)
 
 
 def fleet_card(weights: Weights, version: str, strategy: str = "Rolling") -> str:

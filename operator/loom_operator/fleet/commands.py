@@ -65,17 +65,20 @@ def runtime_flags(
     deployment: DeploymentCard,
     role: RoleName,
     ports: WorkerPorts,
-    version: str,
+    version: str | None,
     kv_connector: str | None = None,
 ) -> list[str]:
-    """The flags after `loom runtime --card CARD --host HOST` (the token goes in the env)."""
+    """The flags after `loom runtime --card CARD --host HOST` (the token goes in the env).
+    `version` None: the worker reports the card's weightsVersion (on Kubernetes the card is the
+    ConfigMap's, so a version change never changes the pod template)."""
     engine = role_settings(deployment, role).engine
     argv = [
         "--role", role, "--port", str(ports.http), "--control-port", str(ports.control),
         "--kv-events-port", str(ports.kv_events), "--kv-events-replay-port", str(ports.kv_replay),
         "--block-size", str(engine.block_size), "--max-num-seqs", str(engine.max_num_seqs),
-        "--weights-version", version,
     ]  # fmt: skip
+    if version is not None:
+        argv += ["--weights-version", version]
     if engine.max_model_len is not None:
         argv += ["--max-model-len", str(engine.max_model_len)]
     dtype = worker_dtype(model, deployment, role)

@@ -7,28 +7,38 @@ Handlers find their settings and client in kopf's `memo` (no module-level state)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.documents import parse_documents
+from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.desired import desired_fleet
+from loom_operator.fleet.record import FleetRecord, RecordError
+from loom_operator.k8s.fleet import Events, PodFleet
 from loom_operator.k8s.kube import MERGE, Kube, KubeError, object_path
 from loom_operator.k8s.labels import FIELD_MANAGER, GROUP, VERSION, control_secret
 from loom_operator.k8s.render import owner_reference, render
 from loom_operator.k8s.settings import RenderSettings
-from loom_operator.k8s.status import deployment_status, with_transition_times
+from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
 from loom_runtime.card.errors import CardError
+from loom_runtime.card.model_card import ModelCard
 from loom_runtime.wire.pods import DEPLOYMENT_LABEL
 
 logger = logging.getLogger(__name__)
 
-OBSERVE_INTERVAL_S = 2.0
-"""How often a DeploymentCard's status is refreshed from its pods."""
+ROUND_S = 2.0
+"""Longest time between two fleet rounds of a card (a round also comes at the core's wake_at)."""
+BUSY_ROUND_S = 0.3
+"""Time to the next round after one that acted on workers (a sync or failover in motion)."""
+IDLE_ROUND_S = 5.0
+"""Rounds of a card that is invalid: nothing runs, only a spec change can fix it."""
 REAPPLY_INTERVAL_S = 30.0
 """How often the rendered objects are applied again, correcting drift."""
 
@@ -98,6 +108,31 @@ def validate_model_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_
                 kube.patch(path, {"status": fields}, MERGE)
 
 
+def load_cards(model_doc: Obj | None, card: Obj) -> tuple[ModelCard, DeploymentCard] | str:
+    """The cards parsed and checked together, or the problem (with field paths) when they are
+    not valid; `model_doc` None: the ModelCard the card names does not exist."""
+    namespace = str(card["metadata"]["namespace"])
+    if model_doc is None:
+        model_name = card["spec"].get("modelCard", "")
+        return f"spec.modelCard: no ModelCard {model_name!r} in {namespace}"
+    try:
+        cards = parse_documents([(0, model_doc), (1, _document(card))], namespace)
+    except CardError as exc:
+        return _problems(exc)
+    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    return model, deployment
+
+
+def _model_doc(kube: Kube, card: Obj) -> Obj | None:
+    namespace, model_name = str(card["metadata"]["namespace"]), card["spec"].get("modelCard", "")
+    try:
+        return _document(kube.get(object_path("ModelCard", namespace, str(model_name))))
+    except KubeError as exc:
+        if exc.status != 404:
+            raise
+        return None
+
+
 def reconcile(card: Obj, memo: kopf.Memo) -> dict[str, Any] | None:
     """Render the DeploymentCard with its ModelCard and apply every object; the status fields
     to write when the cards are invalid together, else None."""
@@ -105,18 +140,10 @@ def reconcile(card: Obj, memo: kopf.Memo) -> dict[str, Any] | None:
     settings: RenderSettings = memo.settings
     meta = card["metadata"]
     namespace, name = str(meta["namespace"]), str(meta["name"])
-    model_name = str(card["spec"].get("modelCard", ""))
-    try:
-        model_doc = _document(kube.get(object_path("ModelCard", namespace, model_name)))
-    except KubeError as exc:
-        if exc.status != 404:
-            raise
-        return validity(card, f"spec.modelCard: no ModelCard {model_name!r} in {namespace}")
-    try:
-        cards = parse_documents([(0, model_doc), (1, _document(card))], namespace)
-    except CardError as exc:
-        return validity(card, _problems(exc))
-    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    cards = load_cards(_model_doc(kube, card), card)
+    if isinstance(cards, str):
+        return validity(card, cards)
+    model, deployment = cards
     _ensure_secret(kube, namespace, name, str(meta["uid"]))
     manifests = render(model, deployment, str(meta["uid"]), settings)
     for manifest in manifests:
@@ -159,23 +186,91 @@ def correct_drift(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any)
     _write(patch, reconcile(body, memo) or {})
 
 
-@kopf.timer(GROUP, VERSION, "deploymentcards", interval=OBSERVE_INTERVAL_S)
-def observe(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """status from the StatefulSets and pods: Ready only once every pod of the current revision
-    serves; a crash loop shows in Degraded."""
+def _events(body: kopf.Body) -> Events:
+    """Actions as Kubernetes Events on the card (and log lines)."""
+
+    def post(reason: str, message: str, kind: str) -> None:
+        logger.info("%s/%s: %s: %s", body.metadata.namespace, body.metadata.name, reason, message)
+        kopf.event(body, type=kind, reason=reason, message=message)
+
+    return post
+
+
+def _record(body: kopf.Body) -> FleetRecord:
+    """The record the last operator persisted (an unreadable one starts afresh, said in the log)."""
+    text = (body.get("status") or {}).get("fleetRecord")
+    if not text:
+        return FleetRecord()
+    try:
+        return FleetRecord.from_json(str(text))
+    except RecordError as exc:
+        logger.warning("%s: starting from an empty fleet record: %s", body.metadata.name, exc)
+        return FleetRecord()
+
+
+@kopf.index(GROUP, VERSION, "modelcards")
+def model_cards(body: kopf.Body, **_: Any) -> dict[tuple[str, str], Obj]:
+    """Every ModelCard by (namespace, name), kept current by kopf's watch: a fleet round reads
+    its ModelCard from here instead of asking the API server each time."""
+    return {(str(body.metadata.namespace), str(body.metadata.name)): _document(body)}
+
+
+@kopf.daemon(GROUP, VERSION, "deploymentcards", cancellation_timeout=10.0)
+async def run_fleet(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
+) -> None:
+    """The fleet controller of one card, round after round while the card exists: failover,
+    weight sync and routing of its pods, and its status (Ready only once every pod of the
+    current revision serves the target version)."""
+    kube: Kube = memo.kube
+    index: kopf.Index[tuple[str, str], Obj] = kwargs["model_cards"]
+    namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    fleet = PodFleet(kube, namespace, name, _record(body), _events(body))
+    written: dict[str, Any] = {}
+    try:
+        while not stopped:
+            docs: Iterable[Obj] = index.get((namespace, str(body.spec.get("modelCard", ""))), [])
+            delay = await _fleet_round(kube, body, next(iter(docs), None), fleet, written)
+            waiter = asyncio.ensure_future(fleet.wake.wait())
+            await asyncio.wait({waiter}, timeout=delay)
+            waiter.cancel()
+            fleet.wake.clear()
+    finally:
+        await fleet.close()
+
+
+async def _fleet_round(
+    kube: Kube, body: kopf.Body, model_doc: Obj | None, fleet: PodFleet, written: dict[str, Any]
+) -> float:
+    """One round; the time to the next."""
     status = body.get("status") or {}
     if status.get("phase") == "Invalid":
-        return  # until the spec (or its ModelCard) changes and is judged again
-    try:
-        card = DeploymentCard.model_validate(_document(body))
-    except ValidationError:
-        return
-    kube: Kube = memo.kube
-    namespace, selector = str(body.metadata.namespace), f"{DEPLOYMENT_LABEL}={body.metadata.name}"
-    sets = kube.get(object_path("StatefulSet", namespace), labelSelector=selector)["items"]
-    pods = kube.get(object_path("Pod", namespace), labelSelector=selector)["items"]
+        return IDLE_ROUND_S  # until the spec (or its ModelCard) changes and is judged again
+    cards = load_cards(model_doc, body)
+    if isinstance(cards, str):
+        return IDLE_ROUND_S
+    model, deployment = cards
+    desired = desired_fleet(model, deployment)
+    now = time.time()
+    r = await fleet.round(desired, now)
+    rec = r.reconciliation
+    namespace, selector = fleet.namespace, f"{DEPLOYMENT_LABEL}={fleet.name}"
+    sets = await asyncio.to_thread(
+        kube.get, object_path("StatefulSet", namespace), labelSelector=selector
+    )
     generation = int(body.metadata.get("generation") or 0)
-    fresh = deployment_status(card, generation, {s["metadata"]["name"]: s for s in sets}, pods)
+    by_name = {s["metadata"]["name"]: s for s in sets["items"]}
+    base = deployment_status(deployment, generation, by_name, r.pods)
+    fresh = with_fleet(base, rec.conditions, rec.record, desired.component, generation)
     fresh["conditions"] = with_transition_times(fresh["conditions"], status.get("conditions") or [])
-    if any(status.get(k) != v for k, v in fresh.items()):
-        _write(patch, fresh)
+    if fresh != written:  # persisted before acting: a restarted operator resumes from here
+        path = object_path("DeploymentCard", namespace, fleet.name, "status")
+        await asyncio.to_thread(kube.patch, path, {"status": fresh})
+        written.clear()
+        written.update(fresh)
+    await fleet.execute(r, desired)
+    acted = any(not isinstance(a, SetCondition) for a in rec.actions)
+    delay = BUSY_ROUND_S if acted or fleet.busy else ROUND_S
+    if rec.wake_at is not None:
+        delay = min(delay, max(0.0, rec.wake_at - time.time()))
+    return delay

@@ -1,7 +1,8 @@
 """A DeploymentCard's status from what runs: per-role readiness, phase and conditions.
 
-Pure, over the StatefulSets, Deployments and pods the operator listed; never writes (the
-handler patches what this returns) and never counts a pod of an old revision as ready.
+Pure, over the StatefulSets, Deployments and pods the operator listed and the fleet controller's
+conditions and record; never writes (the handler patches what this returns) and never counts a
+pod of an old revision, or a worker not yet on the target version, as ready.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.conditions import ALL_READY
+from loom_operator.fleet.record import FleetRecord
 from loom_operator.k8s.labels import role_object, router_object
 from loom_runtime.wire.pods import (
     COMPONENT_LABEL,
@@ -24,7 +28,8 @@ Obj = Mapping[str, Any]
 REVISION = "controller-revision-hash"
 
 
-def _ready(pod: Obj) -> bool:
+def pod_ready(pod: Obj) -> bool:
+    """Ready and not Terminating."""
     conditions = (pod.get("status") or {}).get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     return ready and not (pod.get("metadata") or {}).get("deletionTimestamp")
@@ -45,7 +50,7 @@ def role_status(sts: Obj | None, pods: Sequence[Obj], desired: int) -> dict[str,
     current = [
         p for p in pods if revision and p["metadata"].get("labels", {}).get(REVISION) == revision
     ]
-    ready = [p for p in current if _ready(p)]
+    ready = [p for p in current if pod_ready(p)]
     versions = {
         (p["metadata"].get("annotations") or {}).get(WEIGHTS_VERSION_ANNOTATION) for p in ready
     }
@@ -91,7 +96,7 @@ def deployment_status(
     routers = [
         p for p in pods if (p["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "router"
     ]
-    routers_ready = sum(1 for p in routers if _ready(p))
+    routers_ready = sum(1 for p in routers if pod_ready(p))
     router_wanted = card.spec.router.replicas
     full = [r for r, s in roles.items() if s["ready"] >= s["desired"]]
     serving = len(full) == len(roles) and routers_ready >= router_wanted
@@ -127,3 +132,73 @@ def deployment_status(
         "endpoint": f"http://{router_object(name)}.{namespace}.svc:{http}/v1",
     }
     return {k: v for k, v in out.items() if v is not None}
+
+
+WORKER_STEPS = {"pending": "Waiting", "frozen": "Draining", "drained": "Transferring",
+                "loaded": "Resuming", "resumed": "Done", "failed": "Failed"}  # fmt: skip
+"""The fleet record's sync steps as the CRD's weightSync.workers steps."""
+
+
+def _fleet_condition(c: SetCondition, generation: int) -> dict[str, Any]:
+    return _condition(c.type, c.status == "True", c.reason, c.message, generation)
+
+
+def _weight_sync(record: FleetRecord, component: str, message: str) -> dict[str, Any] | None:
+    sync = record.sync
+    if sync is None:
+        return None
+    steps = {w.name: WORKER_STEPS[w.step] for w in sync.workers}
+    failed = any(w.step == "failed" for w in sync.workers)
+    phase = "Failed" if failed else "Done" if sync.finished_at is not None else "Syncing"
+    started = datetime.fromtimestamp(sync.started_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"phase": phase, "targetVersions": {component: sync.target_version},
+            "workers": steps, "updated": sum(1 for s in steps.values() if s == "Done"),
+            "total": len(steps), "startedAt": started, "message": message}  # fmt: skip
+
+
+def with_fleet(
+    base: Mapping[str, Any],
+    fleet: tuple[SetCondition, ...],
+    record: FleetRecord,
+    component: str,
+    generation: int,
+) -> dict[str, Any]:
+    """`base` (deployment_status) joined with the fleet controller's view: Ready only when every
+    pod runs the current revision *and* every worker serves the target version routably (a
+    fleet still serving mid-sync is Ready=False with the core's reason); Degraded by a crash loop
+    or a failed worker; WeightSyncing, weightSync and the record itself (fleetRecord) from the
+    core."""
+    out = dict(base)
+    k8s = {c["type"]: c for c in base["conditions"]}
+    core = {c.type: c for c in fleet}
+    ready = k8s["Ready"]["status"] == "True" and core["Ready"].reason == ALL_READY
+    source = core["Ready"] if k8s["Ready"]["status"] == "True" else None
+    conditions = [k8s["Valid"]]
+    if ready:
+        conditions.append(_fleet_condition(core["Ready"], generation))
+    elif source is not None:
+        conditions.append(_condition("Ready", False, source.reason, source.message, generation))
+    else:
+        conditions.append(k8s["Ready"])
+    progressing = core["Progressing"]
+    if progressing.status == "True" or k8s["Progressing"]["status"] != "True":
+        conditions.append(_fleet_condition(progressing, generation))
+    else:
+        conditions.append(k8s["Progressing"])
+    degraded = k8s["Degraded"]
+    conditions.append(
+        degraded if degraded["status"] == "True" else _fleet_condition(core["Degraded"], generation)
+    )
+    syncing = core["WeightSyncing"]
+    conditions.append(_fleet_condition(syncing, generation))
+    status = {c["type"]: c["status"] == "True" for c in conditions}
+    out["conditions"] = conditions
+    out["phase"] = (
+        "Degraded" if status["Degraded"] else "WeightSyncing" if status["WeightSyncing"]
+        else "Ready" if status["Ready"] else "Progressing"
+    )  # fmt: skip
+    weight_sync = _weight_sync(record, component, syncing.message)
+    if weight_sync is not None:
+        out["weightSync"] = weight_sync
+    out["fleetRecord"] = record.to_json()
+    return out

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from loom_operator.api.roles import RoleName
 from loom_operator.control.client import ControlError
+from loom_operator.control.probe import Observer
+from loom_operator.control.router_admin import RouterAdminError
 from loom_operator.fleet.actions import (
     Action,
     Freeze,
@@ -30,8 +32,6 @@ from loom_operator.fleet.actions import (
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.local.cards import FleetCards
 from loom_operator.local.events import EventSink, FleetEvent
-from loom_operator.local.observe import Observer
-from loom_operator.local.router_admin import RouterAdminError
 from loom_operator.local.routing import RouterLink, endpoint_spec
 from loom_operator.local.workers import ProcessSet
 

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from loom_operator.control.probe import Observer
+from loom_operator.control.router_admin import RouterAdmin
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.controller import Reconciliation, reconcile
 from loom_operator.fleet.observed import FleetObservation
@@ -28,9 +30,8 @@ from loom_operator.local.checkpoints import checkpoint_dir
 from loom_operator.local.events import EventSink, FleetEvent
 from loom_operator.local.executor import Executor, Round
 from loom_operator.local.launch import LaunchOptions, router_config
-from loom_operator.local.observe import Observer, worker_state
+from loom_operator.local.observe import worker_state
 from loom_operator.local.ports import free_ports, port_is_free
-from loom_operator.local.router_admin import RouterAdmin
 from loom_operator.local.routing import RouterLink
 from loom_operator.local.snapshot import (
     FleetStatus,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from loom_operator.local.router_admin import RouterAdmin, RouterAdminError
+from loom_operator.control.router_admin import RouterAdmin, RouterAdminError
 from loom_operator.local.state import WorkerEntry
 from loom_runtime.wire.router_admin import EndpointRecord, EndpointSpec, Op
 

@@ -39,8 +39,10 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
 def endpoint_from_pod(pod: Mapping[str, Any]) -> Endpoint | None:
     """The endpoint a worker pod offers, or None (not a worker, no IP yet, finished).
 
-    Ready is the pod's Ready condition; a Terminating pod (deletionTimestamp) or one annotated
-    `loom.dev/draining: "true"` is draining: it finishes what it has and gets nothing new.
+    Ready is the pod's Ready condition; a Terminating pod (deletionTimestamp), one annotated
+    `loom.dev/draining: "true"`, or one the operator has not yet given a
+    `loom.dev/weights-version` (it has not proved healthy on a known version) is draining: it
+    finishes what it has and gets nothing new.
     """
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     role = (meta.get("labels") or {}).get(ROLE_LABEL)
@@ -51,14 +53,19 @@ def endpoint_from_pod(pod: Mapping[str, Any]) -> Endpoint | None:
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
     notes = meta.get("annotations") or {}
-    draining = notes.get(DRAINING_ANNOTATION) == "true" or bool(meta.get("deletionTimestamp"))
+    version = str(notes.get(WEIGHTS_VERSION_ANNOTATION) or "")
+    draining = (
+        notes.get(DRAINING_ANNOTATION) == "true"
+        or bool(meta.get("deletionTimestamp"))
+        or not version
+    )
     events = f"tcp://{ip}:{ports[KV_EVENTS_PORT]}" if KV_EVENTS_PORT in ports else None
     replay = f"tcp://{ip}:{ports[KV_REPLAY_PORT]}" if KV_REPLAY_PORT in ports else None
     return Endpoint(
         id=str(meta["name"]),
         url=f"http://{ip}:{ports[HTTP_PORT]}",
         role=role,
-        weights_version=str(notes.get(WEIGHTS_VERSION_ANNOTATION, "")),
+        weights_version=version,
         ready=pod_ready(pod),
         draining=draining,
         kv_events=events,

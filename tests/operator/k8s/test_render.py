@@ -7,8 +7,9 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
-from loom_operator.api.documents import load_documents
+from loom_operator.api.documents import load_documents, parse_documents
 from loom_operator.k8s.render import render
 from loom_operator.k8s.settings import RenderSettings
 
@@ -21,6 +22,12 @@ def rendered(example: str, settings: RenderSettings | None = None) -> list[dict[
     (model,) = cards.model_cards
     (deployment,) = cards.deployment_cards
     return render(model, deployment, UID, settings or RenderSettings())
+
+
+def render_docs(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    cards = parse_documents(list(enumerate(docs)), "test")
+    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    return by_kind(render(model, deployment, UID, RenderSettings()))
 
 
 def by_kind(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -86,9 +93,8 @@ def test_worker_pods_run_the_same_runtime_flags_as_loom_up_on_their_pod_ip() -> 
     flags = dict(zip(cmd[6::2], cmd[7::2], strict=True))
     assert flags["--role"] == "prefill" and flags["--port"] == "8000"
     assert flags["--kv-side-port"] == "5600" and flags["--kv-connector"] == "tcp"
-    assert flags["--weights-version"] == "v1" and flags["--block-size"] == "16"
+    assert flags["--block-size"] == "16"
     assert pod["metadata"]["labels"]["loom.dev/role"] == "prefill"
-    assert pod["metadata"]["annotations"]["loom.dev/weights-version"] == "v1"
     names = {p["name"] for p in container["ports"]}
     assert names == {"http", "control", "kv-events", "kv-replay", "kv-side"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
@@ -120,3 +126,17 @@ def test_the_router_watches_its_deployment_pods_with_a_least_privilege_role() ->
     ]
     cm = objs[("ConfigMap", "tiny-pd-cards")]
     assert set(cm["data"]) == {"model-card.yaml", "deployment-card.yaml", "router.json"}
+
+
+def test_a_weights_version_change_touches_only_the_config_map() -> None:
+    """A sync is the operator's LoadWeights on running pods: no template changes, so the
+    StatefulSet rolls no pod; the ConfigMap card (what a new pod starts on) does change."""
+    docs = list(yaml.safe_load_all((EXAMPLES / "tiny-pd.yaml").read_text()))
+    before = render_docs(docs)
+    docs[0]["spec"]["components"][0]["weightsVersion"] = "v2"
+    after = render_docs(docs)
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed == {("ConfigMap", "tiny-pd-cards")}
+    assert "weightsVersion: v2" in after[("ConfigMap", "tiny-pd-cards")]["data"]["model-card.yaml"]
+    template = after[("StatefulSet", "tiny-pd-decode")]["spec"]["template"]
+    assert "annotations" not in template["metadata"]

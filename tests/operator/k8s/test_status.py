@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from loom_operator.api.documents import load_documents
-from loom_operator.k8s.status import deployment_status, with_transition_times
+from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.record import FleetRecord, SyncRecord, WorkerProgress
+from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 (DEPLOYMENT,) = load_documents(EXAMPLES / "tiny-pd.yaml").deployment_cards
@@ -77,3 +79,83 @@ def test_transition_times_carry_over_while_a_status_holds() -> None:
     flipped = with_transition_times([{"type": "Ready", "status": "False"}], old)
     assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert flipped[0]["lastTransitionTime"] != "2026-01-01T00:00:00Z"
+
+
+def core(
+    ready: tuple[str, str], syncing: bool = False, degraded: bool = False
+) -> tuple[SetCondition, ...]:
+    return (
+        SetCondition("Ready", ready[0], ready[1], "core ready message"),  # type: ignore[arg-type]
+        SetCondition(
+            "Progressing",
+            "True" if syncing else "False",
+            "WeightSync" if syncing else "Reconciled",
+            "core progress",
+        ),
+        SetCondition(
+            "Degraded",
+            "True" if degraded else "False",
+            "WorkerFailed" if degraded else "AsExpected",
+            "core degraded",
+        ),
+        SetCondition(
+            "WeightSyncing",
+            "True" if syncing else "False",
+            "Rolling" if syncing else "InSync",
+            "syncing 1/2",
+        ),
+    )
+
+
+SYNC = FleetRecord(
+    sync=SyncRecord(
+        "v2",
+        "loom://tiny",
+        "Rolling",
+        1_800_000_000.0,
+        (
+            WorkerProgress("tiny-pd-decode-0", "resumed"),
+            WorkerProgress("tiny-pd-prefill-0", "frozen"),
+        ),
+    )
+)
+
+
+def joined(
+    pods: list[dict[str, Any]], fleet: tuple[SetCondition, ...], record: FleetRecord
+) -> dict[str, Any]:
+    return with_fleet(deployment_status(DEPLOYMENT, 5, sets(), pods), fleet, record, "decoder", 5)
+
+
+CURRENT = [pod("p-0", "prefill", "r2"), pod("d-0", "decode", "r2"), pod("router-x", None, "")]
+
+
+def test_ready_needs_the_current_revision_and_every_worker_on_the_target_version() -> None:
+    status = joined(CURRENT, core(("True", "AllReplicasReady")), FleetRecord())
+    assert status["phase"] == "Ready" and conditions(status)["Ready"] == "True"
+    assert FleetRecord.from_json(status["fleetRecord"]) == FleetRecord()
+    old = [pod("p-0", "prefill", "r1"), *CURRENT[1:]]
+    status = joined(old, core(("True", "AllReplicasReady")), FleetRecord())
+    assert conditions(status)["Ready"] == "False"  # an old-revision pod never satisfies Ready
+
+
+def test_a_fleet_serving_mid_sync_is_not_ready_and_says_why() -> None:
+    status = joined(CURRENT, core(("True", "PartiallyReady"), syncing=True), SYNC)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PartiallyReady")
+    assert status["phase"] == "WeightSyncing" and conditions(status)["WeightSyncing"] == "True"
+    sync = status["weightSync"]
+    assert sync["workers"] == {"tiny-pd-decode-0": "Done", "tiny-pd-prefill-0": "Draining"}
+    assert (sync["phase"], sync["updated"], sync["total"]) == ("Syncing", 1, 2)
+    assert sync["targetVersions"] == {"decoder": "v2"} and sync["message"] == "syncing 1/2"
+    assert FleetRecord.from_json(status["fleetRecord"]) == SYNC
+
+
+def test_a_failed_worker_or_a_crash_loop_is_degraded() -> None:
+    status = joined(CURRENT, core(("True", "PartiallyReady"), degraded=True), FleetRecord())
+    assert status["phase"] == "Degraded" and conditions(status)["Degraded"] == "True"
+    looping = [CURRENT[0], pod("d-0", "decode", "r2", ready=False, waiting="CrashLoopBackOff"),
+               CURRENT[2]]  # fmt: skip
+    status = joined(looping, core(("False", "NoRoutableWorkers")), FleetRecord())
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "CrashLoop" and "d-0" in degraded["message"]

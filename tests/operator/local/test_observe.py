@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from loom_operator.local.observe import Probe, Seen, metric_value, worker_state
+from loom_operator.control.probe import Probe, Seen
+from loom_operator.local.observe import worker_state
 from loom_operator.local.state import WorkerEntry
 from loom_runtime.control_api.status import WorkerStatus
 
@@ -59,15 +60,3 @@ def test_loading_comes_from_the_executor_or_the_runtime() -> None:
 def test_a_worker_never_seen_has_no_version() -> None:
     w = worker_state(ENTRY, True, None, Seen(), routed=False, loading=False)
     assert (w.weights_version, w.in_flight, w.ready, w.routed) == (None, 0, False, False)
-
-
-def test_metric_value_reads_the_named_sample_only() -> None:
-    text = (
-        "# HELP loom:kv_leases x\n"
-        'loom:kv_leases_total{model_name="tiny"} 9.0\n'
-        'loom:kv_leases{model_name="tiny"} 3.0\n'
-        "loom:kv_free_blocks 12\n"
-    )
-    assert metric_value(text, "loom:kv_leases") == 3.0
-    assert metric_value(text, "loom:kv_free_blocks") == 12.0
-    assert metric_value(text, "loom:missing") is None

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from loom_operator.control.router_admin import RouterAdmin, RouterAdminError
 from loom_operator.local.launch import LaunchOptions, router_argv, router_env
 from loom_operator.local.ports import free_ports
-from loom_operator.local.router_admin import RouterAdmin, RouterAdminError
 from loom_operator.local.routing import RouterLink
 from loom_operator.testing.fleet import wait_for
 from loom_runtime.wire.router_admin import EndpointSpec

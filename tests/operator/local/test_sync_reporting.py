@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from loom_operator.control.router_admin import held_from_metrics
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.local.events import FleetEvent
 from loom_operator.local.executor import Executor
 from loom_operator.local.launch import LaunchOptions
-from loom_operator.local.router_admin import held_from_metrics
 from loom_operator.local.snapshot import FleetStatus, weight_sync_row
 from loom_operator.local.state import ProcessTable, Secrets, StatePaths, WorkerEntry, load_processes
 from loom_operator.local.workers import ProcessSet

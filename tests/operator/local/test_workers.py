@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from loom_operator.control.client import ControlClient, ControlError
+from loom_operator.control.probe import Observer
 from loom_operator.local.cards import parse_fleet_cards
 from loom_operator.local.launch import LaunchOptions
-from loom_operator.local.observe import Observer, worker_state
+from loom_operator.local.observe import worker_state
 from loom_operator.local.state import StatePaths, load_or_create_secrets, load_processes
 from loom_operator.local.workers import ProcessSet
 from loom_operator.testing.cards import card_text

@@ -47,6 +47,7 @@ def test_a_ready_worker_pod_is_a_routable_endpoint() -> None:
         (worker(annotations={"loom.dev/draining": "true"}), False),
         (worker(meta={"deletionTimestamp": "2026-12-01T00:00:00Z"}), False),  # Terminating
         (worker(annotations={"loom.dev/draining": "false"}), True),
+        (worker(annotations={"loom.dev/weights-version": ""}), False),  # not admitted yet
     ],
 )
 def test_not_ready_draining_and_terminating_pods_take_no_new_requests(

@@ -1,7 +1,9 @@
 """One role's workers: a StatefulSet (ordinal = worker identity) and its headless Service.
 
 Pure; the pod runs the same `loom runtime` flags as `loom up` (fleet.commands), bound to
-its pod IP, with the ports and annotations the router reads (wire.pods).
+its pod IP, with the ports the router reads (wire.pods). The template names no weights version:
+a new pod starts on the ConfigMap card's, and a weight sync is the operator's drain-correct
+LoadWeights on running pods, never a rollout.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from loom_operator.fleet.commands import (
     role_settings,
     runtime_flags,
 )
-from loom_operator.fleet.desired import served_component
 from loom_operator.k8s.labels import common, control_secret, role_object, worker_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MODEL_CARD_KEY, MOUNT_PATH, cards_volume
 from loom_operator.k8s.settings import RenderSettings
@@ -28,7 +29,6 @@ from loom_runtime.wire.pods import (
     KV_REPLAY_PORT,
     KV_SIDE_PORT,
     ROLE_LABEL,
-    WEIGHTS_VERSION_ANNOTATION,
     WORKER_PORTS,
 )
 
@@ -87,8 +87,7 @@ def worker_container(
     model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
 ) -> dict[str, Any]:
     ports = _ports(role)
-    version = served_component(model).weights_version
-    flags = runtime_flags(model, deployment, role, ports, version, settings.kv_connector)
+    flags = runtime_flags(model, deployment, role, ports, None, settings.kv_connector)
     command = [*settings.loom, "runtime", "--card", f"{MOUNT_PATH}/{MODEL_CARD_KEY}",
                "--host", "$(POD_IP)", *flags]  # fmt: skip
     token = {"secretKeyRef": {"name": control_secret(deployment.name), "key": "token"}}
@@ -130,7 +129,6 @@ def role_manifests(
     """The headless Service and the StatefulSet of one role."""
     name, selector = role_object(deployment.name, role), worker_selector(deployment.name, role)
     labels = {**common(deployment.name, "worker"), ROLE_LABEL: role}
-    version = served_component(model).weights_version
     grace = deployment.spec.weight_sync.drain_timeout_seconds + GRACE_MARGIN_S
     service = http_service(name, labels, selector, WORKER_PORTS[HTTP_PORT], headless=True)
     statefulset = {
@@ -143,10 +141,9 @@ def role_manifests(
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {WEIGHTS_VERSION_ANNOTATION: version},
-                },
+                # No weights version here: it is the ConfigMap card's, and the operator annotates
+                # each pod with it once the pod serves it (a version change rolls no pod).
+                "metadata": {"labels": labels},
                 "spec": {
                     "terminationGracePeriodSeconds": grace,
                     "containers": [worker_container(model, deployment, role, settings)],

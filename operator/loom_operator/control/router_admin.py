@@ -1,8 +1,8 @@
 """A client of the router's admin API: register, drain, mark down/up, migrate and remove endpoints.
 
 Owns the HTTP calls, the bearer token and a timeout on every call (the JSON is
-loom_runtime.wire.router_admin's, the router's too); the only code in `loom_operator.local` that
-talks to the router. Never decides what to route where.
+loom_runtime.wire.router_admin's, the router's too); the only code in the operator that talks to
+the router, on either substrate. Never decides what to route where.
 """
 
 from __future__ import annotations

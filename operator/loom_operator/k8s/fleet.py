@@ -1,0 +1,299 @@
+"""One DeploymentCard's fleet on Kubernetes, driven by the fleet controller core.
+
+A round: list the card's pods, probe every worker pod (gRPC Status, /health, a prefill pod's
+KV leases) and ask every router pod what it has in flight → `fleet.reconcile` → the caller
+persists the record in the card's status → `execute` carries out the actions:
+
+- RouteOff / Freeze: annotate the pod `loom.dev/draining: "true"` (the router sends it nothing
+  new); Freeze then closes the runtime's admission (Pause WAIT) once every router reports
+  nothing in flight to it, so no request already on its way is refused.
+- MigrateRequests: every router replays the worker's in-flight requests elsewhere; `abort` then
+  aborts them on the worker.
+- LoadWeights: a gRPC call in a task (it may take minutes); the pod is routed again as the new
+  version only by the Resume that follows.
+- Resume / RouteOn: reopen admission, then annotate the pod with the version it reports and drop
+  `draining`: the router routes it from then on, paired only with workers of that version.
+- StartWorker / StopWorker: the StatefulSet creates and removes pods; nothing to do here. A
+  Terminating pod is not observed at all: it drains itself and its replacement takes its slot.
+- RestartWorker: a pod that is alive but fails its probes is deleted (the StatefulSet brings it
+  back); a crashed container is restarted by its kubelet.
+
+Owns these meanings and each action's idempotence; never chooses an action (the core does) and
+never writes the card's status (handlers.py does, from what `round` returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from loom_operator.control.client import ControlError
+from loom_operator.control.probe import Observer
+from loom_operator.control.router_admin import RouterAdmin, RouterAdminError
+from loom_operator.fleet.actions import (
+    Action,
+    Freeze,
+    LoadWeights,
+    MigrateRequests,
+    RestartWorker,
+    Resume,
+    RouteOff,
+    RouteOn,
+    SetCondition,
+    StartWorker,
+    StopWorker,
+)
+from loom_operator.fleet.controller import Reconciliation, reconcile
+from loom_operator.fleet.desired import DesiredFleet
+from loom_operator.fleet.observed import FleetObservation
+from loom_operator.fleet.record import FleetRecord
+from loom_operator.k8s.kube import Kube, KubeError, object_path
+from loom_operator.k8s.labels import control_secret
+from loom_operator.k8s.pods import PodWorker, pod_worker, route_patch, worker_state
+from loom_operator.k8s.status import pod_ready
+from loom_runtime.wire.pods import (
+    COMPONENT_LABEL,
+    DEPLOYMENT_LABEL,
+    HTTP_PORT,
+    ROUTER_ADMIN_PORT,
+    ROUTER_PORTS,
+)
+
+logger = logging.getLogger(__name__)
+
+FREEZE_WAIT_S = 0.01  # Pause(WAIT) returns at once: admission closes, the drain is observed
+CALL_TIMEOUT_S = 5.0
+
+Obj = dict[str, Any]
+Events = Callable[[str, str, str], None]
+"""(reason, message, type "Normal" | "Warning"): an event on the DeploymentCard."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one round saw and decided (the caller writes status from it)."""
+
+    reconciliation: Reconciliation
+    observed: FleetObservation
+    pods: list[Obj]
+    """Every pod of the card (workers and routers) as listed this round."""
+
+
+class PodFleet:
+    """The fleet of one DeploymentCard; call `round` repeatedly, `close` at the end."""
+
+    def __init__(
+        self, kube: Kube, namespace: str, name: str, record: FleetRecord, events: Events
+    ) -> None:
+        self._kube, self.namespace, self.name = kube, namespace, name
+        self.record = record
+        self._events = events
+        self._observer: Observer | None = None
+        self._admin_token = ""
+        self._routers: dict[str, RouterAdmin] = {}
+        self._in_flight: dict[str, int] = {}
+        """Worker -> requests in flight to it summed over the routers that answered."""
+        self._routers_answered = False
+        self._held = 0
+        self._loads: dict[str, asyncio.Task[None]] = {}
+        self._incarnations: dict[str, tuple[str, int]] = {}
+        self._workers: dict[str, PodWorker] = {}
+        self.wake = asyncio.Event()
+        """Set when a LoadWeights call ends between rounds."""
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        return await asyncio.to_thread(partial(fn, *args, **kw))
+
+    async def _tokens(self) -> Observer:
+        """The workers' control token and the routers' admin token, from the card's Secret."""
+        if self._observer is None:
+            path = object_path("Secret", self.namespace, control_secret(self.name))
+            data = (await self._call(self._kube.get, path)).get("data") or {}
+            token = base64.b64decode(data.get("token", "")).decode()
+            self._admin_token = base64.b64decode(data.get("admin-token", "")).decode()
+            self._observer = Observer(token)
+        return self._observer
+
+    # -- observe ----------------------------------------------------------------------------
+
+    async def _list_pods(self) -> list[Obj]:
+        path = object_path("Pod", self.namespace)
+        listed = await self._call(
+            self._kube.get, path, labelSelector=f"{DEPLOYMENT_LABEL}={self.name}"
+        )
+        items: list[Obj] = listed["items"]
+        return items
+
+    async def _ask_routers(self, pods: list[Obj]) -> None:
+        """In-flight requests per worker and held requests, summed over the routers."""
+        live = {}
+        for pod in pods:
+            meta, status = pod["metadata"], pod.get("status") or {}
+            if (meta.get("labels") or {}).get(COMPONENT_LABEL) != "router":
+                continue
+            if status.get("podIP") and pod_ready(pod):
+                live[str(meta["name"])] = str(status["podIP"])
+        for gone in set(self._routers) - set(live):
+            await self._routers.pop(gone).close()
+        for name, ip in live.items():
+            url = f"http://{ip}:{ROUTER_PORTS[ROUTER_ADMIN_PORT]}"
+            if name not in self._routers or self._routers[name].base_url != url:
+                self._routers[name] = RouterAdmin(url, self._admin_token)
+        in_flight: dict[str, int] = {}
+        held, answered = 0, False
+        for name, admin in self._routers.items():
+            try:
+                records = await admin.endpoints()
+                metrics = f"http://{live[name]}:{ROUTER_PORTS[HTTP_PORT]}/metrics"
+                held += await admin.held_requests(metrics)
+            except RouterAdminError as exc:
+                logger.info("%s/%s: router %s did not answer: %s", self.namespace, self.name,
+                            name, exc)  # fmt: skip
+                continue
+            answered = True
+            for endpoint_id, record in records.items():
+                in_flight[endpoint_id] = in_flight.get(endpoint_id, 0) + record.in_flight
+        self._in_flight, self._held, self._routers_answered = in_flight, held, answered
+
+    async def observe(self, now: float) -> tuple[FleetObservation, dict[str, PodWorker], list[Obj]]:
+        observer = await self._tokens()
+        pods = await self._list_pods()
+        # A Terminating pod is a voluntary, graceful stop, not a failure: it finishes its requests
+        # (the router sends it nothing new) and the StatefulSet replaces it; the core sees the
+        # slot empty until then. A crash mid-drain is the router's to migrate, as always.
+        workers = {
+            w.name: w for w in (pod_worker(p) for p in pods) if w is not None and not w.terminating
+        }
+        for name, w in workers.items():
+            if self._incarnations.get(name) != w.incarnation:
+                observer.forget(
+                    name
+                )  # a new pod or a restarted container: old numbers mean nothing
+                self._incarnations[name] = w.incarnation
+        for name in set(self._incarnations) - set(workers):
+            del self._incarnations[name]
+            observer.forget(name)
+        reachable = {n: w.alive and w.ip is not None for n, w in workers.items()}
+        probed = [w for w in workers.values() if reachable[w.name]]
+        probes = await observer.probe_all(probed, reachable, now)
+        await self._ask_routers(pods)
+        states = [
+            worker_state(
+                w, probes.get(w.name), observer.seen(w.name), self._in_flight.get(w.name, 0),
+                w.name in self._loads,
+            )
+            for w in workers.values()
+        ]  # fmt: skip
+        return FleetObservation(tuple(states), now, held_requests=self._held), workers, pods
+
+    async def round(self, desired: DesiredFleet, now: float) -> Round:
+        """Observe and reconcile; `execute` the actions once the record is persisted."""
+        observed, self._workers, pods = await self.observe(now)
+        rec = reconcile(desired, observed, self.record)
+        return Round(rec, observed, pods)
+
+    # -- act --------------------------------------------------------------------------------
+
+    async def execute(self, r: Round, desired: DesiredFleet) -> None:
+        """Carry out the worker actions in order; a failed one is retried by a later round
+        (the core asserts its actions again)."""
+        self.record = r.reconciliation.record
+        for action in r.reconciliation.actions:
+            try:
+                await self._do(action, r.observed, desired)
+            except (ControlError, RouterAdminError, KubeError) as exc:
+                worker = getattr(action, "worker", "")
+                logger.warning("%s/%s: %s %s failed (retried next round): %s", self.namespace,
+                               self.name, type(action).__name__, worker, exc)  # fmt: skip
+
+    async def _route(self, worker: str, version: str | None) -> None:
+        path = object_path("Pod", self.namespace, worker)
+        try:
+            await self._call(self._kube.patch, path, route_patch(version))
+        except KubeError as exc:
+            if exc.status != 404:  # a pod that is gone needs no routing
+                raise
+
+    def _quiet(self, worker: str) -> bool:
+        return not self._routers_answered or self._in_flight.get(worker, 0) == 0
+
+    async def _do(self, a: Action, observed: FleetObservation, desired: DesiredFleet) -> None:
+        pod = self._workers.get(getattr(a, "worker", ""))
+        state = observed.get(getattr(a, "worker", ""))
+        live = pod is not None and pod.alive and pod.ip is not None
+        observer = await self._tokens()
+        if isinstance(a, SetCondition):
+            return
+        if isinstance(a, RouteOff):
+            if pod is not None and not pod.draining:
+                await self._route(a.worker, None)
+                self._events("RouteOff", f"{a.worker} out of routing: {a.reason}", "Warning")
+        elif isinstance(a, Freeze):
+            if pod is not None and not pod.draining:
+                await self._route(a.worker, None)
+                self._events("Freeze", f"draining {a.worker}", "Normal")
+            elif live and pod is not None and self._quiet(a.worker):
+                await observer.control(pod).pause("wait", FREEZE_WAIT_S, CALL_TIMEOUT_S)
+        elif isinstance(a, MigrateRequests):
+            for admin in self._routers.values():
+                await admin.op(a.worker, "migrate")
+            if a.abort and live and pod is not None:
+                await observer.control(pod).pause("abort", 0.0, CALL_TIMEOUT_S)
+            self._events("Migrate", f"migrating {a.worker}'s requests: {a.reason}", "Warning")
+        elif isinstance(a, RestartWorker):
+            if live and pod is not None and state is not None and not state.ready:
+                path = object_path("Pod", self.namespace, a.worker)
+                body = {"preconditions": {"uid": pod.uid}}
+                await self._call(self._kube.delete, path, body)
+                msg = f"deleted {a.worker} (attempt {a.attempt}): it stopped answering its probes"
+                self._events("Restart", msg, "Warning")
+        elif isinstance(a, StartWorker | StopWorker):
+            return  # the StatefulSet creates and removes pods
+        elif isinstance(a, LoadWeights):
+            if live and pod is not None:
+                self._load(a, pod, observer, desired.sync.load_timeout_s)
+        elif isinstance(a, Resume):
+            if live and pod is not None:
+                status = await observer.control(pod).resume(CALL_TIMEOUT_S)
+                await self._route(a.worker, status.weights_version)
+                self._events("Resume", f"{a.worker} serves {status.weights_version}", "Normal")
+        elif isinstance(a, RouteOn) and pod is not None:
+            version = None if state is None else state.weights_version
+            if version is not None:
+                await self._route(a.worker, version)
+                self._events("RouteOn", f"{a.worker} routed on {version}", "Normal")
+
+    def _load(self, a: LoadWeights, pod: PodWorker, observer: Observer, timeout: float) -> None:
+        if a.worker in self._loads:
+            return
+        client = observer.control(pod)
+
+        async def load() -> None:
+            try:
+                status = await client.load_weights(a.source, a.version, timeout)
+                self._events("LoadWeights", f"{a.worker} loaded {status.weights_version}", "Normal")
+            except ControlError as exc:
+                self._events("LoadWeights", f"{a.worker}: {exc}", "Warning")
+            finally:
+                self._loads.pop(a.worker, None)
+                self.wake.set()
+
+        self._events("LoadWeights", f"{a.worker}: loading {a.version}", "Normal")
+        self._loads[a.worker] = asyncio.create_task(load(), name=f"load-{a.worker}")
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._loads)
+
+    async def close(self) -> None:
+        for task in self._loads.values():
+            task.cancel()
+        if self._observer is not None:
+            await self._observer.close()
+        for admin in self._routers.values():
+            await admin.close()

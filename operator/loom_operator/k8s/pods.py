@@ -1,0 +1,158 @@
+"""Worker pods as the fleet controller sees them, and the annotations that route them.
+
+Pure, over the pod dicts the API server returns: a pod's facts (`pod_worker`), those facts with
+this round's probe as a `WorkerState` (`worker_state`), and the merge patches that put a worker
+into or out of routing (`route_patch`). Never calls anything.
+
+A worker is routed only while its pod carries `loom.dev/weights-version` equal to the version
+it reports and no `loom.dev/draining: "true"`: the operator sets both, after the worker proved
+healthy (and after each weight load), so a new pod is routable only once the operator says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from loom_operator.api.roles import ROLE_NAMES, RoleName
+from loom_operator.control.probe import Probe, Seen
+from loom_operator.fleet.observed import WorkerState
+from loom_runtime.wire.pods import (
+    CONTROL_PORT,
+    DRAINING_ANNOTATION,
+    HTTP_PORT,
+    ROLE_LABEL,
+    WEIGHTS_VERSION_ANNOTATION,
+)
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PodWorker:
+    """What a worker pod's object says (nothing probed yet)."""
+
+    name: str
+    role: RoleName
+    uid: str
+    ip: str | None
+    http_port: int
+    control_port: int
+    alive: bool
+    """The pod exists, is not Terminating and its container runs or is starting."""
+    terminating: bool
+    """Deleted, stopping gracefully: the router sends it nothing new and its runtime finishes
+    what it has before it exits; the StatefulSet brings a new pod of that name."""
+    draining: bool
+    """Annotated `loom.dev/draining: "true"`."""
+    routed_version: str | None
+    """Its `loom.dev/weights-version` annotation: the version the router routes it as."""
+    restarts: int = 0
+    started_at: float | None = None
+    last_exit_at: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{self.http_port}"
+
+    @property
+    def control(self) -> str:
+        return f"{self.ip}:{self.control_port}"
+
+    @property
+    def incarnation(self) -> tuple[str, int]:
+        """Changes when the pod is replaced or its container restarts."""
+        return self.uid, self.restarts
+
+
+def _time(stamp: object) -> float | None:
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _ports(spec: Obj) -> dict[str, int]:
+    return {
+        str(p["name"]): int(p["containerPort"])
+        for c in spec.get("containers") or []
+        for p in c.get("ports") or []
+        if p.get("name")
+    }
+
+
+def pod_worker(pod: Obj) -> PodWorker | None:
+    """The worker `pod` runs, or None when it is not a worker pod with both named ports."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    role = (meta.get("labels") or {}).get(ROLE_LABEL)
+    ports = _ports(spec)
+    if role not in ROLE_NAMES or HTTP_PORT not in ports or CONTROL_PORT not in ports:
+        return None
+    container: Obj = next(iter(status.get("containerStatuses") or []), {})
+    state = container.get("state") or {}
+    waiting = (state.get("waiting") or {}).get("reason")
+    exited = "terminated" in state or waiting in ("CrashLoopBackOff", "Error")
+    alive = (
+        not meta.get("deletionTimestamp")
+        and status.get("phase", "Pending") in ("Pending", "Running")
+        and not exited
+    )
+    notes = meta.get("annotations") or {}
+    last = ((container.get("lastState") or {}).get("terminated") or {}).get("finishedAt")
+    return PodWorker(
+        name=str(meta["name"]),
+        role=cast(RoleName, role),
+        uid=str(meta.get("uid", "")),
+        ip=status.get("podIP") or None,
+        http_port=ports[HTTP_PORT],
+        control_port=ports[CONTROL_PORT],
+        alive=bool(alive),
+        terminating=bool(meta.get("deletionTimestamp")),
+        draining=notes.get(DRAINING_ANNOTATION) == "true",
+        routed_version=notes.get(WEIGHTS_VERSION_ANNOTATION) or None,
+        restarts=int(container.get("restartCount") or 0),
+        started_at=_time((state.get("running") or {}).get("startedAt")),
+        last_exit_at=_time(last),
+    )
+
+
+def worker_state(
+    pod: PodWorker, probe: Probe | None, seen: Seen, router_in_flight: int, loading: bool
+) -> WorkerState:
+    """The WorkerState of `pod` from this round's probe, what was seen before, and the requests
+    the routers still count for it (a drain waits for the larger of theirs and its own)."""
+    status = probe.status if probe is not None and probe.status is not None else seen.status
+    ready = (
+        pod.alive
+        and probe is not None
+        and probe.health_ok
+        and probe.status is not None
+        and probe.status.state != "failed"
+    )
+    version = None if status is None else status.weights_version
+    return WorkerState(
+        name=pod.name,
+        role=pod.role,
+        weights_version=version,
+        address=None if pod.ip is None else f"{pod.ip}:{pod.http_port}",
+        alive=pod.alive,
+        ready=ready,
+        in_flight=max(router_in_flight, 0 if status is None else status.in_flight),
+        pending_kv_pulls=seen.kv_leases,
+        admission_open=True if status is None else status.admission_open,
+        routed=not pod.draining and version is not None and pod.routed_version == version,
+        loading=loading or (status is not None and status.state == "loading"),
+        restarts=pod.restarts,
+        started_at=pod.started_at,
+        last_exit_at=pod.last_exit_at,
+        last_seen=seen.last_seen,
+    )
+
+
+def route_patch(version: str | None) -> dict[str, Any]:
+    """The merge patch that routes a worker as `version`, or (None) takes it out of routing."""
+    if version is None:
+        return {"metadata": {"annotations": {DRAINING_ANNOTATION: "true"}}}
+    notes = {DRAINING_ANNOTATION: None, WEIGHTS_VERSION_ANNOTATION: version}
+    return {"metadata": {"annotations": notes}}
