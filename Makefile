@@ -8,7 +8,7 @@ CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
-.PHONY: status fuzz
+.PHONY: status fuzz images
 
 venv: $(STAMP)
 
@@ -77,7 +77,7 @@ e2e: venv tools e2e-build
 test: lint typecheck imports unit
 
 crds: venv
-	$(BIN)/loom crds --out crds --docs docs/cards.md
+	$(BIN)/loom crds --out crds --docs docs/cards.md --chart charts/loom
 
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iruntime --python_out=runtime --pyi_out=runtime \
@@ -91,3 +91,6 @@ clean:
 	@echo "Removed $(VENV) and $(CACHE). Kept (delete by hand to free them): the generated" \
 	  "tiny model in $${LOOM_CACHE:-$$HOME/.cache/loom}/models, the e2e build in" \
 	  "~/.cache/loom/e2e and local fleet state in .loom/."
+
+images:  ## build the operator and runtime images (needs a Docker or Podman engine)
+	images/build.sh

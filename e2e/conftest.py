@@ -11,7 +11,10 @@ from typing import TypeVar
 
 import pytest
 
+from e2e.fleet_helpers import MAX_TOKENS, MODEL, PROMPTS
 from e2e.providers import REPO, Cluster, LocalProvider, provider_from_env
+from loom_operator.testing.weights import Weights, two_versions
+from loom_runtime.models.tiny import init_tiny
 
 T = TypeVar("T")
 
@@ -45,6 +48,14 @@ def namespace(cluster: Cluster) -> Iterator[str]:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def weights(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> Weights:
+    """Two tiny checkpoints that answer differently, and each one's greedy references."""
+    root = tmp_path_factory.mktemp("sync-weights")
+    paths = (init_tiny(root / "a", seed=0), init_tiny(root / "b", seed=1))
+    return two_versions(paths, MODEL, PROMPTS, MAX_TOKENS, root, cluster.env)
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:

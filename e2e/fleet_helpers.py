@@ -16,6 +16,13 @@ import pytest
 
 from e2e.providers import REPO, Cluster
 
+# The weight-sync fleets (test_weight_sync, test_helm): the tiny model, 1 prefill + 2 decode.
+MODEL = "tiny"
+MAX_TOKENS = 16
+ROLES = {"prefill": 1, "decode": 2}
+PROMPTS = tuple(f"Sync prompt {i}: " + "a tale of two versions " * (1 + i % 3) for i in range(4))
+SETTLE_S = 300.0
+
 
 class Operator:
     """One `loom operator` process watching one namespace, its output in a log file."""
@@ -98,3 +105,14 @@ def invalid(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | Non
 def patch_card(cluster: Cluster, namespace: str, name: str, patch: dict[str, Any]) -> None:
     args = ["patch", "deploymentcard", name, "-n", namespace, "--type=merge"]
     cluster.kubectl(*args, "-p", json.dumps(patch))
+
+
+def settled(cluster: Cluster, namespace: str, name: str, version: str) -> dict[str, Any] | None:
+    """The card once Ready with every worker on `version` and no weight sync in progress."""
+    got = card(cluster, namespace, name)
+    status = got.get("status") or {}
+    if condition(got, "Ready").get("status") != "True":
+        return None
+    if condition(got, "WeightSyncing").get("status") != "False":
+        return None
+    return got if status.get("weightsVersion") == version else None

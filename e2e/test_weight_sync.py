@@ -22,29 +22,28 @@ from typing import Any
 import pytest
 
 from e2e.conftest import wait_for
-from e2e.fleet_helpers import Operator, card, condition, operator_namespace, router_url
+from e2e.fleet_helpers import (
+    MAX_TOKENS,
+    MODEL,
+    PROMPTS,
+    ROLES,
+    SETTLE_S,
+    Operator,
+    card,
+    operator_namespace,
+    router_url,
+    settled,
+)
 from e2e.providers import Cluster
 from loom_operator.k8s.kube import object_path
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.load import Stream, StreamingLoad, check_streams
-from loom_operator.testing.weights import Weights, two_versions
-from loom_runtime.models.tiny import init_tiny
+from loom_operator.testing.weights import Weights
 
 pytestmark = pytest.mark.timeout(600)
 
-MODEL, NAME = "tiny", "sync"
-MAX_TOKENS = 16
+NAME = "sync"
 CLIENTS = 2
-ROLES = {"prefill": 1, "decode": 2}
-PROMPTS = tuple(f"Sync prompt {i}: " + "a tale of two versions " * (1 + i % 3) for i in range(4))
-SETTLE_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> Weights:
-    root = tmp_path_factory.mktemp("sync-weights")
-    paths = (init_tiny(root / "a", seed=0), init_tiny(root / "b", seed=1))
-    return two_versions(paths, MODEL, PROMPTS, MAX_TOKENS, root, cluster.env)
 
 
 class Fleet:
@@ -65,14 +64,7 @@ class Fleet:
         self.cluster.kubectl("apply", "-n", self.ns, "-f", str(path))
 
     def settled(self, version: str) -> dict[str, Any] | None:
-        """The card once Ready with every worker on `version` and no sync in progress."""
-        got = card(self.cluster, self.ns, NAME)
-        status = got.get("status") or {}
-        if condition(got, "Ready").get("status") != "True":
-            return None
-        if condition(got, "WeightSyncing").get("status") != "False":
-            return None
-        return got if status.get("weightsVersion") == version else None
+        return settled(self.cluster, self.ns, NAME, version)
 
     def syncing(self) -> dict[str, Any] | None:
         """The card's weightSync while some worker has been frozen or loaded."""

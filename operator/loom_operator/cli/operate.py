@@ -33,6 +33,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--runtime-image", default=defaults.runtime_image, help="worker pods' image")
     p.add_argument("--router-image", default=defaults.router_image, help="router pods' image")
     p.add_argument("--kv-connector", choices=("nixl", "tcp"), help="P/D workers' KV connector")
+    p.add_argument("--router-api-keys-secret", metavar="NAME:KEY", help="the routers' API keys "
+                   "(comma-separated) from this Secret in each card's namespace")  # fmt: skip
+    p.add_argument("--network-policies", action="store_true", help="render NetworkPolicies: "
+                   "only the operator reaches control ports")  # fmt: skip
+    p.add_argument("--metrics-namespace", action="append", default=[], help="a namespace whose "
+                   "pods may scrape the workers' /metrics through the NetworkPolicies")  # fmt: skip
     p.add_argument(
         "--no-leader-elect", dest="leader_elect", action="store_false",
         help="act without holding the loom-operator Lease (only when a single replica runs)",
@@ -55,10 +61,15 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(args.kubeconfig)  # kopf's own login reads it
+    keys = args.router_api_keys_secret
     settings = RenderSettings(
         runtime_image=args.runtime_image,
         router_image=args.router_image,
         kv_connector=args.kv_connector,
+        router_api_keys=None if keys is None else _secret_key(keys),
+        network_policies=args.network_policies,
+        operator_namespace=os.environ.get("POD_NAMESPACE", "default"),
+        metrics_namespaces=tuple(args.metrics_namespace),
     )
     namespaces = args.namespace or [os.environ.get("POD_NAMESPACE", "default")]
     kube = Kube(args.kubeconfig)
@@ -89,6 +100,13 @@ def run(args: argparse.Namespace) -> int:
         if elector is not None and not elector.lost.is_set():
             elector.release()
     return 1 if elector is not None and elector.lost.is_set() else 0
+
+
+def _secret_key(text: str) -> tuple[str, str]:
+    name, _, key = text.partition(":")
+    if not name or not key:
+        raise SystemExit(f"--router-api-keys-secret: expected NAME:KEY, got {text!r}")
+    return name, key
 
 
 def _stop_on(lost: threading.Event, kopf_stop: threading.Event) -> None:

@@ -20,6 +20,8 @@ from loom_runtime.card.model_card import ModelCard
 
 CONTROL_TOKEN_ENV = "LOOM_CONTROL_TOKEN"
 ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
+API_KEYS_ENV = "LOOM_ROUTER_API_KEYS"
+"""The router's accepted API keys, comma-separated (loom_router.shell.config reads it)."""
 # Card precision / engine dtype -> the runtime's --dtype (fp8 has no CPU compute dtype: default).
 DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

@@ -54,7 +54,14 @@ from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.k8s.kube import Kube, KubeError, object_path
 from loom_operator.k8s.labels import control_secret
-from loom_operator.k8s.pods import PodWorker, pod_worker, route_patch, worker_state
+from loom_operator.k8s.pods import (
+    PodWorker,
+    in_flight_by_worker,
+    pod_worker,
+    route_patch,
+    routed_as,
+    worker_state,
+)
 from loom_operator.k8s.status import pod_ready
 from loom_runtime.wire.pods import (
     COMPONENT_LABEL,
@@ -98,6 +105,9 @@ class PodFleet:
         self._routers: dict[str, RouterAdmin] = {}
         self._in_flight: dict[str, int] = {}
         """Worker -> requests in flight to it summed over the routers that answered."""
+        self._routed_as: dict[str, str] = {}
+        """Worker -> the version every router that answered routes it as (absent: some router
+        does not route it, or they disagree)."""
         self._routers_answered = False
         self._held = 0
         self._loads: dict[str, asyncio.Task[None]] = {}
@@ -144,8 +154,8 @@ class PodFleet:
             url = f"http://{ip}:{ROUTER_PORTS[ROUTER_ADMIN_PORT]}"
             if name not in self._routers or self._routers[name].base_url != url:
                 self._routers[name] = RouterAdmin(url, self._admin_token)
-        in_flight: dict[str, int] = {}
-        held, answered = 0, False
+        answers = []
+        held = 0
         for name, admin in self._routers.items():
             try:
                 records = await admin.endpoints()
@@ -155,10 +165,9 @@ class PodFleet:
                 logger.info("%s/%s: router %s did not answer: %s", self.namespace, self.name,
                             name, exc)  # fmt: skip
                 continue
-            answered = True
-            for endpoint_id, record in records.items():
-                in_flight[endpoint_id] = in_flight.get(endpoint_id, 0) + record.in_flight
-        self._in_flight, self._held, self._routers_answered = in_flight, held, answered
+            answers.append(records)
+        self._in_flight, self._routed_as = in_flight_by_worker(answers), routed_as(answers)
+        self._held, self._routers_answered = held, bool(answers)
 
     async def observe(self, now: float) -> tuple[FleetObservation, dict[str, PodWorker], list[Obj]]:
         observer = await self._tokens()
@@ -185,7 +194,7 @@ class PodFleet:
         states = [
             worker_state(
                 w, probes.get(w.name), observer.seen(w.name), self._in_flight.get(w.name, 0),
-                w.name in self._loads,
+                w.name in self._loads, self._router_routes(w),
             )
             for w in workers.values()
         ]  # fmt: skip
@@ -218,6 +227,15 @@ class PodFleet:
         except KubeError as exc:
             if exc.status != 404:  # a pod that is gone needs no routing
                 raise
+
+    def _router_routes(self, pod: PodWorker) -> bool:
+        """Every router that answered routes `pod` as its annotated version (True when none
+        answered: without routers there is nothing to wait for)."""
+        if not self._routers_answered:
+            return True
+        return (
+            pod.routed_version is not None and self._routed_as.get(pod.name) == pod.routed_version
+        )
 
     def _quiet(self, worker: str) -> bool:
         return not self._routers_answered or self._in_flight.get(worker, 0) == 0
@@ -264,9 +282,10 @@ class PodFleet:
                 self._events("Resume", f"{a.worker} serves {status.weights_version}", "Normal")
         elif isinstance(a, RouteOn) and pod is not None:
             version = None if state is None else state.weights_version
-            if version is not None:
+            if version is not None and (pod.draining or pod.routed_version != version):
                 await self._route(a.worker, version)
                 self._events("RouteOn", f"{a.worker} routed on {version}", "Normal")
+            # else: annotated already; it counts as routed once every router routes it
 
     def _load(self, a: LoadWeights, pod: PodWorker, observer: Observer, timeout: float) -> None:
         if a.worker in self._loads:

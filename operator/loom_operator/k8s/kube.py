@@ -7,6 +7,7 @@ manifests stay the dicts a user would write); never caches objects.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ RESOURCES = {
     "StatefulSet": ("/apis/apps/v1", "statefulsets"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "ModelCard": ("/apis/loom.dev/v1alpha1", "modelcards"),
@@ -60,6 +62,7 @@ class Kube:
 
     def __init__(self, kubeconfig: Path | None = None) -> None:
         """`kubeconfig`, else the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+        self.requests: Counter[str] = Counter()  # sent, by HTTP method (a watch is a GET)
         if kubeconfig is not None:
             self._api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
             return
@@ -84,6 +87,7 @@ class Kube:
         timeout: float | tuple[float, float] = 30.0,
     ) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
+        self.requests[method] += 1
         method, url, headers, body, _ = self._api.param_serialize(
             method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
         )

@@ -11,7 +11,7 @@ healthy (and after each weight load), so a new pod is routable only once the ope
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -26,6 +26,7 @@ from loom_runtime.wire.pods import (
     ROLE_LABEL,
     WEIGHTS_VERSION_ANNOTATION,
 )
+from loom_runtime.wire.router_admin import EndpointRecord
 
 Obj = Mapping[str, Any]
 
@@ -118,10 +119,17 @@ def pod_worker(pod: Obj) -> PodWorker | None:
 
 
 def worker_state(
-    pod: PodWorker, probe: Probe | None, seen: Seen, router_in_flight: int, loading: bool
+    pod: PodWorker,
+    probe: Probe | None,
+    seen: Seen,
+    router_in_flight: int,
+    loading: bool,
+    router_routes: bool = True,
 ) -> WorkerState:
-    """The WorkerState of `pod` from this round's probe, what was seen before, and the requests
-    the routers still count for it (a drain waits for the larger of theirs and its own)."""
+    """The WorkerState of `pod` from this round's probe, what was seen before, and what the
+    routers say: the requests they still count for it (a drain waits for the larger of theirs
+    and its own) and whether every router that answered routes it as its annotated version
+    (`router_routes`): a worker counts as routed, so as available, only once they do."""
     status = probe.status if probe is not None and probe.status is not None else seen.status
     ready = (
         pod.alive
@@ -141,13 +149,45 @@ def worker_state(
         in_flight=max(router_in_flight, 0 if status is None else status.in_flight),
         pending_kv_pulls=seen.kv_leases,
         admission_open=True if status is None else status.admission_open,
-        routed=not pod.draining and version is not None and pod.routed_version == version,
+        routed=(
+            router_routes
+            and not pod.draining
+            and version is not None
+            and pod.routed_version == version
+        ),
         loading=loading or (status is not None and status.state == "loading"),
         restarts=pod.restarts,
         started_at=pod.started_at,
         last_exit_at=pod.last_exit_at,
         last_seen=seen.last_seen,
     )
+
+
+def in_flight_by_worker(answers: Sequence[Mapping[str, EndpointRecord]]) -> dict[str, int]:
+    """Requests in flight per worker, summed over the routers' GET /admin/endpoints answers."""
+    out: dict[str, int] = {}
+    for records in answers:
+        for endpoint_id, record in records.items():
+            out[endpoint_id] = out.get(endpoint_id, 0) + record.in_flight
+    return out
+
+
+def routed_as(answers: Sequence[Mapping[str, EndpointRecord]]) -> dict[str, str]:
+    """Worker -> the weights version *every* router routes it as (ready, not draining, not taken
+    down); a worker some router does not route, or that routers see as different versions, is
+    absent."""
+    out: dict[str, str] = {}
+    if not answers:
+        return out
+    for endpoint_id in set.intersection(*(set(records) for records in answers)):
+        versions = {
+            r.spec.weights_version if r.routed and r.ready else None
+            for r in (records[endpoint_id] for records in answers)
+        }
+        (version,) = versions if len(versions) == 1 else (None,)
+        if version:
+            out[endpoint_id] = version
+    return out
 
 
 def route_patch(version: str | None) -> dict[str, Any]:

@@ -20,3 +20,14 @@ class RenderSettings:
     """How a pod starts Loom: the `loom` entrypoint both images put on PATH."""
     kv_connector: str | None = None
     """--kv-connector of P/D workers (nixl | tcp); None: the runtime's default."""
+    router_api_keys: tuple[str, str] | None = None
+    """(Secret name, key) in each card's namespace holding the router's API keys, comma-separated;
+    None: the router accepts any request."""
+    network_policies: bool = False
+    """Render each deployment's NetworkPolicies (render/network.py)."""
+    operator_namespace: str = "default"
+    """Where the operator's pods run (what the NetworkPolicies admit to control ports)."""
+    operator_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "loom-operator"),)
+    """Labels of the operator's pods (the chart sets them)."""
+    metrics_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods may scrape the workers' /metrics through the NetworkPolicies."""

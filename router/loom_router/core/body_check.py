@@ -157,6 +157,13 @@ def check_rewritten_fields(body: Mapping[str, Any]) -> None:
                 f"{key}: Input should be an integer in 1..{INT_MAX}, got {repr(value)[:40]}",
                 param=key,
             )
+    min_tokens = body.get("min_tokens")
+    budget = body.get("max_completion_tokens", body.get("max_tokens"))
+    if isinstance(min_tokens, int) and isinstance(budget, int) and min_tokens > budget:
+        # The prefill step runs with max_tokens 1 and would hold KV for a decode that refuses.
+        raise BadRequestError(
+            f"min_tokens ({min_tokens}) must be at most max_tokens ({budget})", param="min_tokens"
+        )
     options = body.get("stream_options")
     if options is None:
         return

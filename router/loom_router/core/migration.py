@@ -142,7 +142,7 @@ class StreamTracker:
         prompt = [*self.prompt_ids, *self.tokens[: point.tokens]]
         return Attempt(
             COMPLETIONS_PATH,
-            completions_body(self.kind, body, prompt, total - point.tokens),
+            completions_body(self.kind, body, prompt, total - point.tokens, point.tokens),
             "completion",
             token_base=point.tokens,
             char_base=point.chars,
@@ -271,11 +271,15 @@ def max_tokens_of(
 
 
 def completions_body(
-    kind: Kind, body: Mapping[str, Any], prompt: Sequence[int], max_tokens: int
+    kind: Kind, body: Mapping[str, Any], prompt: Sequence[int], max_tokens: int, generated: int
 ) -> dict[str, Any]:
-    """A /v1/completions request continuing `body` from token-id `prompt`."""
+    """A /v1/completions request continuing `body` from token-id `prompt`, which ends with the
+    `generated` tokens already sent (so `min_tokens` shrinks by them, as `max_tokens` did)."""
     out = {k: v for k, v in body.items() if k not in _NOT_FOR_COMPLETIONS}
     out.update(prompt=list(prompt), max_tokens=max_tokens, stream=True, return_token_ids=True)
+    min_tokens = body.get("min_tokens")
+    if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
+        out["min_tokens"] = max(0, min_tokens - generated)
     if kind == "chat":
         if body.get("logprobs") is True:
             out["logprobs"] = int(body.get("top_logprobs") or 0)

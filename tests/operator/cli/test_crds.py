@@ -48,3 +48,11 @@ def test_docs_option_refreshes_the_field_tables(tmp_path: Path) -> None:
     assert main(["crds", "--out", str(out), "--docs", str(docs), "--check"]) == 1
     assert main(["crds", "--out", str(out), "--docs", str(docs)]) == 0
     assert docs.read_bytes() == (ROOT / "docs" / "cards.md").read_bytes()
+
+
+def test_the_chart_holds_the_generated_crds_and_rbac_rules(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """charts/loom/crds and files/operator-rules.yaml are `make crds` output, never hand-edited."""
+    args = ["crds", "--out", str(ROOT / "crds"), "--chart", str(ROOT / "charts" / "loom")]
+    assert main([*args, "--check"]) == 0, capsys.readouterr().out

@@ -7,8 +7,15 @@ from typing import Any
 import pytest
 
 from loom_operator.control.probe import Probe, Seen
-from loom_operator.k8s.pods import pod_worker, route_patch, worker_state
+from loom_operator.k8s.pods import (
+    in_flight_by_worker,
+    pod_worker,
+    route_patch,
+    routed_as,
+    worker_state,
+)
 from loom_runtime.control_api.status import WorkerStatus
+from loom_runtime.wire.router_admin import EndpointRecord, EndpointSpec
 
 
 def pod(
@@ -124,3 +131,33 @@ def test_route_patches() -> None:
     assert route_patch(None) == {"metadata": {"annotations": {"loom.dev/draining": "true"}}}
     on = route_patch("v3")["metadata"]["annotations"]
     assert on == {"loom.dev/draining": None, "loom.dev/weights-version": "v3"}
+
+
+def record(endpoint_id: str, version: str = "v1", **kw: Any) -> EndpointRecord:
+    spec = EndpointSpec("http://127.9.0.4:8000", "decode", version)
+    return EndpointRecord(endpoint_id, spec, **kw)
+
+
+def test_in_flight_is_summed_over_the_routers() -> None:
+    a = {"w-0": record("w-0", in_flight=2), "w-1": record("w-1", in_flight=1)}
+    b = {"w-0": record("w-0", in_flight=3)}
+    assert in_flight_by_worker([a, b]) == {"w-0": 5, "w-1": 1}
+    assert in_flight_by_worker([]) == {}
+
+
+def test_a_worker_is_routed_as_a_version_only_when_every_router_routes_it_so() -> None:
+    a = {"w-0": record("w-0"), "w-1": record("w-1"), "w-2": record("w-2", "v2")}
+    b = {"w-0": record("w-0"), "w-1": record("w-1", draining=True), "w-2": record("w-2", "v1")}
+    assert routed_as([a, b]) == {"w-0": "v1"}  # w-1 drained by one, w-2 seen as two versions
+    assert routed_as([a, {"w-0": record("w-0")}]) == {"w-0": "v1"}  # w-1 unknown to the second
+    assert routed_as([{"w-0": record("w-0", ready=False)}]) == {}
+    assert routed_as([{"w-0": record("w-0", down=True, down_by_router=True)}]) == {"w-0": "v1"}
+    assert routed_as([]) == {}
+
+
+def test_a_worker_is_not_routed_until_the_routers_route_it() -> None:
+    annotated = pod_worker(pod(annotations={"loom.dev/weights-version": "v1"}))
+    assert annotated is not None
+    probe = Probe(True, status("v1"))
+    assert not worker_state(annotated, probe, Seen(), 0, False, router_routes=False).routed
+    assert worker_state(annotated, probe, Seen(), 0, False, router_routes=True).routed

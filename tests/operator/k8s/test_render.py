@@ -140,3 +140,57 @@ def test_a_weights_version_change_touches_only_the_config_map() -> None:
     assert "weightsVersion: v2" in after[("ConfigMap", "tiny-pd-cards")]["data"]["model-card.yaml"]
     template = after[("StatefulSet", "tiny-pd-decode")]["spec"]["template"]
     assert "annotations" not in template["metadata"]
+
+
+LOCKED = RenderSettings(
+    network_policies=True,
+    operator_namespace="loom-system",
+    metrics_namespaces=("monitoring",),
+    router_api_keys=("keys", "api-keys"),
+)
+
+
+@pytest.mark.parametrize("example", ["tiny-pd.yaml", "glm-5-class.yaml"])
+def test_network_policies_and_api_keys_validate_against_kubernetes_1_35(example: str) -> None:
+    manifests = rendered(example, LOCKED)
+    assert {m["kind"] for m in manifests} >= {"NetworkPolicy"}
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, "1.35", strict=True)
+
+
+def test_only_the_operator_reaches_control_ports_and_only_the_router_the_api() -> None:
+    objs = by_kind(rendered("tiny-pd.yaml", LOCKED))
+    workers = objs[("NetworkPolicy", "tiny-pd-workers")]["spec"]
+    assert workers["podSelector"]["matchLabels"] == {
+        "loom.dev/deployment": "tiny-pd", "app.kubernetes.io/component": "worker"
+    }  # fmt: skip
+    by_port: dict[str, list[Any]] = {}
+    for rule in workers["ingress"]:
+        for port in rule.get("ports") or [{"port": "*"}]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    ns_name = "kubernetes.io/metadata.name"
+    operator = {
+        "namespaceSelector": {"matchLabels": {ns_name: "loom-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "loom-operator"}},
+    }
+    assert by_port["control"] == [operator]
+    router_labels = {"loom.dev/deployment": "tiny-pd", "app.kubernetes.io/component": "router"}
+    router = {"podSelector": {"matchLabels": router_labels}}
+    assert router in by_port["http"] and operator in by_port["http"]
+    assert by_port["kv-events"] == [router]
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
+    assert monitoring in by_port["http"] and monitoring not in by_port["control"]
+    admin = objs[("NetworkPolicy", "tiny-pd-router")]["spec"]["ingress"]
+    assert admin[0] == {"from": [operator], "ports": [{"protocol": "TCP", "port": "admin"}]}
+    router_pod = objs[("Deployment", "tiny-pd-router")]["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in router_pod["containers"][0]["env"]}
+    assert env["LOOM_ROUTER_API_KEYS"]["valueFrom"]["secretKeyRef"] == {
+        "name": "keys",
+        "key": "api-keys",
+    }
+
+
+def test_no_network_policies_unless_asked() -> None:
+    assert "NetworkPolicy" not in {m["kind"] for m in rendered("tiny-pd.yaml")}

@@ -126,6 +126,8 @@ def test_context_length_is_the_workers_rule(
             "stream_options.include_usage",
         ),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+        ({"max_completion_tokens": 4, "max_tokens": 9, "min_tokens": 5}, "min_tokens"),
     ],
 )
 def test_fields_the_prefill_rewrites_are_checked_before_it(

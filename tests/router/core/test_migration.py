@@ -301,7 +301,7 @@ def test_completions_body_drops_chat_only_fields() -> None:
         "top_k": 5,
         "ignore_eos": True,
     }
-    out = completions_body("chat", body, [1, 2], 4)
+    out = completions_body("chat", body, [1, 2], 4, 1)
     assert set(out) == {
         "model",
         "seed",
@@ -320,3 +320,10 @@ def test_chat_role_chunk_is_not_repeated_after_a_restart() -> None:
     t.begin(t.replay("/v1/chat/completions", {"model": "m", "messages": []}))
     out = feed(t, [chat("", [], role=True), chat("Hi", [10])])
     assert [c["choices"][0]["delta"] for c in out] == [{"content": "Hi"}]
+
+
+def test_a_continuation_shrinks_min_tokens_by_what_was_already_sent() -> None:
+    body = {"model": "m", "prompt": "x", "max_tokens": 10, "min_tokens": 6}
+    assert completions_body("completion", body, [1, 2, 3], 6, 4)["min_tokens"] == 2
+    assert completions_body("completion", body, [1, 2, 3], 2, 8)["min_tokens"] == 0
+    assert "min_tokens" not in completions_body("completion", {"model": "m"}, [1], 4, 1)

@@ -10,6 +10,7 @@ from typing import Any
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.k8s.render.config import cards_config_map
+from loom_operator.k8s.render.network import network_policies
 from loom_operator.k8s.render.router import router_manifests
 from loom_operator.k8s.render.workers import role_manifests
 from loom_operator.k8s.settings import RenderSettings
@@ -31,6 +32,7 @@ def render(
     for role in deployment.spec.roles.present():
         out += role_manifests(model, deployment, role, settings)
     out += router_manifests(deployment, settings)
+    out += network_policies(deployment, settings)
     for manifest in out:
         manifest["metadata"]["ownerReferences"] = [owner]
         if deployment.metadata.namespace:

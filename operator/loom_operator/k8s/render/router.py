@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from loom_operator.api.deployment_card import DeploymentCard
-from loom_operator.fleet.commands import ADMIN_TOKEN_ENV
+from loom_operator.fleet.commands import ADMIN_TOKEN_ENV, API_KEYS_ENV
 from loom_operator.k8s.labels import common, control_secret, router_object, router_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MOUNT_PATH, ROUTER_KEY, cards_volume
 from loom_operator.k8s.render.workers import http_service
@@ -37,12 +37,21 @@ def router_container(deployment: DeploymentCard, settings: RenderSettings) -> di
             },
             {"name": ADMIN_TOKEN_ENV, "valueFrom": token},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            *_api_keys(settings),
         ],
         "ports": [{"name": n, "containerPort": p} for n, p in ROUTER_PORTS.items()],
         "readinessProbe": {"httpGet": {"path": "/ready", "port": HTTP_PORT}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/health", "port": HTTP_PORT}, "periodSeconds": 10},
         "volumeMounts": [CARDS_MOUNT],
     }
+
+
+def _api_keys(settings: RenderSettings) -> list[dict[str, Any]]:
+    if settings.router_api_keys is None:
+        return []
+    secret, key = settings.router_api_keys
+    ref = {"secretKeyRef": {"name": secret, "key": key}}
+    return [{"name": API_KEYS_ENV, "valueFrom": ref}]
 
 
 def router_manifests(deployment: DeploymentCard, settings: RenderSettings) -> list[dict[str, Any]]:

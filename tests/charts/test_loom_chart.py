@@ -1,0 +1,124 @@
+"""The Helm chart with the real helm binary: lint, template, every manifest valid for Kubernetes
+1.35, bad values refused by values.schema.json, and RBAC exactly the operator's declared rules."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from e2e.tools import ensure_tools
+
+from loom_operator.k8s.rbac import LEASE_RULES, WATCHED_NAMESPACE_RULES
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "loom"
+PD_VALUES = CHART / "ci" / "pd-values.yaml"
+PROMETHEUS_OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor"}  # their CRDs are not Kubernetes'
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return ensure_tools() / "helm"
+
+
+def run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120)
+
+
+def template(helm: Path, *args: str) -> list[dict[str, Any]]:
+    out = run(helm, "template", "loom", str(CHART), "-n", "loom-system", "--include-crds", *args)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("values", [(), ("-f", str(PD_VALUES))], ids=["default", "pd"])
+def test_helm_lint_passes(helm: Path, values: tuple[str, ...]) -> None:
+    out = run(helm, "lint", "--strict", str(CHART), *values)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("values", [(), ("-f", str(PD_VALUES))], ids=["default", "pd"])
+def test_every_rendered_manifest_validates_against_kubernetes_1_35(
+    helm: Path, values: tuple[str, ...]
+) -> None:
+    manifests = template(helm, *values)
+    kinds = {m["kind"] for m in manifests}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "Role"} <= kinds
+    for m in manifests:
+        if m["kind"] in PROMETHEUS_OPERATOR_KINDS:
+            assert m["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        kubernetes_validate.validate(m, "1.35", strict=True)
+
+
+def by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def test_rbac_is_exactly_the_rules_the_operator_declares(helm: Path) -> None:
+    manifests = template(helm, "-f", str(PD_VALUES))
+    roles = {
+        (r["metadata"]["namespace"], r["metadata"]["name"]): r for r in by_kind(manifests, "Role")
+    }
+    watched = [r.to_json() for r in WATCHED_NAMESPACE_RULES]
+    assert roles[("serving", "loom-operator")]["rules"] == watched
+    assert roles[("staging", "loom-operator")]["rules"] == watched
+    assert roles[("loom-system", "loom-operator-lease")]["rules"] == [
+        r.to_json() for r in LEASE_RULES
+    ]
+    assert not by_kind(manifests, "ClusterRole")  # namespaced where possible
+    (deployment,) = by_kind(manifests, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=serving" in args and "--namespace=staging" in args
+    assert "--network-policies" in args and "--metrics-namespace=monitoring" in args
+    assert "--router-api-keys-secret=loom-api-keys:keys" in args and "--kv-connector=nixl" in args
+    assert "--no-leader-elect" not in args and deployment["spec"]["replicas"] == 2
+
+
+def test_all_namespaces_is_one_cluster_role(helm: Path) -> None:
+    manifests = template(helm, "--set", "watch.allNamespaces=true")
+    (role,) = by_kind(manifests, "ClusterRole")
+    assert role["rules"] == [r.to_json() for r in WATCHED_NAMESPACE_RULES]
+    (binding,) = by_kind(manifests, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "loom-operator", "namespace": "loom-system"}
+    ]
+    (deployment,) = by_kind(manifests, "Deployment")
+    assert "--all-namespaces" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_chart_watches_its_own_namespace_by_default(helm: Path) -> None:
+    manifests = template(helm)
+    assert {r["metadata"]["namespace"] for r in by_kind(manifests, "Role")} == {"loom-system"}
+    (deployment,) = by_kind(manifests, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["operator", "--namespace=loom-system"] and "--network-policies" in args
+    assert not by_kind(manifests, "PodMonitor")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("--set", "operator.replicas=x"), "at '/operator/replicas': got string, want integer"),
+        (("--set", "operator.replicas=2", "--set", "operator.leaderElection=false"),
+         "at '/operator/leaderElection'"),
+        (("--set", "operator.logLevel=LOUD"), "at '/operator/logLevel'"),
+        (("--set", "operator.kvConnector=rdma"), "at '/operator/kvConnector'"),
+        (("--set", "watch.namespaces={Bad_NS}"), "at '/watch/namespaces/0'"),
+        (("--set", "monitoring.podMonitor.interval=often"), "at '/monitoring/podMonitor/interval'"),
+        (("--set", "operator.resources.limits.memory=lots"),
+         "at '/operator/resources/limits/memory'"),
+        (("--set", "networkPolicy.enabled=true"),
+         "additional properties 'networkPolicy' not allowed"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused_with_the_path_of_the_value(
+    helm: Path, values: tuple[str, ...], message: str
+) -> None:
+    out = run(helm, "template", "loom", str(CHART), *values)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr

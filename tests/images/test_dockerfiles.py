@@ -1,0 +1,72 @@
+"""The images: each one's entrypoint is the `loom` command the e2e pods run, the operator image
+pins exactly pyproject's light dependencies, their names are the chart's and the renderer's
+defaults, and `make images` says so plainly where no container engine runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loom_operator.k8s.settings import RenderSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+HEAVY = {"torch", "safetensors"}  # the runtime's; the operator and router never import them
+
+
+def dockerfile(name: str) -> str:
+    return (IMAGES / name / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("name", ["operator", "runtime-cpu", "runtime-cuda"])
+def test_every_image_starts_the_loom_command(name: str) -> None:
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (.+)$", dockerfile(name), re.M)
+    assert json.loads(entrypoint) == list(RenderSettings().loom)
+    assert re.search(r"^USER 65532", dockerfile(name), re.M), "images run as a non-root user"
+
+
+def test_the_operator_image_pins_exactly_the_light_dependencies() -> None:
+    pinned = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    light = {d for d in pinned if d.split("==")[0] not in HEAVY}
+    installed = set(re.findall(r"\b([a-z][a-z0-9-]*==[0-9][^\s\\]*)", dockerfile("operator")))
+    assert installed == light
+
+
+def test_the_runtime_images_pin_the_projects_torch() -> None:
+    pinned = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (torch,) = [d for d in pinned if d.startswith("torch==")]
+    for name in ("runtime-cpu", "runtime-cuda"):
+        assert torch in dockerfile(name)
+
+
+def test_the_chart_and_the_renderer_name_the_images_make_images_builds() -> None:
+    values = yaml.safe_load((ROOT / "charts" / "loom" / "values.yaml").read_text())["image"]
+    chart = yaml.safe_load((ROOT / "charts" / "loom" / "Chart.yaml").read_text())
+    tag = chart["appVersion"]
+    defaults = RenderSettings()
+    assert (
+        f"{values['operator']['repository']}:{values['operator']['tag']}" == defaults.router_image
+    )
+    assert f"{values['runtime']['repository']}:{values['runtime']['tag']}" == defaults.runtime_image
+    script = (IMAGES / "build.sh").read_text()
+    for built in ("loom-operator:$TAG", "loom-runtime:$TAG", "loom-runtime:$TAG-cuda"):
+        assert built in script
+    assert values["operator"]["tag"] == tag == values["runtime"]["tag"]
+
+
+def test_make_images_says_so_where_no_engine_runs(tmp_path: Path) -> None:
+    for tool in ("dirname", "sed"):  # what the script needs besides an engine
+        (tmp_path / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
+    env = dict(os.environ, PATH=str(tmp_path), CONTAINER_ENGINE="")  # no docker, no podman
+    out = subprocess.run(["/bin/bash", str(IMAGES / "build.sh")], capture_output=True, text=True,
+                         env=env, timeout=30)  # fmt: skip
+    assert out.returncode == 1
+    assert "no Docker or Podman engine answers on this machine" in out.stderr
