@@ -13,6 +13,7 @@ from types import ModuleType
 from loom_operator.cli import (
     apply,
     crds,
+    dashboards,
     down,
     operate,
     plan,
@@ -25,7 +26,7 @@ from loom_operator.cli import (
 
 # Each command module offers add_parser(subparsers) and run(args) -> exit code.
 COMMANDS: tuple[ModuleType, ...] = (
-    validate, plan, crds, runtime, up, status, apply, down, router, operate,
+    validate, plan, crds, dashboards, runtime, up, status, apply, down, router, operate,
 )  # fmt: skip
 
 

@@ -110,6 +110,8 @@ class RouterServer:
     def _on_endpoints(self, snapshot: EndpointSnapshot) -> None:
         for gone in self.state.on_endpoints(snapshot):
             self.metrics.forget_endpoint(gone)
+        for endpoint in snapshot.endpoints:
+            self.metrics.know_endpoint(endpoint.id)
         self.subscriber.sync(snapshot)
 
     async def start(self) -> None:

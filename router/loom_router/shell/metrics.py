@@ -9,10 +9,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import get_args
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from loom_router.shell.pd_flow import FallbackReason
+from loom_runtime.wire.pd import PDMode
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 P = "loom_router:"
@@ -38,6 +42,20 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "client_disconnects": ("Clients that left before their answer ended.", ()),
 }
 
+# Label values known in advance start at 0 (Prometheus' "avoid missing metrics"), so a
+# dashboard's rate() over them reads 0 before the first event instead of "no data".
+KNOWN: dict[str, tuple[tuple[str, ...], ...]] = {
+    "migrations": (("resumed",), ("restarted",), ("exhausted",), ("no_endpoint",)),
+    "pd": tuple((m,) for m in get_args(PDMode)),
+    "pd_fallbacks": tuple((r,) for r in (*get_args(FallbackReason), "unknown")),
+}
+# The same for each endpoint, from when the router first sees it until it leaves.
+PER_ENDPOINT: dict[str, tuple[str, ...]] = {
+    "routed": ("prefix", "session", "load", "spill", "migration"),
+    "upstream_errors": ("refused", "broken"),
+    "marked_down": ("refused", "probe"),
+}
+
 GaugeSource = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
 
 
@@ -56,7 +74,9 @@ class RouterMetrics(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: dict[str, dict[tuple[str, ...], float]] = {n: {} for n in COUNTERS}
+        self._counts: dict[str, dict[tuple[str, ...], float]] = {
+            n: dict.fromkeys(KNOWN.get(n, ()), 0.0) for n in COUNTERS
+        }
         self._gauges: list[GaugeSpec] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.ttft = Histogram(
@@ -73,6 +93,7 @@ class RouterMetrics(Collector):
             registry=self.registry,
         )
         self.registry.register(self)
+        ProcessCollector(registry=self.registry)  # process_start_time_seconds: restarts show
 
     def inc(self, name: str, *labels: str, value: float = 1.0) -> None:
         if len(labels) != len(COUNTERS[name][1]):
@@ -99,6 +120,14 @@ class RouterMetrics(Collector):
     ) -> None:
         """A value read from live state at every scrape."""
         self._gauges.append(GaugeSpec(name, help, labels, read, counter))
+
+    def know_endpoint(self, endpoint_id: str) -> None:
+        """Start the endpoint's known series at 0 (those already counting are kept)."""
+        with self._lock:
+            for name, values in PER_ENDPOINT.items():
+                table = self._counts[name]
+                for value in values:
+                    table.setdefault((endpoint_id, value), 0.0)
 
     def forget_endpoint(self, endpoint_id: str) -> None:
         """Drop every counter series labelled with this endpoint."""

@@ -19,6 +19,7 @@ from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, Completed
 from loom_runtime.engine.batch_scheduler import BatchScheduler
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
 from loom_runtime.engine.token_forward import TokenForward
@@ -105,6 +106,7 @@ class Engine:
         self._aborts: set[str] = set()
         self._callbacks: dict[str, OnOutput] = {}  # in flight: added, final output not yet sent
         self._admission_open = True
+        self._drain = DrainClock()  # guarded by _lock
         self._closed = False  # shut down: never reopens
         self._stop_thread = False
         self._thread: threading.Thread | None = None
@@ -206,12 +208,15 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            s = self._stats
+            s, d = self._stats, self._settle_drain()
             return replace(
                 s,
                 num_waiting=s.num_waiting + len(self._inbox),
                 admission_open=self._admission_open,
                 weights_version=self._weights_version,
+                drains=d.drains,
+                drain_seconds=d.seconds,
+                last_drain_seconds=d.last_seconds,
             )
 
     # --- drain and weights --------------------------------------------------------------------
@@ -223,6 +228,7 @@ class Engine:
         if mode not in ("wait", "abort"):
             raise InvalidRequestError(f"pause mode must be 'wait' or 'abort', got {mode!r}", "mode")
         with self._lock:
+            self._drain.close(time.monotonic(), already_closed=not self._admission_open)
             self._admission_open = False
             if mode == "abort":
                 self._aborts.update(self._callbacks)
@@ -234,6 +240,7 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise AdmissionError("the engine was shut down; it cannot resume")
+            self._drain.reopen()
             self._admission_open = True
 
     def load_weights(self, path: str, version: str) -> None:
@@ -297,6 +304,7 @@ class Engine:
             ran = self._scheduler.step()
             with self._lock:
                 self._stats = self._snapshot()
+                self._settle_drain()
             return ran
 
     def _run(self) -> None:
@@ -368,6 +376,12 @@ class Engine:
                 self._callbacks.pop(out.request_id, None)
                 self._cond.notify_all()
 
+    def _settle_drain(self) -> DrainClock:
+        """Count a drain that just ended (call under _lock: idle and closed)."""
+        idle = not self._callbacks and not self._stats.num_kv_leases
+        self._drain.settle(time.monotonic(), idle)
+        return self._drain
+
     def _snapshot(self) -> EngineStats:
         c, pool, remote = self._scheduler.counters, self._pool, self._scheduler.remote
         t = remote.counters if remote is not None else None
@@ -393,4 +407,5 @@ class Engine:
             kv_expired=t.kv_expired if t is not None else 0,
             kv_transfer_failures=t.kv_transfer_failures if t is not None else 0,
             kv_pulled_tokens=t.kv_pulled_tokens if t is not None else 0,
+            kv_pulled_bytes=t.kv_pulled_bytes if t is not None else 0,
         )

@@ -29,6 +29,7 @@ class TransferCounters:
     kv_expired: int = 0
     kv_transfer_failures: int = 0
     kv_pulled_tokens: int = 0
+    kv_pulled_bytes: int = 0
 
 
 @dataclass
@@ -145,7 +146,7 @@ class RemoteKV:
                 out.failed.append(state)
             elif done.error is None:
                 state.num_computed = state.num_prompt_tokens - 1
-                self._count(kv_pulled_tokens=done.num_tokens)
+                self._count(kv_pulled_tokens=done.num_tokens, kv_pulled_bytes=done.nbytes)
                 out.ready.append(state)
             else:
                 self._failed(state, done.error, out, holds_blocks=True)

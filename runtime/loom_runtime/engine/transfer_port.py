@@ -65,6 +65,9 @@ class FinishedPull(Protocol):
     @property
     def num_tokens(self) -> int: ...
 
+    @property
+    def nbytes(self) -> int: ...
+
 
 class KVConnectorPort(Protocol):
     """The engine calls these on its step thread; none of them blocks on the network.

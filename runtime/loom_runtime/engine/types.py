@@ -136,3 +136,7 @@ class EngineStats:
     kv_expired: int = 0  # prefill: leases that expired unpulled (counter)
     kv_transfer_failures: int = 0  # decode: pulls that failed (counter)
     kv_pulled_tokens: int = 0  # decode: prompt tokens whose KV came from a prefill (counter)
+    kv_pulled_bytes: int = 0  # decode: KV bytes pulled from prefills (counter)
+    drains: int = 0  # drains completed: admission closed until idle (counter)
+    drain_seconds: float = 0.0  # seconds those drains took (counter)
+    last_drain_seconds: float = 0.0  # how long the latest completed drain took

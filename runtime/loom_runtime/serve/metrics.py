@@ -9,7 +9,13 @@ import logging
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -31,6 +37,16 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+PHASES = ("serving", "draining", "paused")
+
+
+def worker_phase(admission_open: bool, in_flight: int, kv_leases: int) -> str:
+    """The worker's own view of a weight sync's freeze → drain → load → resume."""
+    if admission_open:
+        return "serving"
+    return "draining" if in_flight or kv_leases else "paused"
 
 
 class StatsSource(Protocol):
@@ -85,6 +101,20 @@ class _EngineCollector(Collector):
         yield counter("loom:kv_expired", "KV leases that expired unpulled.", s.kv_expired)
         yield counter("loom:kv_transfer_failures", "KV pulls that failed.", s.kv_transfer_failures)
         yield counter("loom:kv_pulled_tokens", "Prompt tokens pulled.", s.kv_pulled_tokens)
+        yield counter("loom:kv_pulled_bytes", "KV bytes pulled from prefills.", s.kv_pulled_bytes)
+        yield counter("loom:drains", "Drains completed (admission closed until idle).", s.drains)
+        yield counter("loom:drain_seconds", "Seconds the completed drains took.", s.drain_seconds)
+        yield gauge("loom:last_drain_seconds", "The latest drain's duration.", s.last_drain_seconds)
+        phase = GaugeMetricFamily(
+            "loom:worker_phase",
+            "1 for the worker's phase now: serving (admission open), draining (closed, work "
+            "left), paused (closed and idle: ready for LoadWeights).",
+            labels=["model_name", "phase"],
+        )
+        now = worker_phase(s.admission_open, in_flight, s.num_kv_leases)
+        for name in PHASES:
+            phase.add_metric([*m, name], float(name == now))
+        yield phase
         info = InfoMetricFamily(
             "loom:weights_version", "Weights version served.", labels=["model_name"]
         )
@@ -124,6 +154,8 @@ class ServerMetrics:
             "vllm:request_decode_time_seconds", "First to last token.", REQUEST_BUCKETS
         )
         self.registry.register(_EngineCollector(model_name, source))
+        # process_start_time_seconds and friends: a restart shows as a new start time.
+        ProcessCollector(registry=self.registry)
 
     def render(self) -> bytes:
         """The exposition text. Reads engine stats: call it off the event loop."""

@@ -26,3 +26,21 @@ def test_counters_render_and_forget_an_endpoint() -> None:
 def test_wrong_label_count_is_a_bug_not_a_series() -> None:
     with pytest.raises(ValueError, match="takes labels"):
         RouterMetrics().inc("routed", "a")
+
+
+def test_known_series_start_at_zero_and_an_endpoints_leave_with_it() -> None:
+    m = RouterMetrics()
+    m.know_endpoint("d0")
+    m.inc("routed", "d0", "prefix")
+    m.know_endpoint("d0")  # seen again in the next snapshot: counts are kept
+    text = m.render().decode()
+    assert 'loom_router:migrations_total{outcome="restarted"} 0.0' in text
+    assert 'loom_router:pd_total{mode="remote-prefill"} 0.0' in text
+    assert 'loom_router:pd_fallbacks_total{reason="version_mismatch"} 0.0' in text
+    assert 'loom_router:routed_total{endpoint="d0",reason="spill"} 0.0' in text
+    assert 'loom_router:routed_total{endpoint="d0",reason="prefix"} 1.0' in text
+    assert 'loom_router:upstream_errors_total{endpoint="d0",kind="broken"} 0.0' in text
+    assert 'loom_router:marked_down_total{cause="probe",endpoint="d0"} 0.0' in text
+    m.forget_endpoint("d0")
+    assert 'endpoint="d0"' not in m.render().decode()
+    assert "process_start_time_seconds " in text  # a restart shows as a new start time

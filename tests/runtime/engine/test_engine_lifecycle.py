@@ -145,6 +145,8 @@ def test_pause_wait_drains_then_refuses_until_resume(
         assert engine.pause("wait", timeout=WAIT)
         assert collector.done.is_set() and collector.result().finish_reason == "length"
         assert engine.in_flight() == 0 and not engine.stats().admission_open
+        drained = engine.stats()
+        assert drained.drains == 1 and drained.drain_seconds == drained.last_drain_seconds > 0
         with pytest.raises(AdmissionError, match="paused"):
             engine.add_request(EngineRequest("x", (1, 2), greedy(2)), lambda out: None)
         engine.resume()

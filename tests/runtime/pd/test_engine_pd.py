@@ -140,6 +140,8 @@ def test_prefill_answers_a_lease_and_decode_continues_with_the_aggregated_tokens
     out = run(decode, "d", tokens, MAX_TOKENS, answer).result()
     assert out.output_token_ids == expected  # first token included
     assert decode.stats().kv_pulled_tokens == 299  # all but the last prompt token
+    pulled = decode.stats().kv_pulled_bytes  # the same bytes for each of those tokens
+    assert pulled > 0 and pulled % 299 == 0
     assert decode.stats().num_tokens_computed == MAX_TOKENS  # last prompt token + 5 decodes
     wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
     wait_for(lambda: whole(decode), "the decode's pool to be whole")

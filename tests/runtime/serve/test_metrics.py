@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom_runtime.engine.types import EngineStats, RequestMetrics
-from loom_runtime.serve.metrics import ServerMetrics
+from loom_runtime.serve.metrics import PHASES, ServerMetrics, worker_phase
 
 
 class Snapshot:
@@ -25,6 +25,7 @@ STATS = EngineStats(
     num_running=2, num_waiting=1, kv_usage=0.25, num_blocks=64, num_free_blocks=48,
     block_size=16, admission_open=False, weights_version="v7", num_preemptions=3,
     prefix_queries=100, prefix_hits=40, num_prompt_tokens=120, num_generation_tokens=33,
+    num_kv_leases=1, kv_pulled_bytes=4096, drains=2, drain_seconds=3.5, last_drain_seconds=1.5,
 )  # fmt: skip
 
 
@@ -51,6 +52,14 @@ def test_engine_snapshot_is_exported_under_vllm_and_loom_names() -> None:
     assert s[("loom:in_flight_requests", m)] == 3
     assert s[("loom:kv_free_blocks", m)] == 48
     assert s[("loom:weights_version_info", (("model_name", "tiny"), ("version", "v7")))] == 1
+    assert s[("loom:kv_pulled_bytes_total", m)] == 4096
+    assert s[("loom:drains_total", m)] == 2
+    assert s[("loom:drain_seconds_total", m)] == 3.5
+    assert s[("loom:last_drain_seconds", m)] == 1.5
+    # closed with a request in flight and a lease held: draining, and only that phase is 1
+    phases = {p: s[("loom:worker_phase", (*m, ("phase", p)))] for p in PHASES}
+    assert phases == {"serving": 0, "draining": 1, "paused": 0}
+    assert s[("process_start_time_seconds", ())] > 0
     cache = (("block_size", "16"), ("model_name", "tiny"), ("num_gpu_blocks", "64"))
     assert s[("vllm:cache_config_info", cache)] == 1
 
@@ -98,3 +107,14 @@ def test_a_failing_engine_does_not_break_the_scrape() -> None:
     names = {name for name, _ in _samples(metrics)}
     assert "vllm:request_success_total" in names
     assert "vllm:num_requests_running" not in names
+
+
+def test_the_worker_phase_follows_admission_and_what_is_left() -> None:
+    cases = [
+        ((True, 3, 1), "serving"),
+        ((False, 1, 0), "draining"),
+        ((False, 0, 2), "draining"),  # a prefill keeps its leases until the decode pulls
+        ((False, 0, 0), "paused"),
+    ]
+    for args, phase in cases:
+        assert worker_phase(*args) == phase, args
