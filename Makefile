@@ -9,6 +9,7 @@ PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
 .PHONY: status fuzz images
+.PHONY: dashboards prometheus
 
 venv: $(STAMP)
 
@@ -49,6 +50,17 @@ imports: venv
 
 unit: venv tools e2e-build
 	$(BIN)/pytest -q
+unit: prometheus
+
+# Debian's prometheus (2.42), for the dashboards' live check in tests/operator/dashboards (~20 s,
+# once). Where it cannot be installed (no apt, no root) that one test is skipped and says why.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "[$$(date +%T)] make prometheus: installing Debian's prometheus (~20 s)"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get install -y prometheus >/dev/null 2>&1 || \
+	  { $$sudo apt-get update >/dev/null 2>&1 && $$sudo apt-get install -y prometheus >/dev/null; } || \
+	  echo "make prometheus: could not install it; the dashboards' Prometheus test will be skipped"; }
 
 # The request fuzzing of tests/router/integration/test_fuzz.py, ten times longer than in CI.
 fuzz: venv
@@ -79,6 +91,10 @@ test: lint typecheck imports unit
 crds: venv
 	$(BIN)/loom crds --out crds --docs docs/cards.md --chart charts/loom
 
+# The Grafana dashboards, built in code (operator/loom_operator/dashboards), as the chart ships them.
+dashboards: venv
+	$(BIN)/loom dashboards --out charts/loom/dashboards
+
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iruntime --python_out=runtime --pyi_out=runtime \
 		--grpc_python_out=runtime runtime/loom_runtime/control_api/control.proto
@@ -94,3 +110,18 @@ clean:
 
 images:  ## build the operator and runtime images (needs a Docker or Podman engine)
 	images/build.sh
+
+# vLLM in its own cached environment (it pins another torch than Loom's), for the test that parses
+# the rendered `vllm serve` commands with vLLM's own CLI parser. First time: ~9 GB, 5-10 minutes.
+VLLM_VERSION := 0.33.0
+VLLM_VENV    := $(HOME)/.cache/loom/vllm/v$(VLLM_VERSION)
+.PHONY: vllm-venv
+vllm-venv: $(VLLM_VENV)/bin/vllm
+$(VLLM_VENV)/bin/vllm:
+	@echo "[$$(date +%T)] make vllm-venv: vLLM $(VLLM_VERSION) into $(VLLM_VENV) (first time: ~9 GB, 5-10 min)"
+	rm -rf $(VLLM_VENV).tmp && mkdir -p $(dir $(VLLM_VENV))
+	$(PY) -m venv $(VLLM_VENV).tmp
+	$(VLLM_VENV).tmp/bin/pip install --progress-bar off vllm==$(VLLM_VERSION)
+	mv $(VLLM_VENV).tmp $(VLLM_VENV)
+	@echo "[$$(date +%T)] make vllm-venv: done"
+unit: vllm-venv

@@ -1,4 +1,5 @@
-"""Worker-side commands: `runtime` (serve one role) and `model init-tiny`.
+"""Worker-side commands: `runtime` (serve one role), `vllm-sidecar` (Loom's control API in front
+of vLLM) and `model init-tiny`.
 
 Parses arguments and hands off; the work lives in serve/ and models/.
 """
@@ -15,8 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from loom_runtime.serve import main as serve_main
+    from loom_runtime.serve import vllm_sidecar
 
     serve_main.add_parser(sub)
+    vllm_sidecar.add_parser(sub)
 
     model = sub.add_parser("model", help="model tools")
     model_sub = model.add_subparsers(dest="model_command", required=True, metavar="MODEL_COMMAND")

@@ -1,4 +1,5 @@
-"""`loom runtime …` and `loom model …`: forwarded to `python -m loom_runtime` in a new process.
+"""`loom runtime …`, `loom vllm-sidecar …` and `loom model …`: forwarded to
+`python -m loom_runtime` in a new process.
 
 The operator never imports the heavy runtime; a worker is its own process anyway.
 """
@@ -11,12 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-FORWARDED = ("runtime", "model")
+FORWARDED = ("runtime", "vllm-sidecar", "model")
 
 
 def add_parser(sub: Any) -> None:
     for name, text in (
         ("runtime", "start a worker: loom runtime --card CARD.yaml --role ROLE --port P"),
+        ("vllm-sidecar", "Loom's control API in front of vLLM (backend: vllm pods)"),
         ("model", "model tools: loom model init-tiny DIR"),
     ):
         p = sub.add_parser(name, help=text, add_help=False)

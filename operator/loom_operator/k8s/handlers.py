@@ -25,6 +25,7 @@ from loom_operator.k8s.fleet import Events, PodFleet
 from loom_operator.k8s.kube import MERGE, Kube, KubeError, object_path
 from loom_operator.k8s.labels import FIELD_MANAGER, GROUP, VERSION, control_secret
 from loom_operator.k8s.render import owner_reference, render
+from loom_operator.k8s.render.vllm import unsupported
 from loom_operator.k8s.settings import RenderSettings
 from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
 from loom_runtime.card.errors import CardError
@@ -120,6 +121,10 @@ def load_cards(model_doc: Obj | None, card: Obj) -> tuple[ModelCard, DeploymentC
     except CardError as exc:
         return _problems(exc)
     (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    if deployment.spec.backend == "vllm":
+        missing = unsupported(model, deployment)
+        if missing:
+            return "; ".join(f"{path}: {message}" for path, message in missing)
     return model, deployment
 
 

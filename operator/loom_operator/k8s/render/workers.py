@@ -20,6 +20,7 @@ from loom_operator.fleet.commands import (
 )
 from loom_operator.k8s.labels import common, control_secret, role_object, worker_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MODEL_CARD_KEY, MOUNT_PATH, cards_volume
+from loom_operator.k8s.render.vllm import sidecar_command, vllm_args, vllm_env
 from loom_operator.k8s.settings import RenderSettings
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.wire.pods import (
@@ -123,6 +124,59 @@ def worker_container(
     return container
 
 
+def vllm_containers(
+    model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
+) -> list[dict[str, Any]]:
+    """`backend: vllm`: vLLM serves the OpenAI API and KV events; the sidecar serves Loom's
+    control contract on the control port, with the shared token."""
+    p = WORKER_PORTS
+    token = {"secretKeyRef": {"name": control_secret(deployment.name), "key": "token"}}
+    server: dict[str, Any] = {
+        "name": "vllm",
+        "image": settings.runtime_image,
+        "command": vllm_args(model, deployment, role),
+        "env": [*_env(), *vllm_env(deployment)],
+        "ports": [
+            {"name": HTTP_PORT, "containerPort": p[HTTP_PORT]},
+            {"name": KV_EVENTS_PORT, "containerPort": p[KV_EVENTS_PORT]},
+            {"name": KV_REPLAY_PORT, "containerPort": p[KV_REPLAY_PORT]},
+        ],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": HTTP_PORT}, "periodSeconds": 2},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        # Loading a large checkpoint onto 8 GPUs takes a while: allow up to 30 minutes.
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT},
+            "periodSeconds": 5,
+            "failureThreshold": 360,
+        },
+    }
+    res = resources(role_settings(deployment, role).resources)
+    if res:
+        server["resources"] = res
+    card = f"{MOUNT_PATH}/{MODEL_CARD_KEY}"
+    sidecar = {
+        "name": "control",
+        "image": settings.runtime_image,
+        "command": sidecar_command(card, deployment, role, settings.loom),
+        "env": [*_env(), {"name": CONTROL_TOKEN_ENV, "valueFrom": token}],
+        "ports": [{"name": CONTROL_PORT, "containerPort": p[CONTROL_PORT]}],
+        "volumeMounts": [CARDS_MOUNT],
+    }
+    return [server, sidecar]
+
+
+def role_containers(
+    model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
+) -> list[dict[str, Any]]:
+    if deployment.spec.backend == "vllm":
+        return vllm_containers(model, deployment, role, settings)
+    return [worker_container(model, deployment, role, settings)]
+
+
 def role_manifests(
     model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
 ) -> list[dict[str, Any]]:
@@ -146,7 +200,7 @@ def role_manifests(
                 "metadata": {"labels": labels},
                 "spec": {
                     "terminationGracePeriodSeconds": grace,
-                    "containers": [worker_container(model, deployment, role, settings)],
+                    "containers": role_containers(model, deployment, role, settings),
                     "volumes": [cards_volume(deployment)],
                 },
             },

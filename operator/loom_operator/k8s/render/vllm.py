@@ -1,0 +1,150 @@
+"""`backend: vllm`: a role's pods run `vllm serve` with the flags the cards imply, next to Loom's
+control sidecar (`loom vllm-sidecar`: Status/Pause/Resume/LoadWeights over vLLM's own endpoints).
+
+Pure. The flags are vLLM 0.33.0's (VLLM_VERSION; tests parse them with that version's own CLI
+parser): parallelism (TP, DP, PCP, DCP with its comm backend and interleave, EP), KV cache dtype,
+host KV offload, MTP speculative decoding, the NixlConnector for P/D, KV events for the router's
+precise prefix scorer, and block size and hash algorithm matching the router (the hash seed is
+PYTHONHASHSEED: vLLM has no flag for it). A card asking for what that version cannot do is
+refused by `unsupported` with the flag that is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.api.roles import RoleName
+from loom_operator.fleet.commands import DTYPES, role_settings
+from loom_operator.fleet.desired import served_component
+from loom_runtime.card.model_card import ModelCard
+from loom_runtime.wire.pods import (
+    CONTROL_PORT,
+    HTTP_PORT,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
+    WORKER_PORTS,
+)
+
+VLLM_VERSION = "0.33.0"
+KV_EVENTS_TOPIC = "kv-events"
+
+
+def model_argument(uri: str) -> str:
+    """What `vllm serve` loads: a Hugging Face id (hf://org/name) or a local path (file://)."""
+    for scheme in ("hf://", "file://"):
+        if uri.startswith(scheme):
+            return uri.removeprefix(scheme)
+    return uri
+
+
+def unsupported(model: ModelCard, deployment: DeploymentCard) -> list[tuple[str, str]]:
+    """(field path, message) for each thing the cards ask that vLLM VLLM_VERSION cannot do."""
+    out = []
+    for name, role in deployment.spec.roles.present().items():
+        if role.hi_sparse is not None and role.parallelism.dcp > 1:
+            out.append((
+                f"spec.roles.{name}.hiSparse",
+                f"vLLM {VLLM_VERSION}'s HiSparseConnector does not support decode context "
+                "parallelism (--decode-context-parallel-size > 1): drop one of them",
+            ))  # fmt: skip
+    uri = served_component(model).source.uri
+    if not uri.startswith(("hf://", "file://")):
+        out.append(("spec.components[0].source.uri",
+                    f"vLLM loads hf:// or file:// checkpoints, not {uri!r}"))  # fmt: skip
+    return out
+
+
+def vllm_args(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> list[str]:
+    """`vllm serve …` for one role's pods (the host is the pod IP)."""
+    spec = deployment.spec
+    r = role_settings(deployment, role)
+    p, e = r.parallelism, r.engine
+    served = served_component(model)
+    argv = [
+        "vllm", "serve", model_argument(served.source.uri),
+        "--served-model-name", model.name,
+        "--host", "$(POD_IP)", "--port", str(WORKER_PORTS[HTTP_PORT]),
+        "--block-size", str(e.block_size),
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        "--enable-prefix-caching",
+        "--prefix-caching-hash-algo", spec.prefix_caching.hash_algo,
+    ]  # fmt: skip
+    if e.max_model_len is not None:
+        argv += ["--max-model-len", str(e.max_model_len)]
+    dtype = DTYPES.get(e.dtype or "")
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    if p.tp > 1:
+        argv += ["--tensor-parallel-size", str(p.tp)]
+    if p.dp > 1:
+        argv += ["--data-parallel-size", str(p.dp)]
+    if p.pcp > 1:
+        argv += ["--prefill-context-parallel-size", str(p.pcp)]
+    if p.dcp > 1:
+        argv += ["--decode-context-parallel-size", str(p.dcp), "--dcp-comm-backend", "ag_rs"]
+    if p.cp_kv_interleave > 1:
+        argv += ["--cp-kv-cache-interleave-size", str(p.cp_kv_interleave)]
+    if p.ep > 1:
+        argv += ["--enable-expert-parallel"]
+    if served.precision.kv == "fp8":
+        argv += ["--kv-cache-dtype", "fp8"]
+    if model.spec.family == "sparse-mla" and (p.pcp > 1 or p.dcp > 1):
+        argv += ["--attention-config", _json({"sparse_mla_force_mqa": True})]
+    if r.kv_offload is not None:
+        size = r.kv_offload.host_gib
+        argv += ["--kv-offloading-size", f"{size:g}", "--kv-offloading-backend", "native"]
+    if r.mtp is not None:
+        spec_config = {"method": "mtp", "num_speculative_tokens": r.mtp.draft_tokens}
+        argv += ["--speculative-config", _json(spec_config)]
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    if r.hi_sparse is not None:
+        hisparse = {
+            "kv_connector": "HiSparseConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"host_pool_gib": r.hi_sparse.host_pool_gib},
+        }
+        connectors = [nixl, hisparse] if role != "aggregated" else [hisparse]
+        multi = {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+                 "kv_connector_extra_config": {"connectors": connectors}}  # fmt: skip
+        argv += ["--kv-transfer-config", _json(multi)]
+        if r.hi_sparse.offload_gib > 0:
+            argv += ["--kv-offloading-size", f"{r.hi_sparse.offload_gib:g}",
+                     "--kv-offloading-backend", "native"]  # fmt: skip
+    elif role != "aggregated":
+        argv += ["--kv-transfer-config", _json(nixl)]
+    events = {
+        "enable_kv_cache_events": True, "publisher": "zmq",
+        "endpoint": f"tcp://*:{WORKER_PORTS[KV_EVENTS_PORT]}",
+        "replay_endpoint": f"tcp://*:{WORKER_PORTS[KV_REPLAY_PORT]}",
+        "topic": KV_EVENTS_TOPIC,
+    }  # fmt: skip
+    return [*argv, "--kv-events-config", _json(events)]
+
+
+def vllm_env(deployment: DeploymentCard) -> list[dict[str, Any]]:
+    """The prefix-hash seed the router assumes, and vLLM's pause/resume/weight endpoints on."""
+    seed = deployment.spec.prefix_caching.hash_seed
+    return [{"name": "PYTHONHASHSEED", "value": str(seed)},
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]  # fmt: skip
+
+
+def sidecar_command(
+    card_path: str, deployment: DeploymentCard, role: RoleName, loom: tuple[str, ...]
+) -> list[str]:
+    """`loom vllm-sidecar`: Loom's control service in front of the vLLM next to it; it reports
+    the weights version of the ConfigMap card until a LoadWeights changes it."""
+    engine = role_settings(deployment, role).engine
+    return [
+        *loom, "vllm-sidecar", "--card", card_path,
+        "--vllm-url", f"http://127.0.0.1:{WORKER_PORTS[HTTP_PORT]}",
+        "--host", "$(POD_IP)", "--port", str(WORKER_PORTS[CONTROL_PORT]),
+        "--role", role, "--block-size", str(engine.block_size),
+        "--drain-timeout", str(deployment.spec.weight_sync.drain_timeout_seconds),
+    ]  # fmt: skip
+
+
+def _json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,46 @@
+"""The rendered `vllm serve` commands, parsed by vLLM 0.33.0's own CLI parser in its own cached
+virtual environment (`make vllm-venv`; no GPU needed to parse): every flag accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loom_operator.api.documents import load_documents
+from loom_operator.k8s.render.vllm import VLLM_VERSION, vllm_args
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parents[2] / "examples"
+VENV = Path(os.environ.get("LOOM_VLLM_VENV", Path.home() / ".cache/loom/vllm" / f"v{VLLM_VERSION}"))
+
+
+def parse(argvs: list[list[str]]) -> list[dict[str, Any]]:
+    python = VENV / "bin" / "python"
+    assert python.exists(), f"no vLLM {VLLM_VERSION} environment at {VENV}: run `make vllm-venv`"
+    concrete = [[a.replace("$(POD_IP)", "127.0.0.1") for a in argv] for argv in argvs]
+    out = subprocess.run([str(python), str(HERE / "vllm_parse.py")], input=json.dumps(concrete),
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, VLLM_TARGET_DEVICE="cpu"))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    results: list[dict[str, Any]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return results
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[str]]:
+    cards = load_documents(EXAMPLES / "glm-5-class.yaml")
+    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    return [vllm_args(model, deployment, role) for role in ("prefill", "decode")]
+
+
+def test_vllm_accepts_every_flag_of_the_reference_deployment(reference: list[list[str]]) -> None:
+    bogus = [*reference[0][:3], "--prefill-context-parallelism", "8"]  # a made-up flag
+    prefill, decode, refused = parse([*reference, bogus])
+    assert prefill == {"ok": True, "model": "zai-org/GLM-5", "block_size": 64, "pcp": 8, "dcp": 8}
+    assert decode["ok"] is True, decode
+    assert refused["ok"] is False, "the parser must refuse a flag vLLM does not have"
