@@ -180,6 +180,8 @@ class RouterOptions:
     step by a pod watch; None: ROUTER.json's list and the admin API only."""
     namespace: str = "default"
     """Where --watch-pods looks."""
+    max_body_bytes: int = 64 << 20
+    """Largest request body the OpenAI routes accept; a larger one gets 413."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -215,6 +217,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="route to the worker pods matching this label selector (in-cluster or $KUBECONFIG)",
     )
     p.add_argument("--namespace", help="namespace of --watch-pods (default $POD_NAMESPACE)")
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=RouterOptions.max_body_bytes,
+        help="largest request body accepted; larger ones get 413 (default 64 MiB)",
+    )
 
 
 def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOptions:
@@ -228,6 +236,8 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOp
         raise OptionsError(f"--scrape-interval must be > 0, got {args.scrape_interval}")
     if args.max_index_entries is not None and args.max_index_entries <= 0:
         raise OptionsError(f"--max-index-entries must be > 0, got {args.max_index_entries}")
+    if args.max_body_bytes < 1024:
+        raise OptionsError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     if args.port == args.admin_port and args.host == args.admin_host:
         raise OptionsError("--port and --admin-port must differ")
     return RouterOptions(
@@ -245,6 +255,7 @@ def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOp
         max_index_entries=args.max_index_entries,
         watch_pods=args.watch_pods,
         namespace=args.namespace or env.get("POD_NAMESPACE") or "default",
+        max_body_bytes=args.max_body_bytes,
     )
 
 

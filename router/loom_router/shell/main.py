@@ -95,7 +95,10 @@ class RouterServer:
             transport=self.transport, metrics=self.metrics, prober=self.prober,
             tokenizer=tokenizer,
         )  # fmt: skip
-        self.proxy = ProxyApp(self.dispatcher, self.metrics, config.model_name, options.api_keys)
+        self.proxy = ProxyApp(
+            self.dispatcher, self.metrics, config.model_name, options.api_keys,
+            max_body_bytes=options.max_body_bytes,
+        )  # fmt: skip
         self.admin = AdminApp(self.source, self.transport.flights, self.prober, options.admin_token)
         self.pod_watch: PodWatch | None = None
         if options.watch_pods:

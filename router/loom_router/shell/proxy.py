@@ -18,6 +18,7 @@ from aiohttp import web
 
 from loom_router.core.filters import SERVING_ROLES
 from loom_router.errors import RouterError, UnauthorizedError, classify, http_error_body
+from loom_router.shell.config import RouterOptions
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
 from loom_runtime.wire.headers import REQUEST_ID_HEADER
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID = web.RequestKey("request_id", str)
-MAX_BODY_BYTES = 64 << 20
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _ROUTE_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
                  "/v1/models": "models"}  # fmt: skip
@@ -49,8 +49,10 @@ class ProxyApp:
         metrics: RouterMetrics,
         model_name: str,
         api_keys: Sequence[str] = (),
+        max_body_bytes: int = RouterOptions.max_body_bytes,
     ) -> None:
         self.dispatcher = dispatcher
+        self._max_body = max_body_bytes
         self.metrics = metrics
         self.model_name = model_name
         self._keys = tuple(k.encode() for k in api_keys if k)
@@ -58,7 +60,7 @@ class ProxyApp:
 
     def app(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._errors, self._auth], client_max_size=MAX_BODY_BYTES
+            middlewares=[self._errors, self._auth], client_max_size=self._max_body
         )
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)

@@ -122,6 +122,13 @@ def test_api_keys_guard_the_openai_routes_only(worker: Any, launch_router: Any) 
         assert keyed.get("/health")[0] == 200 and keyed.get("/metrics")[0] == 200
 
 
+def test_a_body_over_max_body_bytes_gets_413(worker: Any, launch_router: Any) -> None:
+    with launch_router([worker], flags=("--max-body-bytes", "4096")) as small:
+        status, answer, _ = small.post("/v1/completions", body(prompt="x" * 8192))
+        assert status == 413 and "error" in answer
+        assert small.post("/v1/completions", body())[0] == 200  # under the limit: served
+
+
 def test_a_client_that_leaves_cancels_the_workers_work(worker: Any, router: Any) -> None:
     aborted = worker.counter("vllm:request_success_total")
     before = worker.counter("vllm:generation_tokens_total")

@@ -49,3 +49,11 @@ def test_tokens_and_keys_come_from_flags_or_the_environment() -> None:
 def test_impossible_flags_are_refused(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(OptionsError, match=message):
         options_from_args(parse(*argv), {})
+
+
+def test_max_body_bytes_is_a_flag_with_a_floor() -> None:
+    assert options_from_args(parse("--admin-token", "x"), {}).max_body_bytes == 64 << 20
+    small = options_from_args(parse("--admin-token", "x", "--max-body-bytes", "4096"), {})
+    assert small.max_body_bytes == 4096
+    with pytest.raises(OptionsError, match="at least 1024"):
+        options_from_args(parse("--admin-token", "x", "--max-body-bytes", "10"), {})
