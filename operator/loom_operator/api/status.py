@@ -73,6 +73,6 @@ class DeploymentCardStatus(CardModel):
     """The current or last weight sync."""
     endpoint: str | None = None
     """URL of the router's OpenAI endpoint."""
-    fleet_record: str | None = Field(default=None, max_length=262144)
+    fleet_record: str | None = Field(default=None, max_length=1048576)
     """The fleet controller's record (versioned JSON: sync progress per worker, restart history,
     retirements): a restarted operator resumes a weight sync from it. Written by the operator."""

@@ -235,7 +235,11 @@ async def run_fleet(
     try:
         while not stopped:
             docs: Iterable[Obj] = index.get((namespace, str(body.spec.get("modelCard", ""))), [])
-            delay = await _fleet_round(kube, body, next(iter(docs), None), fleet, written)
+            try:
+                delay = await _fleet_round(kube, body, next(iter(docs), None), fleet, written)
+            except KubeError as exc:  # e.g. the Secret not made yet; the next round retries
+                logger.warning("%s/%s: fleet round failed: %s", namespace, name, exc)
+                delay = IDLE_ROUND_S
             waiter = asyncio.ensure_future(fleet.wake.wait())
             await asyncio.wait({waiter}, timeout=delay)
             waiter.cancel()
