@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -349,10 +350,10 @@ def card_states(kube: Kube, namespace: str, phases: set[str]) -> dict[str, tuple
 
 
 def wait_converged(
-    kube: Kube, namespace: str, count: int, op: OperatorProcess, args: argparse.Namespace
+    kube: Kube, namespace: str, count: int, t0: float, op: OperatorProcess, args: argparse.Namespace
 ) -> dict[str, float]:
-    """Each card's seconds from now (the first create) to converged."""
-    t0, at, said = time.monotonic(), dict[str, float](), 0.0
+    """Each card's seconds from `t0` (its first create) to converged."""
+    at, said = dict[str, float](), 0.0
     while len(at) < count:
         now = time.monotonic()
         states = card_states(kube, namespace, args.expect_phase)
@@ -408,10 +409,11 @@ def run_scale(
              f"the operator to mark ModelCard glm-5 Valid (its log: {op.log})")  # fmt: skip
         before, rss_start = op.stats(), op.memory_mib()
         say(f"scale {label}: creating {len(cards)} DeploymentCards")
+        t0 = time.monotonic()
         for card in cards:
             card["metadata"]["namespace"] = namespace
             kube.create(object_path("DeploymentCard", namespace), card)
-        at = wait_converged(kube, namespace, len(cards), op, args)
+        at = wait_converged(kube, namespace, len(cards), t0, op, args)
         converged, shows = op.stats(), card_states(kube, namespace, args.expect_phase)
         load.append(os.getloadavg()[0])
         say(f"scale {label}: converged in {max(at.values()):.1f} s; {args.steady_s:.0f} s steady")
@@ -518,6 +520,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def tree() -> str:
+    """The commit the operator ran from, and the operator files changed since (if any)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "operator"],
+                           capture_output=True, text=True).stdout.split("\n")  # fmt: skip
+    changed = sorted(line[3:] for line in dirty if line.strip())
+    return head.stdout.strip() + (f" + uncommitted {', '.join(changed)}" if changed else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results: list[dict[str, Any]] = []
@@ -526,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
         "load_avg_start": [round(x, 2) for x in os.getloadavg()],
         "expect_phase": sorted(args.expect_phase), "steady_s": args.steady_s,
+        "operator_tree": tree(),
     }  # fmt: skip
     try:
         cluster = start_cluster(STATE)
