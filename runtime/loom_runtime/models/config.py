@@ -85,10 +85,7 @@ class ModelConfig:
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
         """Read config.json (required) and generation_config.json (optional) from a checkpoint."""
-        root = Path(path)
-        raw = _read_json(root / "config.json", required=True)
-        generation = _read_json(root / "generation_config.json", required=False)
-        return cls.from_dict(raw, generation, where=str(root / "config.json"))
+        return cls.from_dict(*read_checkpoint_config(path))
 
     @classmethod
     def from_dict(
@@ -103,7 +100,7 @@ class ModelConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             errors.append(f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
         ints = {
-            name: _positive_int(raw, name, errors)
+            name: positive_int(raw, name, errors)
             for name in (
                 "vocab_size",
                 "hidden_size",
@@ -139,19 +136,27 @@ class ModelConfig:
             attention_out_bias=attention_bias and not is_qwen2,
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
-            eos_token_ids=_eos_ids(raw, generation or {}),
+            eos_token_ids=merged_eos_ids(raw, generation or {}),
             bos_token_id=_optional_int(raw.get("bos_token_id")),
             **ints,
         )
 
 
-def _read_json(path: Path, required: bool) -> dict[str, Any]:
+def read_checkpoint_config(path: str | Path) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(config.json, generation_config.json or {}, where config.json is) of a checkpoint."""
+    root = Path(path)
+    raw = read_config_json(root / "config.json", required=True)
+    generation = read_config_json(root / "generation_config.json", required=False)
+    return raw, generation, str(root / "config.json")
+
+
+def read_config_json(path: Path, required: bool) -> dict[str, Any]:
     if required and not path.is_file():
         raise CheckpointError(f"{path} is missing: a checkpoint directory needs config.json")
     return read_json_object(path)
 
 
-def _positive_int(raw: Mapping[str, Any], name: str, errors: list[str]) -> int:
+def positive_int(raw: Mapping[str, Any], name: str, errors: list[str]) -> int:
     value = raw.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         errors.append(f"{name} must be a positive integer, got {value!r}")
@@ -204,7 +209,7 @@ def _parse_rope(
     return theta, MappingProxyType({"rope_type": rope_type, **params})
 
 
-def _eos_ids(raw: Mapping[str, Any], generation: Mapping[str, Any]) -> tuple[int, ...]:
+def merged_eos_ids(raw: Mapping[str, Any], generation: Mapping[str, Any]) -> tuple[int, ...]:
     ids: list[int] = []
     for source in (raw.get("eos_token_id"), generation.get("eos_token_id")):
         values = source if isinstance(source, list) else [source]

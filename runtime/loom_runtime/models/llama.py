@@ -10,13 +10,13 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.models.attention import AttentionPlan, paged_attention, plan_attention
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.rope import RopeTables, apply_rope, inverse_frequencies, rope_tables
+from loom_runtime.models.weights import copy_weights
 
 # Checkpoint tensors that carry no weights of ours (old checkpoints saved RoPE buffers).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -169,30 +169,10 @@ class LlamaForCausalLM:
             out.update({f"model.layers.{i}.{k}": v for k, v in layer.targets().items()})
         return out
 
-    @torch.no_grad()
     def load_state(self, tensors: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Copy checkpoint tensors in place; validates all names and shapes first (atomic)."""
-        targets = self.targets()
         wanted = {n: t for n, t in tensors.items() if not self._ignored(n)}
-        unknown = sorted(set(wanted) - set(targets))
-        missing = sorted(set(targets) - set(wanted)) if strict else []
-        wrong = [
-            f"{n} {tuple(t.shape)} != {tuple(targets[n].shape)}"
-            for n, t in wanted.items()
-            if n in targets and t.shape != targets[n].shape
-        ]
-        problems = [
-            f"{label}: {', '.join(items[:5])}{' …' if len(items) > 5 else ''}"
-            for label, items in (("unknown", unknown), ("missing", missing), ("shape", wrong))
-            if items
-        ]
-        if problems:
-            raise CheckpointError(
-                f"weights do not fit the {self.config.model_type} config "
-                f"({'; '.join(problems)}): check that config.json belongs to these weights"
-            )
-        for name, tensor in wanted.items():
-            targets[name].copy_(tensor)
+        copy_weights(self.targets(), wanted, self.config.model_type, strict)
 
     def _ignored(self, name: str) -> bool:
         tied_head = self.config.tie_word_embeddings and name == "lm_head.weight"

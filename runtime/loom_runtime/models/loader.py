@@ -39,14 +39,9 @@ def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedModel:
     """Build the model of config.json, fill it from the safetensors, load the tokenizer."""
-    root = _checkpoint_dir(path)
+    root = checkpoint_dir(path)
     config = ModelConfig.from_dir(root)
-    tokenizer = Tokenizer.from_dir(root, extra_eos_token_ids=config.eos_token_ids)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(
-            f"{root}: tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is "
-            f"{config.vocab_size}; the tokenizer does not belong to these weights"
-        )
+    tokenizer = read_tokenizer(root, config.vocab_size, config.eos_token_ids)
     model = build_model(config, dtype, device)
     model.load_state(read_weights(root))
     logger.info(
@@ -54,6 +49,17 @@ def load_model(
         extra={"path": str(root), "model_type": config.model_type, "dtype": str(dtype)},
     )
     return LoadedModel(model=model, config=config, tokenizer=tokenizer)
+
+
+def read_tokenizer(root: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) -> Tokenizer:
+    """The checkpoint's tokenizer; CheckpointError when it has more tokens than the weights."""
+    tokenizer = Tokenizer.from_dir(root, extra_eos_token_ids=eos_token_ids)
+    if tokenizer.vocab_size > vocab_size:
+        raise CheckpointError(
+            f"{root}: tokenizer has {tokenizer.vocab_size} tokens but config.json vocab_size is "
+            f"{vocab_size}; the tokenizer does not belong to these weights"
+        )
+    return tokenizer
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
@@ -85,7 +91,7 @@ def weight_files(path: Path) -> list[Path]:
     """The safetensors files that make up a checkpoint, in a stable order."""
     if path.is_file():
         return [path]
-    root = _checkpoint_dir(path)
+    root = checkpoint_dir(path)
     index = root / INDEX_FILE
     if index.is_file():
         return _shards_from_index(index)
@@ -115,7 +121,7 @@ def _shards_from_index(index: Path) -> list[Path]:
     return files
 
 
-def _checkpoint_dir(path: str | Path) -> Path:
+def checkpoint_dir(path: str | Path) -> Path:
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root} is not a directory: point the model source at a checkpoint")

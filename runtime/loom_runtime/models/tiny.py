@@ -6,7 +6,6 @@ Writes random (nonsense-producing) weights from a fixed seed; never downloads re
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -15,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.llama import LlamaForCausalLM
-from loom_runtime.models.tiny_tokenizer import tokenizer_config, train_tiny_tokenizer
+from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
+from loom_runtime.models.tiny_files import random_weights as random_tensors
+from loom_runtime.models.tiny_files import write_checkpoint
+from loom_runtime.models.tiny_tokenizer import train_tiny_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -82,36 +83,19 @@ def tiny_config_dict(vocab_size: int, bos_id: int, eos_ids: list[int]) -> dict[s
 
 def random_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     """N(0, 0.02) matrices and unit norm weights, drawn in sorted-name order from one generator."""
-    generator = torch.Generator().manual_seed(seed)
     shapes = {name: tuple(t.shape) for name, t in LlamaForCausalLM(config).targets().items()}
-    weights = {}
-    for name in sorted(shapes):
-        if name.endswith("norm.weight"):
-            weights[name] = torch.ones(shapes[name])
-        else:
-            weights[name] = torch.randn(shapes[name], generator=generator) * INIT_STD
-    return weights
+    return random_tensors(shapes, seed, INIT_STD)
 
 
 def init_tiny(dir: Path, seed: int = 0) -> Path:
     """Write the tiny checkpoint into `dir` (created if needed); same bytes on every run."""
     root = Path(dir)
-    root.mkdir(parents=True, exist_ok=True)
     tiny = train_tiny_tokenizer()
     eos_ids = [tiny.im_end_id, tiny.end_of_text_id]
     raw = tiny_config_dict(tiny.vocab_size, tiny.bos_id, eos_ids)
     config = ModelConfig.from_dict(raw)
-    save_file(random_weights(config, seed), str(root / "model.safetensors"), {"format": "pt"})
-    tiny.tokenizer.save(str(root / "tokenizer.json"), pretty=True)
-    generation = {"bos_token_id": tiny.bos_id, "eos_token_id": eos_ids, "do_sample": False}
-    for name, data in (
-        ("config.json", raw),
-        ("tokenizer_config.json", tokenizer_config()),
-        ("generation_config.json", generation),
-    ):
-        (root / name).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", "utf-8")
     readme = README.format(seed=seed, millions=config.num_parameters / 1e6, vocab=tiny.vocab_size)
-    (root / "README.md").write_text(readme, "utf-8")
+    write_checkpoint(root, raw, random_weights(config, seed), tiny, eos_ids, readme)
     logger.info("wrote tiny checkpoint", extra={"path": str(root), "seed": seed})
     return root
 
@@ -164,20 +148,32 @@ def _ensure_tiny(target: Path) -> Path:
     return target
 
 
+FAMILIES = ("llama", "sparse-mla")
+
+
 def add_parser(sub: Any) -> None:
-    """Register `init-tiny DIR [--seed N]` on the `model` subcommand's parsers."""
+    """Register `init-tiny DIR [--seed N] [--family F]` on the `model` subcommand's parsers."""
     parser = sub.add_parser(
         "init-tiny",
-        help="write a deterministic tiny llama checkpoint (random weights: nonsense text)",
-        description="Write a tiny llama checkpoint with random weights from a fixed seed and a "
+        help="write a deterministic tiny checkpoint (random weights: nonsense text)",
+        description="Write a tiny checkpoint with random weights from a fixed seed and a "
         "real byte-level BPE tokenizer. It produces nonsense text; it is for tests and demos.",
     )
     parser.add_argument("dir", type=Path, help="directory to write the checkpoint into")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default="llama",
+        help="llama (default) or sparse-mla (a glm_moe_dsa checkpoint: MLA, DSA indexer, MoE)",
+    )
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    path = init_tiny(args.dir, seed=args.seed)
-    print(f"wrote tiny checkpoint (random weights, nonsense text) to {path}")
+    if args.family == "sparse-mla":
+        path = init_tiny_sparse_mla(args.dir, seed=args.seed)
+    else:
+        path = init_tiny(args.dir, seed=args.seed)
+    print(f"wrote tiny {args.family} checkpoint (random weights, nonsense text) to {path}")
     return 0

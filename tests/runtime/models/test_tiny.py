@@ -14,15 +14,7 @@ from safetensors import safe_open
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models import tiny
 from loom_runtime.models.loader import load_model
-
-FILES = (
-    "config.json",
-    "generation_config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "README.md",
-)
+from loom_runtime.models.tiny_files import CHECKPOINT_FILES as FILES
 
 
 def digests(root: Path) -> dict[str, str]:

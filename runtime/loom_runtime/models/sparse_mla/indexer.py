@@ -1,0 +1,93 @@
+"""The DSA indexer: a small key per token, a score for every earlier token, top-k per query.
+
+Owns the indexer's weights and the selection; never attends or stores its keys itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.rotary import PairTables, rotate_pairs
+
+KEY_NORM_EPS = 1e-6  # the indexer's LayerNorm on its keys
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The context rows each query attends to: [T, k] indices and whether each one is real.
+
+    A query with fewer than k visible tokens gets padding entries (valid False).
+    """
+
+    indices: torch.Tensor  # [T, k] int64 into the sequence's cached rows
+    valid: torch.Tensor  # [T, k] bool
+
+
+class Indexer:
+    """Scores are computed in float32 whatever the model dtype, as the reference does, so the
+    same tokens are selected from the same weights."""
+
+    def __init__(self, config: SparseMlaConfig, dtype: torch.dtype, device: str | torch.device):
+        self.config = config
+        heads, dim, h = config.index_n_heads, config.index_head_dim, config.hidden_size
+        self.wq_b = torch.zeros(heads * dim, config.q_lora_rank, dtype=dtype, device=device)
+        self.wk = torch.zeros(dim, h, dtype=dtype, device=device)
+        self.k_norm_weight = torch.zeros(dim, dtype=dtype, device=device)
+        self.k_norm_bias = torch.zeros(dim, dtype=dtype, device=device)
+        self.weights_proj = torch.zeros(heads, h, dtype=dtype, device=device)
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        """Hugging Face tensor name (below `self_attn.indexer.`) -> the tensor it fills."""
+        return {
+            "wq_b.weight": self.wq_b,
+            "wk.weight": self.wk,
+            "k_norm.weight": self.k_norm_weight,
+            "k_norm.bias": self.k_norm_bias,
+            "weights_proj.weight": self.weights_proj,
+        }
+
+    def keys(self, h: torch.Tensor, rope: PairTables) -> torch.Tensor:
+        """The rows to cache for tokens h ([T, hidden]) -> [T, index_head_dim]."""
+        dim = self.config.index_head_dim
+        k = F.layer_norm(
+            F.linear(h, self.wk), (dim,), self.k_norm_weight, self.k_norm_bias, KEY_NORM_EPS
+        )
+        return self._rotate(k[:, None], rope)[:, 0]
+
+    def select(
+        self,
+        h: torch.Tensor,
+        q_resid: torch.Tensor,
+        rope: PairTables,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> Selection:
+        """Top-k of the context keys ([L, D]) for each query (h [T, hidden], q_resid [T, q_rank]).
+
+        A query at position p sees keys 0..p; the score of key j sums, over indexer heads, a
+        learnt per-token head weight times relu(q_head · k_j / sqrt(D)).
+        """
+        c = self.config
+        heads = c.index_n_heads
+        q = F.linear(q_resid, self.wq_b).view(-1, heads, c.index_head_dim)
+        q = self._rotate(q, rope)
+        per_head = torch.matmul(q.float()[None], keys.float().T[None, None])  # [1, T, H, L]
+        per_head = F.relu(per_head * c.index_head_dim**-0.5)
+        weights = F.linear(h, self.weights_proj).float() * heads**-0.5  # [T, H]
+        scores = torch.matmul(weights[None, :, None, :], per_head)[0, :, 0]  # [T, L]
+        future = torch.arange(keys.shape[0], device=keys.device)[None, :] > positions[:, None]
+        scores = scores.masked_fill(future, float("-inf"))
+        # Stable: among equal scores (relu makes exact zeros common) the earlier token wins, so
+        # a chunked prefill selects what one whole prefill does.
+        ranked = scores.sort(dim=-1, descending=True, stable=True)
+        k = min(c.index_topk, keys.shape[0])
+        return Selection(indices=ranked.indices[:, :k], valid=ranked.values[:, :k] > float("-inf"))
+
+    def _rotate(self, x: torch.Tensor, rope: PairTables) -> torch.Tensor:
+        """RoPE on the first qk_rope_head_dim dims of each head; the rest pass through."""
+        r = self.config.qk_rope_head_dim
+        return torch.cat((rotate_pairs(x[..., :r], rope), x[..., r:]), dim=-1)

@@ -1,0 +1,96 @@
+"""Multi-head latent attention: low-rank q and kv projections, a latent + RoPE row per token,
+and absorbed-matrix attention over the rows the indexer selected.
+
+Owns the attention weights and math; never stores rows (the cache does) or picks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from loom_runtime.models.norm import rms_norm
+from loom_runtime.models.sparse_mla.cache import LayerRows
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.indexer import Selection
+from loom_runtime.models.sparse_mla.rotary import PairTables, rotate_pairs
+
+LORA_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm (not the config's rms_norm_eps)
+
+
+@dataclass(frozen=True)
+class Queries:
+    """One forward's queries: the q low-rank residual (the indexer reads it too) and the heads."""
+
+    resid: torch.Tensor  # [T, q_lora_rank], after q_a_layernorm
+    nope: torch.Tensor  # [T, heads, qk_nope_head_dim]
+    rope: torch.Tensor  # [T, heads, qk_rope_head_dim], rotated
+
+
+class MlaAttention:
+    """Keys and values never leave the latent space: q_nope is absorbed into it through kv_b's
+    key half, and the output leaves it through kv_b's value half, so the rows read per query
+    are the cached latent + RoPE rows themselves."""
+
+    def __init__(self, config: SparseMlaConfig, dtype: torch.dtype, device: str | torch.device):
+        self.config = config
+        c = config
+        heads, h = c.num_attention_heads, c.hidden_size
+
+        def zeros(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.q_a = zeros(c.q_lora_rank, h)
+        self.q_a_norm = zeros(c.q_lora_rank)
+        self.q_b = zeros(heads * c.qk_head_dim, c.q_lora_rank)
+        self.kv_a = zeros(c.kv_lora_rank + c.qk_rope_head_dim, h)
+        self.kv_a_norm = zeros(c.kv_lora_rank)
+        self.kv_b = zeros(heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
+        self.o = zeros(h, heads * c.v_head_dim)
+        self.scale = c.qk_head_dim**-0.5
+
+    def targets(self) -> dict[str, torch.Tensor]:
+        """Hugging Face tensor name (below `self_attn.`) -> the tensor it fills."""
+        return {
+            "q_a_proj.weight": self.q_a,
+            "q_a_layernorm.weight": self.q_a_norm,
+            "q_b_proj.weight": self.q_b,
+            "kv_a_proj_with_mqa.weight": self.kv_a,
+            "kv_a_layernorm.weight": self.kv_a_norm,
+            "kv_b_proj.weight": self.kv_b,
+            "o_proj.weight": self.o,
+        }
+
+    def queries(self, h: torch.Tensor, rope: PairTables) -> Queries:
+        c = self.config
+        resid = rms_norm(F.linear(h, self.q_a), self.q_a_norm, LORA_NORM_EPS)
+        q = F.linear(resid, self.q_b).view(-1, c.num_attention_heads, c.qk_head_dim)
+        nope, rot = torch.split(q, [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        return Queries(resid=resid, nope=nope, rope=rotate_pairs(rot, rope))
+
+    def latent(self, h: torch.Tensor, rope: PairTables) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows to cache for tokens h ([T, hidden]): (latent [T, rank], RoPE key [T, r])."""
+        c = self.config
+        kv = F.linear(h, self.kv_a)
+        latent, rot = torch.split(kv, [c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        latent = rms_norm(latent, self.kv_a_norm, LORA_NORM_EPS)
+        return latent, rotate_pairs(rot[:, None], rope)[:, 0]
+
+    def attend(self, q: Queries, rows: LayerRows, selection: Selection) -> torch.Tensor:
+        """Each query over its selected rows only -> the attention output [T, hidden]."""
+        c = self.config
+        kv_b = self.kv_b.view(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
+        key_up, value_up = torch.split(kv_b, [c.qk_nope_head_dim, c.v_head_dim], dim=1)
+        latent = rows.latent[selection.indices]  # [T, k, rank]
+        rope_keys = rows.rope_keys[selection.indices]  # [T, k, r]
+        q_latent = torch.einsum("thn,hnr->thr", q.nope, key_up)
+        scores = torch.einsum("thr,tkr->thk", q_latent, latent)
+        scores = (scores + torch.einsum("thd,tkd->thk", q.rope, rope_keys)) * self.scale
+        scores = scores.masked_fill(~selection.valid[:, None, :], float("-inf"))
+        softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+        probs = scores.softmax(dim=-1, dtype=softmax_dtype).to(scores.dtype)
+        out_latent = torch.einsum("thk,tkr->thr", probs, latent)
+        out = torch.einsum("thr,hvr->thv", out_latent, value_up)
+        return F.linear(out.flatten(1), self.o)
