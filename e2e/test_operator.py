@@ -150,6 +150,10 @@ def test_a_decode_pod_deleted_mid_stream_finishes_its_request_and_comes_back(
     first = next(chunks)
     assert first.choices
     cluster.kubectl("delete", "pod", decode["metadata"]["name"], "-n", ns, "--wait=false")
+    wait_for(
+        lambda: condition(card(cluster, ns, "tiny-pd"), "Degraded").get("reason") == "CapacityLost",
+        60, "Degraded=CapacityLost while the pod drains and is replaced",
+    )  # fmt: skip
     rest = [c for c in chunks if c.choices]
     assert rest[-1].choices[0].finish_reason == "length", "the stream did not finish whole"
     assert len(rest) + 1 >= 200

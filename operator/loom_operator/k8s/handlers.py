@@ -270,7 +270,10 @@ async def _fleet_round(
     generation = int(body.metadata.get("generation") or 0)
     by_name = {s["metadata"]["name"]: s for s in sets["items"]}
     base = deployment_status(deployment, generation, by_name, r.pods)
-    fresh = with_fleet(base, rec.conditions, rec.record, desired.component, generation)
+    fresh = with_fleet(
+        base, rec.conditions, rec.record, desired.component, desired.weights_version, generation,
+        status,
+    )  # fmt: skip
     fresh["conditions"] = with_transition_times(fresh["conditions"], status.get("conditions") or [])
     if fresh != written:  # persisted before acting: a restarted operator resumes from here
         path = object_path("DeploymentCard", namespace, fleet.name, "status")

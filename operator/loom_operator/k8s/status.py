@@ -156,25 +156,64 @@ def _weight_sync(record: FleetRecord, component: str, message: str) -> dict[str,
             "total": len(steps), "startedAt": started, "message": message}  # fmt: skip
 
 
+CAPACITY_LOST = "CapacityLost"
+ROUTING = "Routing"
+
+
+def capacity_lost(previous: Mapping[str, Any], fresh: Mapping[str, Any], generation: int) -> str:
+    """Why capacity a card had is missing now ("" when it is not): a role that was full under
+    this same generation (no spec change since) has fewer ready pods — a pod was deleted or
+    crashed, and its StatefulSet is bringing it back. It stays so until the role is full again."""
+    before = previous.get("roles") or {}
+    conditions: list[Obj] = list(previous.get("conditions") or [])
+    was_lost = any(
+        c.get("type") == "Degraded" and c.get("reason") == CAPACITY_LOST
+        and c.get("status") == "True"
+        for c in conditions
+    )  # fmt: skip
+    same_spec = previous.get("observedGeneration") == generation
+    short = []
+    for role, now in (fresh.get("roles") or {}).items():
+        then = before.get(role) or {}
+        was_full = then.get("desired") == now["desired"] and then.get("ready", 0) >= now["desired"]
+        if now["ready"] < now["desired"] and same_spec and (was_full or was_lost):
+            short.append(f"{role} {now['ready']}/{now['desired']}")
+    if not short:
+        return ""
+    return f"lost capacity: {', '.join(short)} ready; the StatefulSet is replacing the pod"
+
+
 def with_fleet(
     base: Mapping[str, Any],
     fleet: tuple[SetCondition, ...],
     record: FleetRecord,
     component: str,
+    version: str,
     generation: int,
+    previous: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`base` (deployment_status) joined with the fleet controller's view: Ready only when every
     pod runs the current revision *and* every worker serves the target version routably (a
-    fleet still serving mid-sync is Ready=False with the core's reason); Degraded by a crash loop
-    or a failed worker; WeightSyncing, weightSync and the record itself (fleetRecord) from the
-    core."""
+    fleet still serving mid-sync is Ready=False with the core's reason); Degraded by a crash
+    loop, a failed worker, or capacity lost since the last status (`previous`: a deleted pod
+    until its replacement is ready); WeightSyncing, weightSync and the record itself
+    (fleetRecord) from the core."""
     out = dict(base)
+    # A sync closes admission, which fails the readiness probe: not a loss of capacity.
+    in_sync = any(c.type == "WeightSyncing" and c.status == "True" for c in fleet)
+    lost = "" if in_sync else capacity_lost(previous or {}, base, generation)
     k8s = {c["type"]: c for c in base["conditions"]}
     core = {c.type: c for c in fleet}
+    # The core's conditions are as they will be once its actions are done; Ready waits until the
+    # pods say so too: every ready pod annotated (routed) as the target version.
+    routed = all(r.get("weightsVersion") == version for r in (base.get("roles") or {}).values())
     ready = k8s["Ready"]["status"] == "True" and core["Ready"].reason == ALL_READY
     source = core["Ready"] if k8s["Ready"]["status"] == "True" else None
     conditions = [k8s["Valid"]]
-    if ready:
+    if ready and not routed:
+        message = f"routing every worker as {version}"
+        conditions.append(_condition("Ready", False, ROUTING, message, generation))
+    elif ready:
         conditions.append(_fleet_condition(core["Ready"], generation))
     elif source is not None:
         conditions.append(_condition("Ready", False, source.reason, source.message, generation))
@@ -186,6 +225,8 @@ def with_fleet(
     else:
         conditions.append(k8s["Progressing"])
     degraded = k8s["Degraded"]
+    if degraded["status"] != "True" and core["Degraded"].status != "True" and lost:
+        degraded = _condition("Degraded", True, CAPACITY_LOST, lost, generation)
     conditions.append(
         degraded if degraded["status"] == "True" else _fleet_condition(core["Degraded"], generation)
     )

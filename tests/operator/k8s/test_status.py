@@ -124,7 +124,9 @@ SYNC = FleetRecord(
 def joined(
     pods: list[dict[str, Any]], fleet: tuple[SetCondition, ...], record: FleetRecord
 ) -> dict[str, Any]:
-    return with_fleet(deployment_status(DEPLOYMENT, 5, sets(), pods), fleet, record, "decoder", 5)
+    return with_fleet(
+        deployment_status(DEPLOYMENT, 5, sets(), pods), fleet, record, "decoder", "v1", 5
+    )
 
 
 CURRENT = [pod("p-0", "prefill", "r2"), pod("d-0", "decode", "r2"), pod("router-x", None, "")]
@@ -137,6 +139,13 @@ def test_ready_needs_the_current_revision_and_every_worker_on_the_target_version
     old = [pod("p-0", "prefill", "r1"), *CURRENT[1:]]
     status = joined(old, core(("True", "AllReplicasReady")), FleetRecord())
     assert conditions(status)["Ready"] == "False"  # an old-revision pod never satisfies Ready
+
+
+def test_ready_waits_until_the_pods_are_routed_as_the_target_version() -> None:
+    unrouted = [pod("p-0", "prefill", "r2", version=""), *CURRENT[1:]]
+    status = joined(unrouted, core(("True", "AllReplicasReady")), FleetRecord())
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Routing")
 
 
 def test_a_fleet_serving_mid_sync_is_not_ready_and_says_why() -> None:
@@ -159,3 +168,43 @@ def test_a_failed_worker_or_a_crash_loop_is_degraded() -> None:
     status = joined(looping, core(("False", "NoRoutableWorkers")), FleetRecord())
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "CrashLoop" and "d-0" in degraded["message"]
+
+
+def test_capacity_lost_without_a_spec_change_is_degraded_until_it_is_back() -> None:
+    full = joined(CURRENT, core(("True", "AllReplicasReady")), FleetRecord())
+    lost_pods = [CURRENT[0], pod("d-0", "decode", "r2", ready=False), CURRENT[2]]
+    fleet = core(("True", "PartiallyReady"))
+    lost = with_fleet(deployment_status(DEPLOYMENT, 5, sets(), lost_pods), fleet, FleetRecord(),
+                      "decoder", "v1", 5, full)  # fmt: skip
+    degraded = next(c for c in lost["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "CapacityLost")
+    assert "decode 0/1" in degraded["message"] and lost["phase"] == "Degraded"
+    still = with_fleet(deployment_status(DEPLOYMENT, 5, sets(), lost_pods), fleet, FleetRecord(),
+                       "decoder", "v1", 5, lost)  # fmt: skip
+    assert conditions(still)["Degraded"] == "True"  # until the replacement is ready
+    back = with_fleet(deployment_status(DEPLOYMENT, 5, sets(), CURRENT), core(("True",
+                      "AllReplicasReady")), FleetRecord(), "decoder", "v1", 5, still)  # fmt: skip
+    assert conditions(back)["Degraded"] == "False"
+
+
+def test_a_first_rollout_or_a_scale_up_is_not_lost_capacity() -> None:
+    starting = [CURRENT[0], pod("d-0", "decode", "r2", ready=False), CURRENT[2]]
+    fresh = deployment_status(DEPLOYMENT, 5, sets(), starting)
+    first = with_fleet(
+        fresh, core(("False", "NoRoutableWorkers")), FleetRecord(), "decoder", "v1", 5, {}
+    )
+    assert conditions(first)["Degraded"] == "False"
+    full = joined(CURRENT, core(("True", "AllReplicasReady")), FleetRecord())
+    partial = core(("True", "PartiallyReady"))
+    new_spec = with_fleet(deployment_status(DEPLOYMENT, 6, sets(), starting), partial,
+                          FleetRecord(), "decoder", "v1", 6, full)  # fmt: skip
+    assert conditions(new_spec)["Degraded"] == "False"  # a spec change, not a loss
+
+
+def test_workers_paused_by_a_sync_are_not_lost_capacity() -> None:
+    full = joined(CURRENT, core(("True", "AllReplicasReady")), FleetRecord())
+    paused = [CURRENT[0], pod("d-0", "decode", "r2", ready=False), CURRENT[2]]  # admission closed
+    holding = core(("False", "WeightSyncHolding"), syncing=True)
+    mid_sync = with_fleet(deployment_status(DEPLOYMENT, 5, sets(), paused), holding, SYNC,
+                          "decoder", "v1", 5, full)  # fmt: skip
+    assert conditions(mid_sync)["Degraded"] == "False" and mid_sync["phase"] == "WeightSyncing"
