@@ -84,6 +84,21 @@ def _env() -> list[dict[str, Any]]:
     ]
 
 
+def probes(ready_path: str, startup_s: int, startup_period_s: int) -> dict[str, Any]:
+    """Readiness on `ready_path`, liveness on /health (a minute of failures), and a startup probe
+    that allows `startup_s` for the first start."""
+
+    def get(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": HTTP_PORT}}
+
+    return {
+        "readinessProbe": {**get(ready_path), "periodSeconds": 2},
+        "livenessProbe": {**get("/health"), "periodSeconds": 10, "failureThreshold": 6},
+        "startupProbe": {**get("/health"), "periodSeconds": startup_period_s,
+                         "failureThreshold": startup_s // startup_period_s},
+    }  # fmt: skip
+
+
 def worker_container(
     model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
 ) -> dict[str, Any]:
@@ -104,18 +119,8 @@ def worker_container(
         "command": command,
         "env": [*_env(), {"name": CONTROL_TOKEN_ENV, "valueFrom": token}],
         "ports": container_ports,
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": HTTP_PORT}, "periodSeconds": 2},
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": HTTP_PORT},
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-        },
         # The first start may generate or load a checkpoint: allow it up to 10 minutes.
-        "startupProbe": {
-            "httpGet": {"path": "/health", "port": HTTP_PORT},
-            "periodSeconds": 2,
-            "failureThreshold": 300,
-        },
+        **probes("/ready", startup_s=600, startup_period_s=2),
         "volumeMounts": [CARDS_MOUNT],
     }
     res = resources(role_settings(deployment, role).resources)
@@ -141,18 +146,8 @@ def vllm_containers(
             {"name": KV_EVENTS_PORT, "containerPort": p[KV_EVENTS_PORT]},
             {"name": KV_REPLAY_PORT, "containerPort": p[KV_REPLAY_PORT]},
         ],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": HTTP_PORT}, "periodSeconds": 2},
-        "livenessProbe": {
-            "httpGet": {"path": "/health", "port": HTTP_PORT},
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-        },
         # Loading a large checkpoint onto 8 GPUs takes a while: allow up to 30 minutes.
-        "startupProbe": {
-            "httpGet": {"path": "/health", "port": HTTP_PORT},
-            "periodSeconds": 5,
-            "failureThreshold": 360,
-        },
+        **probes("/health", startup_s=1800, startup_period_s=5),
     }
     res = resources(role_settings(deployment, role).resources)
     if res:
