@@ -34,7 +34,9 @@ class Operator:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "loom_operator.cli", "operator", "--kubeconfig",
                  str(cluster.kubeconfig), "--namespace", namespace, "--kv-connector", "tcp"],
-                stdout=out, stderr=subprocess.STDOUT, env=cluster.env,
+                # --kubeconfig alone (no $KUBECONFIG), as a user runs it outside a cluster.
+                stdout=out, stderr=subprocess.STDOUT,
+                env={k: v for k, v in cluster.env.items() if k != "KUBECONFIG"},
             )  # fmt: skip
 
     def said(self, text: str) -> bool:

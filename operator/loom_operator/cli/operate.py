@@ -60,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
     # kopf logs every timer run at INFO; the status it writes says the same, once per change.
     logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.kubeconfig is not None:
-        os.environ["KUBECONFIG"] = str(args.kubeconfig)  # kopf's own login reads it
+        os.environ["KUBECONFIG"] = str(args.kubeconfig)
+        # kopf's login reads the kubernetes library's default path, fixed when it was imported.
+        from kubernetes.config import kube_config
+
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(args.kubeconfig)
     keys = args.router_api_keys_secret
     settings = RenderSettings(
         runtime_image=args.runtime_image,
@@ -73,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
     )
     namespaces = args.namespace or [os.environ.get("POD_NAMESPACE", "default")]
     kube = Kube(args.kubeconfig)
-    memo = kopf.Memo(kube=kube, settings=settings)
-    assert handlers.configure is not None  # the import registers the handlers with kopf
     stop, kopf_stop = threading.Event(), threading.Event()
+    memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop)
+    assert handlers.configure is not None  # the import registers the handlers with kopf
     elector = None
     if args.leader_elect:
         elector = LeaderElector(kube, lease_settings(namespaces))

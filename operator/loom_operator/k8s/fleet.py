@@ -162,7 +162,7 @@ class PodFleet:
                 metrics = f"http://{live[name]}:{ROUTER_PORTS[HTTP_PORT]}/metrics"
                 held += await admin.held_requests(metrics)
             except RouterAdminError as exc:
-                logger.info("%s/%s: router %s did not answer: %s", self.namespace, self.name,
+                logger.debug("%s/%s: router %s did not answer: %s", self.namespace, self.name,
                             name, exc)  # fmt: skip
                 continue
             answers.append(records)

@@ -87,6 +87,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 60
 
 
+@kopf.on.cleanup()
+def release_stop_flag(memo: kopf.Memo, **_: Any) -> None:
+    """kopf waits for its stop flag in a worker thread; when it stops for another reason (a
+    SIGTERM), set the flag so that thread ends and the process exits."""
+    flag = getattr(memo, "stop_flag", None)
+    if flag is not None:
+        flag.set()
+
+
 @kopf.on.resume(GROUP, VERSION, "modelcards")
 @kopf.on.create(GROUP, VERSION, "modelcards")
 @kopf.on.update(GROUP, VERSION, "modelcards", field="spec")
@@ -187,7 +196,10 @@ def apply_deployment_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, *
 @kopf.timer(GROUP, VERSION, "deploymentcards", interval=REAPPLY_INTERVAL_S,
             initial_delay=REAPPLY_INTERVAL_S)  # fmt: skip
 def correct_drift(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Apply again: whatever was edited or deleted by hand comes back as rendered."""
+    """Apply again: whatever was edited or deleted by hand comes back as rendered (not for a card
+    being deleted: its children are going)."""
+    if body.metadata.get("deletionTimestamp"):
+        return
     _write(patch, reconcile(body, memo) or {})
 
 
@@ -238,11 +250,14 @@ async def run_fleet(
             try:
                 delay = await _fleet_round(kube, body, next(iter(docs), None), fleet, written)
             except KubeError as exc:  # e.g. the Secret not made yet; the next round retries
-                logger.warning("%s/%s: fleet round failed: %s", namespace, name, exc)
-                delay = IDLE_ROUND_S
+                level = logging.DEBUG if exc.status == 404 else logging.WARNING
+                logger.log(level, "%s/%s: fleet round failed: %s", namespace, name, exc)
+                delay = ROUND_S
             waiter = asyncio.ensure_future(fleet.wake.wait())
-            await asyncio.wait({waiter}, timeout=delay)
-            waiter.cancel()
+            try:
+                await asyncio.wait({waiter}, timeout=delay)
+            finally:  # also when kopf cancels the daemon
+                waiter.cancel()
             fleet.wake.clear()
     finally:
         await fleet.close()

@@ -16,6 +16,7 @@ from urllib.parse import quote, urlencode
 from kubernetes import client, config
 
 Json = dict[str, Any]
+POOL_SIZE = 32
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
@@ -63,14 +64,16 @@ class Kube:
     def __init__(self, kubeconfig: Path | None = None) -> None:
         """`kubeconfig`, else the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
         self.requests: Counter[str] = Counter()  # sent, by HTTP method (a watch is a GET)
-        if kubeconfig is not None:
-            self._api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-            return
         configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        if kubeconfig is not None:
+            config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        # Fleet rounds of many cards call from several threads at once: one pool slot each.
+        configuration.connection_pool_maxsize = POOL_SIZE
         self._api = client.ApiClient(configuration)
 
     @property
