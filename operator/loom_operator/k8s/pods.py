@@ -25,6 +25,7 @@ from loom_runtime.wire.pods import (
     HTTP_PORT,
     ROLE_LABEL,
     WEIGHTS_VERSION_ANNOTATION,
+    named_ports,
 )
 from loom_runtime.wire.router_admin import EndpointRecord
 
@@ -74,20 +75,11 @@ def _time(stamp: object) -> float | None:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def _ports(spec: Obj) -> dict[str, int]:
-    return {
-        str(p["name"]): int(p["containerPort"])
-        for c in spec.get("containers") or []
-        for p in c.get("ports") or []
-        if p.get("name")
-    }
-
-
 def pod_worker(pod: Obj) -> PodWorker | None:
     """The worker `pod` runs, or None when it is not a worker pod with both named ports."""
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     role = (meta.get("labels") or {}).get(ROLE_LABEL)
-    ports = _ports(spec)
+    ports = named_ports(spec)
     if role not in ROLE_NAMES or HTTP_PORT not in ports or CONTROL_PORT not in ports:
         return None
     container: Obj = next(iter(status.get("containerStatuses") or []), {})

@@ -18,17 +18,9 @@ from loom_runtime.wire.pods import (
     KV_REPLAY_PORT,
     ROLE_LABEL,
     WEIGHTS_VERSION_ANNOTATION,
+    named_ports,
 )
 from loom_runtime.wire.router_admin import ROLES
-
-
-def _named_ports(spec: Mapping[str, Any]) -> dict[str, int]:
-    ports: dict[str, int] = {}
-    for container in spec.get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name"):
-                ports[port["name"]] = int(port["containerPort"])
-    return ports
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -47,7 +39,7 @@ def endpoint_from_pod(pod: Mapping[str, Any]) -> Endpoint | None:
     meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     role = (meta.get("labels") or {}).get(ROLE_LABEL)
     ip = status.get("podIP")
-    ports = _named_ports(spec)
+    ports = named_ports(spec)
     if role not in ROLES or not ip or HTTP_PORT not in ports:
         return None
     if status.get("phase") in ("Succeeded", "Failed"):

@@ -1,10 +1,13 @@
 """What a Loom pod says about itself on Kubernetes: its labels, annotations and port names.
 
 The contract between the operator (which renders pods) and the router (which watches them);
-never holds anything but names and default port numbers.
+holds names, default port numbers, and reading a pod spec's named ports.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 DEPLOYMENT_LABEL = "loom.dev/deployment"
 ROLE_LABEL = "loom.dev/role"
@@ -27,3 +30,13 @@ WORKER_PORTS = {HTTP_PORT: 8000, CONTROL_PORT: 50051, KV_EVENTS_PORT: 5557, KV_R
                 KV_SIDE_PORT: 5600}  # fmt: skip
 ROUTER_ADMIN_PORT = "admin"
 ROUTER_PORTS = {HTTP_PORT: 8000, ROUTER_ADMIN_PORT: 8001}
+
+
+def named_ports(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Port name -> number over every container of a pod spec (unnamed ports are skipped)."""
+    return {
+        str(p["name"]): int(p["containerPort"])
+        for c in spec.get("containers") or []
+        for p in c.get("ports") or []
+        if p.get("name")
+    }
