@@ -77,6 +77,8 @@ class Engine:
         per_block = mc.kv_spec(bs, 1, config.dtype).bytes_per_block
         self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
         cache = PagedKVCache(mc.kv_spec(bs, self.num_blocks, config.dtype), loaded.model.device)
+        self._kv_cache_bytes = cache.data.nbytes
+        self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)
         self._kv = KVAllocator(self._pool, PrefixHasher(bs, seed=config.prefix_hash_seed))
         self._runner = ModelRunner(loaded.model, cache)
@@ -408,4 +410,6 @@ class Engine:
             kv_transfer_failures=t.kv_transfer_failures if t is not None else 0,
             kv_pulled_tokens=t.kv_pulled_tokens if t is not None else 0,
             kv_pulled_bytes=t.kv_pulled_bytes if t is not None else 0,
+            kv_cache_bytes=self._kv_cache_bytes,
+            kv_bytes_per_token=self._kv_bytes_per_token,
         )

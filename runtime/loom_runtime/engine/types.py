@@ -140,3 +140,5 @@ class EngineStats:
     drains: int = 0  # drains completed: admission closed until idle (counter)
     drain_seconds: float = 0.0  # seconds those drains took (counter)
     last_drain_seconds: float = 0.0  # how long the latest completed drain took
+    kv_cache_bytes: int = 0  # bytes of this rank's KV pool (every block, used or free)
+    kv_bytes_per_token: int = 0  # KV bytes one cached token costs on this rank, all layers

@@ -46,15 +46,26 @@ class PagedKVCache:
             dtype=spec.dtype,
             device=device,
         )
+        # Flat views of the same memory: one row per (block, layer, k|v) half-block, and one
+        # row per token slot of each half-block. Gathers and writes index these contiguous
+        # views, so each moves whole rows with memcpy instead of striding element by element.
+        self._halves = self.data.view(spec.num_blocks * spec.num_layers * 2, -1)
+        self._slots = self.data.view(-1, spec.num_kv_heads, spec.head_dim)
 
-    def layer_blocks(self, layer: int) -> torch.Tensor:
-        """[num_blocks, 2 (k, v), block_size, kv_heads, head_dim] view of one layer's KV: one
-        index_select over it gathers a set of blocks' keys and values together."""
-        return self.data[:, layer]
+    def gather(self, layer: int, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `blocks` (int64 [N]) in one layer, each a contiguous
+        [N * block_size, kv_heads, head_dim] copy: block 0's tokens, then block 1's, ..."""
+        spec = self.spec
+        first = blocks * (spec.num_layers * 2) + layer * 2
+        shape = (-1, spec.num_kv_heads, spec.head_dim)
+        keys = self._halves.index_select(0, first).view(shape)
+        values = self._halves.index_select(0, first + 1).view(shape)
+        return keys, values
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v ([T, kv_heads, head_dim]) at flat slots (block * block_size + offset)."""
         bs = self.spec.block_size
         blocks, offsets = slots // bs, slots % bs
-        self.data[blocks, layer, 0, offsets] = k.to(self.spec.dtype)
-        self.data[blocks, layer, 1, offsets] = v.to(self.spec.dtype)
+        rows = (blocks * (self.spec.num_layers * 2) + layer * 2) * bs + offsets
+        self._slots.index_copy_(0, rows, k.to(self.spec.dtype))
+        self._slots.index_copy_(0, rows + bs, v.to(self.spec.dtype))

@@ -5,7 +5,6 @@ Reads block tables from the ForwardBatch and KV from the cache; never allocates 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,17 +27,17 @@ class PrefillSeq:
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """All single-token sequences of the batch, attended together over their packed blocks.
+    """All single-token sequences of the batch, attended one sequence at a time over their
+    packed blocks.
 
-    The blocks of every sequence stand one after another (no padding): one gather per layer
-    reads exactly the KV the step attends to.
+    The blocks of every sequence stand one after another (no padding): one gather of keys and
+    one of values per layer read exactly the KV the step attends to, and each sequence's share
+    of them is one contiguous matrix.
     """
 
     rows: torch.Tensor | None  # [B] rows of T; None when they are exactly 0..T-1
-    num_seqs: int  # B
     blocks: torch.Tensor  # [N] int64: sequence 0's blocks, then sequence 1's, ...
-    seq_of_block: torch.Tensor  # [N] int64: which of the B sequences each block belongs to
-    beyond: torch.Tensor | None  # [N, 1, block_size, 1] bool: slots past a sequence's end
+    spans: tuple[tuple[int, int], ...]  # per sequence: (first key row in the packed gather, length)
 
 
 @dataclass(frozen=True)
@@ -88,28 +87,17 @@ def _plan_decode(
     if not rows:
         return None
     blocks: list[int] = []
-    owner: list[int] = []
-    partial: list[tuple[int, int]] = []  # (packed index of a last block, valid slots in it)
-    for j, i in enumerate(seqs):
-        n = -(-batch.context_lens[i] // block_size)
-        blocks.extend(batch.block_tables[i][:n])
-        owner.extend([j] * n)
-        if batch.context_lens[i] % block_size:
-            partial.append((len(blocks) - 1, batch.context_lens[i] % block_size))
-    beyond = None
-    if partial:
-        beyond = torch.zeros(len(blocks), 1, block_size, 1, dtype=torch.bool)
-        for at, valid in partial:
-            beyond[at, :, valid:] = True
-        beyond = beyond.to(device)
+    spans: list[tuple[int, int]] = []
+    for i in seqs:
+        ctx = batch.context_lens[i]
+        spans.append((len(blocks) * block_size, ctx))
+        blocks.extend(batch.block_tables[i][: -(-ctx // block_size)])
     all_rows = rows == list(range(batch.num_tokens))
     row_index = None if all_rows else torch.as_tensor(rows, dtype=torch.long, device=device)
     return DecodeGroup(
         rows=row_index,
-        num_seqs=len(seqs),
         blocks=torch.as_tensor(blocks, dtype=torch.long, device=device),
-        seq_of_block=torch.as_tensor(owner, dtype=torch.long, device=device),
-        beyond=beyond,
+        spans=tuple(spans),
     )
 
 
@@ -155,9 +143,8 @@ def _prefill(
     if seq.mask is None:  # a fresh prompt: its keys are exactly this chunk's
         k_s, v_s = k[seq.start : seq.end], v[seq.start : seq.end]
     else:
-        blocks = kv.layer_blocks(layer).index_select(0, seq.blocks)  # [n, 2, S, KVH, D]
-        k_s = blocks[:, 0].flatten(0, 1)[: seq.context_len]
-        v_s = blocks[:, 1].flatten(0, 1)[: seq.context_len]
+        keys, values = kv.gather(layer, seq.blocks)  # [n * S, KVH, D] each
+        k_s, v_s = keys[: seq.context_len], values[: seq.context_len]
     k_s = k_s.to(q.dtype).transpose(0, 1)[None]  # [1, KVH, L, D]
     v_s = v_s.to(q.dtype).transpose(0, 1)[None]
     o = F.scaled_dot_product_attention(
@@ -169,40 +156,24 @@ def _prefill(
 def _decode(
     q: torch.Tensor, kv: PagedKVCache, layer: int, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """One query per sequence against its packed blocks: scores block by block, then one
-    softmax per sequence across its blocks (max and sum reduced per sequence).
+    """One query per sequence ([B, heads, D]) against its own keys: the packed gather holds
+    every sequence's keys as one contiguous [length, kv_heads, D] matrix, so each sequence is
+    one fused attention call with grouped-query heads and no mask, padding or copy.
 
-    Per block, every query head meets every (token, KV head) key as one contiguous matmul;
-    the pairs of a query head with another group's KV head are masked out, so each query
-    head attends to its own KV head only (grouped-query attention) without a copy of K or V.
+    On a CPU this beats one batched matmul over all blocks: torch's batched GEMM pays per
+    matrix, and a block's matrix (heads x block_size) is too small to earn it
+    (bench/decode_step.py).
     """
-    b, heads, dim = q.shape
-    kv_heads = kv.spec.num_kv_heads
-    size = kv.spec.block_size
-    owner = group.seq_of_block
-    n = owner.shape[0]
-    kv_blocks = kv.layer_blocks(layer).index_select(0, group.blocks).to(q.dtype)  # [N,2,S,KVH,D]
-    k = kv_blocks[:, 0].reshape(n, size * kv_heads, dim)  # rows: token-major, then KV head
-    v = kv_blocks[:, 1].reshape(n, size * kv_heads, dim)
-    q_blocks = (q * scale).index_select(0, owner)  # [N, H, D]
-    scores = torch.bmm(q_blocks, k.transpose(1, 2))  # [N, H, S * KVH]
-    grid = scores.view(n, heads, size, kv_heads)
-    grid.masked_fill_(_other_groups(heads, kv_heads, q.device), float("-inf"))
-    if group.beyond is not None:
-        grid.masked_fill_(group.beyond, float("-inf"))
-    per_block_max = scores.amax(-1)  # [N, H]
-    seq_max = torch.full((b, heads), float("-inf"), dtype=q.dtype, device=q.device)
-    seq_max.scatter_reduce_(0, owner[:, None].expand(n, heads), per_block_max, "amax")
-    weights = torch.exp_(scores - seq_max.index_select(0, owner).unsqueeze(-1))
-    total = torch.zeros(b, heads, dtype=q.dtype, device=q.device)
-    total.index_add_(0, owner, weights.sum(-1))
-    out = torch.zeros(b, heads, dim, dtype=q.dtype, device=q.device)
-    out.index_add_(0, owner, torch.bmm(weights, v))
-    return out / total.unsqueeze(-1)
-
-
-@functools.lru_cache(maxsize=16)
-def _other_groups(heads: int, kv_heads: int, device: torch.device) -> torch.Tensor:
-    """[H, 1, KVH] bool: True where query head h does not read KV head j (j != h // group)."""
-    group = torch.arange(heads, device=device) // (heads // kv_heads)
-    return (group[:, None] != torch.arange(kv_heads, device=device)[None, :])[:, None, :]
+    keys, values = kv.gather(layer, group.blocks)
+    keys, values = keys.to(q.dtype), values.to(q.dtype)
+    outs = [
+        F.scaled_dot_product_attention(
+            q[j, :, None],  # [heads, 1, D]
+            keys[at : at + length].transpose(0, 1),  # [kv_heads, length, D]
+            values[at : at + length].transpose(0, 1),
+            scale=scale,
+            enable_gqa=True,
+        )
+        for j, (at, length) in enumerate(group.spans)
+    ]
+    return torch.cat(outs, dim=1).transpose(0, 1)  # [B, heads, D]

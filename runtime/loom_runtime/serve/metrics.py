@@ -94,6 +94,12 @@ class _EngineCollector(Collector):
         yield gauge("loom:admission_open", "1 when new requests are admitted.", s.admission_open)
         yield gauge("loom:in_flight_requests", "Requests admitted, not finished.", in_flight)
         yield gauge("loom:kv_free_blocks", "KV blocks free or evictable.", s.num_free_blocks)
+        yield gauge("loom:kv_cache_bytes", "Bytes of this rank's KV pool.", s.kv_cache_bytes)
+        yield gauge(
+            "loom:kv_bytes_per_token",
+            "KV bytes one cached token costs on this rank (all layers): the planner's figure.",
+            s.kv_bytes_per_token,
+        )
         yield gauge(
             "loom:kv_leases", "Prefill KV leases awaiting a decode's pull.", s.num_kv_leases
         )

@@ -26,6 +26,7 @@ STATS = EngineStats(
     block_size=16, admission_open=False, weights_version="v7", num_preemptions=3,
     prefix_queries=100, prefix_hits=40, num_prompt_tokens=120, num_generation_tokens=33,
     num_kv_leases=1, kv_pulled_bytes=4096, drains=2, drain_seconds=3.5, last_drain_seconds=1.5,
+    kv_cache_bytes=64 * 16 * 1024, kv_bytes_per_token=1024,
 )  # fmt: skip
 
 
@@ -51,6 +52,8 @@ def test_engine_snapshot_is_exported_under_vllm_and_loom_names() -> None:
     assert s[("loom:admission_open", m)] == 0
     assert s[("loom:in_flight_requests", m)] == 3
     assert s[("loom:kv_free_blocks", m)] == 48
+    assert s[("loom:kv_cache_bytes", m)] == 64 * 16 * 1024
+    assert s[("loom:kv_bytes_per_token", m)] == 1024
     assert s[("loom:weights_version_info", (("model_name", "tiny"), ("version", "v7")))] == 1
     assert s[("loom:kv_pulled_bytes_total", m)] == 4096
     assert s[("loom:drains_total", m)] == 2
