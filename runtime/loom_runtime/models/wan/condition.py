@@ -66,6 +66,6 @@ class ConditionEmbedder:
         dtype = self.time_proj.weight.dtype
         features = timestep_sinusoids(timestep, self.freq_dim).to(self.time_1.weight.dtype)
         time = self.time_2(F.silu(self.time_1(features))).to(dtype)
-        modulation = self.time_proj(F.silu(time)).unflatten(1, (MODULATIONS, -1))
+        modulation = self.time_proj(F.silu(time)).view(time.shape[0], MODULATIONS, -1)
         text = self.text_2(F.gelu(self.text_1(text.to(dtype)), approximate="tanh"))
         return Conditions(time=time, modulation=modulation, text=text)

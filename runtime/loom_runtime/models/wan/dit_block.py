@@ -52,11 +52,12 @@ class WanAttention:
         self, x: torch.Tensor, context: torch.Tensor, rotary: GridRotary | None
     ) -> torch.Tensor:
         """x [batch, tokens, dim] attends to context [batch, context_tokens, dim]."""
-        dim = x.shape[-1]
-        q = F.rms_norm(self.q(x), (dim,), self.norm_q, self.eps).unflatten(2, (self.heads, -1))
+        dim, heads = x.shape[-1], self.heads
+        q = F.rms_norm(self.q(x), (dim,), self.norm_q, self.eps)
         k = F.rms_norm(self.k(context), (dim,), self.norm_k, self.eps)
-        k = k.unflatten(2, (self.heads, -1))
-        v = self.v(context).unflatten(2, (self.heads, -1))
+        q = q.view(*q.shape[:2], heads, -1)
+        k = k.view(*k.shape[:2], heads, -1)
+        v = self.v(context).view(*k.shape)
         if rotary is not None:
             q, k = apply_grid_rotary(q, rotary), apply_grid_rotary(k, rotary)
         attn = F.scaled_dot_product_attention(

@@ -86,7 +86,7 @@ class Umt5Layer:
         c = self.config
         h = t5_layer_norm(x, self.attn_norm, c.layer_norm_epsilon)
         q, k, v = (
-            proj(h).unflatten(2, (c.num_heads, c.d_kv)).transpose(1, 2)
+            proj(h).view(*h.shape[:2], c.num_heads, c.d_kv).transpose(1, 2)
             for proj in (self.q, self.k, self.v)
         )
         bias = F.embedding(buckets, self.position_bias).permute(2, 0, 1)[None]

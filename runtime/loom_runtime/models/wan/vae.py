@@ -80,7 +80,7 @@ class WanVaeDecoder:
             ResidualBlock(widths[0], widths[0], dtype, device, slots) for _ in range(2)
         ]
         self.mid_attention = FrameAttention(widths[0], dtype, device)
-        self.up_blocks = []
+        self.up_blocks: list[UpBlock] = []
         levels = len(mult)
         for i in range(levels):
             in_ch = widths[i] // 2 if i > 0 else widths[i]  # each upsampler halves the width

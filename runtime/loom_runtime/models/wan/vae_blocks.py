@@ -6,6 +6,8 @@ Each layer owns its weights and streams frames through a CausalCache; never read
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -55,10 +57,10 @@ class ChannelNorm:
 
     def __init__(self, channels: int, spatial_dims: int, dtype: torch.dtype, device: Device):
         self.gamma = torch.zeros(channels, *([1] * spatial_dims), dtype=dtype, device=device)
-        self.scale = channels**0.5
+        self.scale = math.sqrt(channels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        normalized = F.normalize(x.to(wide_dtype(x.dtype)), dim=1).to(x.dtype)
+        normalized: torch.Tensor = F.normalize(x.to(wide_dtype(x.dtype)), dim=1).to(x.dtype)
         return normalized * self.scale * self.gamma
 
 

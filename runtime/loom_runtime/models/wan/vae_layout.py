@@ -46,11 +46,15 @@ def encoder_shapes(config: WanVaeConfig) -> Shapes:
 
 
 def _conv(name: str, in_ch: int, out_ch: int, k: int) -> Shapes:
-    return {f"{name}.weight": (out_ch, in_ch, k, k, k), f"{name}.bias": (out_ch,)}
+    shapes: Shapes = {f"{name}.weight": (out_ch, in_ch, k, k, k), f"{name}.bias": (out_ch,)}
+    return shapes
 
 
 def _residual(name: str, in_ch: int, out_ch: int) -> Shapes:
-    out = {f"{name}.norm1.gamma": (in_ch, 1, 1, 1), f"{name}.norm2.gamma": (out_ch, 1, 1, 1)}
+    out: Shapes = {
+        f"{name}.norm1.gamma": (in_ch, 1, 1, 1),
+        f"{name}.norm2.gamma": (out_ch, 1, 1, 1),
+    }
     out.update(_conv(f"{name}.conv1", in_ch, out_ch, 3))
     out.update(_conv(f"{name}.conv2", out_ch, out_ch, 3))
     if in_ch != out_ch:
@@ -59,13 +63,14 @@ def _residual(name: str, in_ch: int, out_ch: int) -> Shapes:
 
 
 def _attention(name: str, ch: int) -> Shapes:
-    return {
+    shapes: Shapes = {
         f"{name}.norm.gamma": (ch, 1, 1),
         f"{name}.to_qkv.weight": (3 * ch, ch, 1, 1),
         f"{name}.to_qkv.bias": (3 * ch,),
         f"{name}.proj.weight": (ch, ch, 1, 1),
         f"{name}.proj.bias": (ch,),
     }
+    return shapes
 
 
 def _downsample(name: str, ch: int, temporal: bool) -> Shapes:
