@@ -22,6 +22,7 @@ from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny_files import random_weights as random_tensors
 from loom_runtime.models.tiny_files import write_checkpoint
 from loom_runtime.models.tiny_tokenizer import train_tiny_tokenizer
+from loom_runtime.models.wan.tiny import init_tiny_wan
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def _ensure_tiny(target: Path) -> Path:
     return target
 
 
-FAMILIES = ("llama", "sparse-mla")
+FAMILIES = ("llama", "sparse-mla", "wan")
 
 
 def add_parser(sub: Any) -> None:
@@ -165,7 +166,8 @@ def add_parser(sub: Any) -> None:
         "--family",
         choices=FAMILIES,
         default="llama",
-        help="llama (default) or sparse-mla (a glm_moe_dsa checkpoint: MLA, DSA indexer, MoE)",
+        help="llama (default), sparse-mla (a glm_moe_dsa checkpoint: MLA, DSA indexer, MoE) or "
+        "wan (a diffusers-format Wan 2.x video/image checkpoint: DiT, UMT5 encoder, VAE)",
     )
     parser.set_defaults(run=_run)
 
@@ -173,7 +175,10 @@ def add_parser(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.family == "sparse-mla":
         path = init_tiny_sparse_mla(args.dir, seed=args.seed)
+    elif args.family == "wan":
+        path = init_tiny_wan(args.dir, seed=args.seed)
     else:
         path = init_tiny(args.dir, seed=args.seed)
-    print(f"wrote tiny {args.family} checkpoint (random weights, nonsense text) to {path}")
+    what = "noise" if args.family == "wan" else "nonsense text"
+    print(f"wrote tiny {args.family} checkpoint (random weights, {what}) to {path}")
     return 0
