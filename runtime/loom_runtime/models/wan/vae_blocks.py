@@ -116,7 +116,8 @@ class FrameAttention:
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         qkv = F.conv2d(self.norm(frames), self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.flatten(2).transpose(1, 2).unsqueeze(1).chunk(3, dim=-1)
+        pixels = qkv.flatten(2).transpose(1, 2).unsqueeze(1).contiguous()  # [b*t, 1, h*w, 3c]
+        q, k, v = pixels.chunk(3, dim=-1)
         attn = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2)
         out = F.conv2d(attn.reshape(b * t, c, h, w), self.proj_weight, self.proj_bias)
         return x + out.view(b, t, c, h, w).transpose(1, 2)
