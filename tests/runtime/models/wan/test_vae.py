@@ -1,6 +1,7 @@
 """WanVaeDecoder == diffusers' AutoencoderKLWan.decode on the tiny checkpoint (C0): a video of
 several latent frames (temporal upsampling, the chunked causal cache) and a one-frame image;
-chunked decoding equals whole-video decoding; latent un-scaling equals the Wan pipeline's.
+chunked decoding equals whole-video decoding; latent un-scaling equals the Wan pipeline's;
+and the Wan 2.2 layout (residual up blocks, 2x2 pixel patches) on its own tiny folder.
 
 Tolerance (float64): diffusers upsamples through float32 (`x.float()`) even in a float64
 model, so the two agree at float32 level; we allow 1e-5 absolute (pixels lie in [-1, 1];
