@@ -143,7 +143,8 @@ class Umt5Config:
 
 @dataclass(frozen=True)
 class WanVaeConfig:
-    """diffusers `AutoencoderKLWan` of the Wan 2.1 layout (the decoder is what Loom runs)."""
+    """diffusers `AutoencoderKLWan`: the Wan 2.1 layout, or Wan 2.2's (residual up blocks and
+    2x2 pixel patches). The decoder is what Loom runs."""
 
     base_dim: int
     z_dim: int
@@ -158,6 +159,8 @@ class WanVaeConfig:
     out_channels: int = 3
     scale_factor_temporal: int = 4
     scale_factor_spatial: int = 8
+    is_residual: bool = False  # Wan 2.2: up blocks add a duplicating shortcut, keep widths
+    patch_size: int = 1  # Wan 2.2: decoded channels are p x p pixel patches
 
     @property
     def temporal_upsample(self) -> tuple[bool, ...]:
@@ -169,9 +172,8 @@ class WanVaeConfig:
         f = Fields(raw, where)
         f.reject_unknown(_VAE_FIELDS)
         f.expect("_class_name", [VAE_CLASS], VAE_CLASS, f"only {VAE_CLASS}")
-        f.expect("is_residual", [False], False, "the Wan 2.2 residual VAE is not implemented")
-        f.expect("patch_size", [None], None, "the Wan 2.2 patchified VAE is not implemented")
         f.number("dropout", 0.0)
+        patch = raw.get("patch_size")
         base = f.positive_int("base_dim")
         decoder_base = raw.get("decoder_base_dim")
         config = cls(
@@ -188,6 +190,8 @@ class WanVaeConfig:
             out_channels=f.positive_int("out_channels", 3),
             scale_factor_temporal=f.positive_int("scale_factor_temporal", 4),
             scale_factor_spatial=f.positive_int("scale_factor_spatial", 8),
+            is_residual=f.flag("is_residual", False),
+            patch_size=1 if patch is None else f.positive_int("patch_size"),
         )
         levels = len(config.dim_mult)
         f.check(levels >= 1, "dim_mult must name at least one level")
@@ -198,9 +202,14 @@ class WanVaeConfig:
         for name in ("latents_mean", "latents_std"):
             f.check(len(getattr(config, name)) == config.z_dim, f"{name} needs z_dim entries")
         f.check(
-            config.scale_factor_spatial == 2 ** max(levels - 1, 0),
-            "scale_factor_spatial must be 2 ** (len(dim_mult) - 1)",
+            config.scale_factor_spatial == 2 ** max(levels - 1, 0) * config.patch_size,
+            "scale_factor_spatial must be 2 ** (len(dim_mult) - 1) * patch_size",
         )
+        for name in ("in_channels", "out_channels"):
+            f.check(
+                getattr(config, name) % config.patch_size**2 == 0,
+                f"{name} must hold whole patch_size x patch_size pixel patches",
+            )
         f.check(
             config.scale_factor_temporal == 2 ** sum(config.temperal_downsample),
             "scale_factor_temporal must be 2 ** (number of temporal downsamples)",

@@ -16,7 +16,7 @@ import torch
 
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.loader import checkpoint_dir, read_weights
-from loom_runtime.models.wan.config import WanConfig
+from loom_runtime.models.wan.config import Umt5Config, WanConfig, WanDitConfig, WanVaeConfig
 from loom_runtime.models.wan.dit import WanDiT
 from loom_runtime.models.wan.text_encoder import EMBED_ALIAS, Umt5Encoder
 from loom_runtime.models.wan.vae import WanVaeDecoder
@@ -58,22 +58,20 @@ def load_wan(
     config = WanConfig.from_dir(root)
     return LoadedWan(
         config=config,
-        transformer=load_dit(root / "transformer", config, dtype, device),
+        transformer=load_dit(root / "transformer", config.transformer, dtype, device),
         transformer_2=None
         if config.transformer_2 is None
-        else load_dit(root / "transformer_2", config, dtype, device),
-        text_encoder=load_text_encoder(root / "text_encoder", config, dtype, device),
-        vae=load_vae(root / "vae", config, dtype, device),
+        else load_dit(root / "transformer_2", config.transformer_2, dtype, device),
+        text_encoder=load_text_encoder(root / "text_encoder", config.text_encoder, dtype, device),
+        vae=load_vae(root / "vae", config.vae, dtype, device),
         tokenizer=Tokenizer.from_dir(root / "tokenizer"),
     )
 
 
 def load_dit(
-    folder: Path, config: WanConfig, dtype: torch.dtype, device: str | torch.device
+    folder: Path, config: WanDitConfig, dtype: torch.dtype, device: str | torch.device
 ) -> WanDiT:
-    dit_config = config.transformer_2 if folder.name == "transformer_2" else config.transformer
-    assert dit_config is not None
-    model = WanDiT(dit_config, dtype, device)
+    model = WanDiT(config, dtype, device)
     found = read_component(folder)
     wanted = {n: t for n, t in found.tensors.items() if not n.startswith(DIT_IGNORED)}
     check_fit(model.targets(), wanted, found)
@@ -83,9 +81,9 @@ def load_dit(
 
 
 def load_text_encoder(
-    folder: Path, config: WanConfig, dtype: torch.dtype, device: str | torch.device
+    folder: Path, config: Umt5Config, dtype: torch.dtype, device: str | torch.device
 ) -> Umt5Encoder:
-    model = Umt5Encoder(config.text_encoder, dtype, device)
+    model = Umt5Encoder(config, dtype, device)
     found = read_component(folder)
     wanted = dict(found.tensors)
     alias = wanted.pop(EMBED_ALIAS, None)
@@ -99,14 +97,14 @@ def load_text_encoder(
 
 
 def load_vae(
-    folder: Path, config: WanConfig, dtype: torch.dtype, device: str | torch.device
+    folder: Path, config: WanVaeConfig, dtype: torch.dtype, device: str | torch.device
 ) -> WanVaeDecoder:
     """The decoder side is loaded; the encoder side is checked by name and shape, then dropped."""
-    model = WanVaeDecoder(config.vae, dtype, device)
+    model = WanVaeDecoder(config, dtype, device)
     found = read_component(folder)
     encoder = {n: t for n, t in found.tensors.items() if n.startswith(ENCODER_PREFIXES)}
     decoder = {n: t for n, t in found.tensors.items() if n not in encoder}
-    shapes = encoder_shapes(config.vae)
+    shapes = encoder_shapes(config)
     meta = {n: torch.empty(s, device="meta") for n, s in shapes.items()}
     check_fit(meta, encoder, found, require_all=False)  # Loom never runs the encoder
     check_fit(model.targets(), decoder, found)

@@ -28,6 +28,13 @@ def t5_layer_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return weight * h
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """T5's "gelu_new", op by op in x's dtype (so half-precision results round as transformers')."""
+    return (
+        0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    )
+
+
 def relative_buckets(
     query_len: int, key_len: int, num_buckets: int, max_distance: int, device: torch.device
 ) -> torch.Tensor:
@@ -64,8 +71,7 @@ class Umt5Layer:
         self.ffn_norm = torch.zeros(c.d_model, dtype=dtype, device=device)
         self.gate = Linear(c.d_ff, c.d_model, dtype, device, bias=False)
         self.up = Linear(c.d_ff, c.d_model, dtype, device, bias=False)
-        # The output projection stays wide in half-precision models, as transformers keeps it.
-        self.down = Linear(c.d_model, c.d_ff, wide_dtype(dtype), device, bias=False)
+        self.down = Linear(c.d_model, c.d_ff, dtype, device, bias=False)
 
     def targets(self) -> dict[str, torch.Tensor]:
         out = {
@@ -94,8 +100,8 @@ class Umt5Layer:
         attn = torch.softmax(scores, dim=-1) @ v
         x = x + self.o(attn.transpose(1, 2).flatten(2))
         h = t5_layer_norm(x, self.ffn_norm, c.layer_norm_epsilon)
-        gated = F.gelu(self.gate(h), approximate="tanh") * self.up(h)
-        return x + self.down(gated.to(self.down.weight.dtype))
+        gated = gelu_tanh(self.gate(h)) * self.up(h)
+        return x + self.down(gated)
 
 
 class Umt5Encoder:

@@ -1,4 +1,4 @@
-"""WanVaeDecoder: the Wan 2.1 VAE's causal 3D decoder, latents -> pixels in [-1, 1].
+"""WanVaeDecoder: the Wan 2.1 / 2.2 VAE's causal 3D decoder, latents -> pixels in [-1, 1].
 
 Decodes one latent frame per chunk through a CausalCache (as diffusers does), or a whole
 video; owns the decoder's weights; never encodes, tiles spatially or reads files.
@@ -19,13 +19,19 @@ from loom_runtime.models.wan.vae_blocks import (
     FrameAttention,
     ResidualBlock,
     Upsampler,
+    duplicate_up,
+    unpatchify,
 )
 from loom_runtime.models.wan.vae_cache import CausalCache, SlotCounter
 from loom_runtime.models.weights import copy_weights
 
 
 class UpBlock:
-    """num_res_blocks + 1 residual blocks, then (except at the last level) an upsampler."""
+    """num_res_blocks + 1 residual blocks, then (except at the last level) an upsampler.
+
+    Wan 2.1's upsampler halves the width; Wan 2.2's (residual) keeps it and adds the block's
+    input back through a duplicating shortcut.
+    """
 
     def __init__(
         self,
@@ -41,24 +47,35 @@ class UpBlock:
         self.resnets = [
             ResidualBlock(a, b, dtype, device, slots) for a, b in itertools.pairwise(widths)
         ]
+        temporal = upsample == "temporal"
+        up_out = out_ch if config.is_residual else out_ch // 2
         self.upsampler = (
-            None
-            if upsample is None
-            else Upsampler(out_ch, upsample == "temporal", dtype, device, slots)
+            None if upsample is None else Upsampler(out_ch, up_out, temporal, dtype, device, slots)
         )
+        self.shortcut = (
+            (out_ch, 2 if temporal else 1) if config.is_residual and upsample is not None else None
+        )  # (channels, frames per input frame) of the duplicating shortcut
 
     def targets(self) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for i, resnet in enumerate(self.resnets):
             out.update({f"resnets.{i}.{k}": v for k, v in resnet.targets().items()})
         if self.upsampler is not None:
-            out.update({f"upsamplers.0.{k}": v for k, v in self.upsampler.targets().items()})
+            name = "upsampler" if self.shortcut is not None else "upsamplers.0"
+            out.update({f"{name}.{k}": v for k, v in self.upsampler.targets().items()})
         return out
 
-    def __call__(self, x: torch.Tensor, cache: CausalCache | None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, cache: CausalCache | None, first_chunk: bool
+    ) -> torch.Tensor:
+        skip = x
         for resnet in self.resnets:
             x = resnet(x, cache)
-        return x if self.upsampler is None else self.upsampler(x, cache)
+        if self.upsampler is not None:
+            x = self.upsampler(x, cache)
+        if self.shortcut is not None:
+            x = x + duplicate_up(skip, *self.shortcut, first_chunk)
+        return x
 
 
 class WanVaeDecoder:
@@ -83,7 +100,8 @@ class WanVaeDecoder:
         self.up_blocks: list[UpBlock] = []
         levels = len(mult)
         for i in range(levels):
-            in_ch = widths[i] // 2 if i > 0 else widths[i]  # each upsampler halves the width
+            halved = i > 0 and not config.is_residual  # a Wan 2.1 upsampler halves the width
+            in_ch = widths[i] // 2 if halved else widths[i]
             last = i == levels - 1
             upsample = None if last else "temporal" if config.temporal_upsample[i] else "spatial"
             self.up_blocks.append(
@@ -113,7 +131,7 @@ class WanVaeDecoder:
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Pixels [batch, out_channels, frames, H * 8, W * 8] in [-1, 1] of latents
+        """Pixels [batch, 3, frames, H * s, W * s] (s = scale_factor_spatial) in [-1, 1] of latents
         [batch, z_dim, latent_frames, H, W], one latent frame per chunk (as diffusers decodes).
 
         Latents are the VAE's own (already un-normalized with latents_mean / latents_std).
@@ -132,16 +150,17 @@ class WanVaeDecoder:
         With a cache, call it for consecutive chunks of one video; without, `latents` is the
         whole video.
         """
+        first_chunk = cache is None or cache.chunks == 0
         x = self.post_quant(latents.to(self.device, self.dtype))
         x = self.conv_in(x, cache)
         x = self.mid_resnets[0](x, cache)
         x = self.mid_resnets[1](self.mid_attention(x), cache)
         for block in self.up_blocks:
-            x = block(x, cache)
+            x = block(x, cache, first_chunk)
         x = self.conv_out(F.silu(self.norm_out(x)), cache)
         if cache is not None:
             cache.chunks += 1
-        return x.clamp(-1.0, 1.0)
+        return unpatchify(x, self.config.patch_size).clamp(-1.0, 1.0)
 
     def unscale_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """The DiT's normalized latents -> the VAE's: latents * std + mean, per channel."""

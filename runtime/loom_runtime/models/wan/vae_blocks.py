@@ -116,14 +116,15 @@ class FrameAttention:
         b, c, t, h, w = x.shape
         frames = x.transpose(1, 2).reshape(b * t, c, h, w)
         qkv = F.conv2d(self.norm(frames), self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.flatten(2).transpose(1, 2).unsqueeze(1).chunk(3, dim=-1)
+        pixels = qkv.flatten(2).transpose(1, 2).unsqueeze(1).contiguous()  # [b*t, 1, h*w, 3c]
+        q, k, v = pixels.chunk(3, dim=-1)
         attn = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2)
         out = F.conv2d(attn.reshape(b * t, c, h, w), self.proj_weight, self.proj_bias)
         return x + out.view(b, t, c, h, w).transpose(1, 2)
 
 
 class Upsampler:
-    """Doubles height and width (nearest, then a 3x3 conv to `channels // 2`); the temporal kind
+    """Doubles height and width (nearest, then a 3x3 conv to `out_channels`); the temporal kind
     first doubles the frames with a causal (3, 1, 1) conv whose output halves interleave.
 
     The temporal conv starts at the second frame: the first frame of a video passes through
@@ -133,13 +134,14 @@ class Upsampler:
     def __init__(
         self,
         channels: int,
+        out_channels: int,
         temporal: bool,
         dtype: torch.dtype,
         device: Device,
         slots: SlotCounter,
     ) -> None:
-        self.weight = torch.zeros(channels // 2, channels, 3, 3, dtype=dtype, device=device)
-        self.bias = torch.zeros(channels // 2, dtype=dtype, device=device)
+        self.weight = torch.zeros(out_channels, channels, 3, 3, dtype=dtype, device=device)
+        self.bias = torch.zeros(out_channels, dtype=dtype, device=device)
         self.time_conv = (
             CausalConv3d(channels, 2 * channels, (3, 1, 1), dtype, device, slots)
             if temporal
@@ -181,3 +183,25 @@ class Upsampler:
         b, c, t, h, w = x.shape
         pairs = self.time_conv(x, cache).view(b, 2, c, t, h, w)
         return pairs.permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+
+
+def duplicate_up(
+    x: torch.Tensor, out_channels: int, frames: int, first_chunk: bool
+) -> torch.Tensor:
+    """The Wan 2.2 up blocks' parameter-free shortcut: repeat channels, then fold them into
+    `frames` x 2 x 2 new positions; a video's first chunk keeps only its last new frame."""
+    b, c, t, h, w = x.shape
+    repeats = out_channels * frames * 4 // c
+    x = x.repeat_interleave(repeats, dim=1).view(b, out_channels, frames, 2, 2, t, h, w)
+    x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, out_channels, t * frames, h * 2, w * 2)
+    return x[:, :, frames - 1 :] if first_chunk else x
+
+
+def unpatchify(x: torch.Tensor, patch: int) -> torch.Tensor:
+    """[b, c * p * p, t, h, w] -> [b, c, t, h * p, w * p]; channel = (c, column, row offset)."""
+    if patch == 1:
+        return x
+    b, cpp, t, h, w = x.shape
+    x = x.view(b, cpp // (patch * patch), patch, patch, t, h, w)
+    x = x.permute(0, 1, 4, 5, 3, 6, 2)
+    return x.reshape(b, cpp // (patch * patch), t, h * patch, w * patch)

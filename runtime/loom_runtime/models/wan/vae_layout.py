@@ -13,11 +13,25 @@ ENCODER_PREFIXES = ("encoder.", "quant_conv.")
 
 
 def encoder_shapes(config: WanVaeConfig) -> Shapes:
-    """Every encoder-side tensor of an AutoencoderKLWan (Wan 2.1 layout) -> its shape."""
+    """Every encoder-side tensor of an AutoencoderKLWan (Wan 2.1 or 2.2 layout) -> its shape."""
     c = config
     widths = [c.base_dim * m for m in (1, *c.dim_mult)]
     out: Shapes = {}
     out.update(_conv("encoder.conv_in", c.in_channels, widths[0], 3))
+    out.update(_residual_down_blocks(c, widths) if c.is_residual else _down_blocks(c, widths))
+    top = widths[-1]
+    out.update(_residual("encoder.mid_block.resnets.0", top, top))
+    out.update(_attention("encoder.mid_block.attentions.0", top))
+    out.update(_residual("encoder.mid_block.resnets.1", top, top))
+    out["encoder.norm_out.gamma"] = (top, 1, 1, 1)
+    out.update(_conv("encoder.conv_out", top, 2 * c.z_dim, 3))
+    out.update(_conv("quant_conv", 2 * c.z_dim, 2 * c.z_dim, 1))
+    return out
+
+
+def _down_blocks(c: WanVaeConfig, widths: list[int]) -> Shapes:
+    """Wan 2.1: one flat list of residual blocks, attention blocks and downsamplers."""
+    out: Shapes = {}
     index, scale = 0, 1.0
     levels = len(c.dim_mult)
     for level in range(levels):
@@ -35,13 +49,22 @@ def encoder_shapes(config: WanVaeConfig) -> Shapes:
             )
             index += 1
             scale /= 2.0
-    top = widths[-1]
-    out.update(_residual("encoder.mid_block.resnets.0", top, top))
-    out.update(_attention("encoder.mid_block.attentions.0", top))
-    out.update(_residual("encoder.mid_block.resnets.1", top, top))
-    out["encoder.norm_out.gamma"] = (top, 1, 1, 1)
-    out.update(_conv("encoder.conv_out", top, 2 * c.z_dim, 3))
-    out.update(_conv("quant_conv", 2 * c.z_dim, 2 * c.z_dim, 1))
+    return out
+
+
+def _residual_down_blocks(c: WanVaeConfig, widths: list[int]) -> Shapes:
+    """Wan 2.2: one block per level (residual blocks, then its downsampler); the averaging
+    shortcut has no weights."""
+    out: Shapes = {}
+    levels = len(c.dim_mult)
+    for level in range(levels):
+        name = f"encoder.down_blocks.{level}"
+        in_ch, out_ch = widths[level], widths[level + 1]
+        for j in range(c.num_res_blocks):
+            out.update(_residual(f"{name}.resnets.{j}", in_ch, out_ch))
+            in_ch = out_ch
+        if level != levels - 1:
+            out.update(_downsample(f"{name}.downsampler", out_ch, c.temperal_downsample[level]))
     return out
 
 

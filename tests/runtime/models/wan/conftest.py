@@ -54,6 +54,28 @@ def reference_dit(wan_dir: Path, quiet_hf: None) -> Any:
 
 
 @pytest.fixture(scope="session")
+def ours_bf16(wan_dir: Path) -> LoadedWan:
+    return load_wan(wan_dir, dtype=torch.bfloat16)
+
+
+@pytest.fixture(scope="session")
+def reference_dit_bf16(wan_dir: Path, quiet_hf: None) -> Any:
+    """The reference in bfloat16 as from_pretrained(torch_dtype=bfloat16) would make it: the
+    parameters of the class's _keep_in_fp32_modules stay float32 (time MLP, tables, norms)."""
+    from diffusers import WanTransformer3DModel
+
+    folder = wan_dir / "transformer"
+    model = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
+    model.load_state_dict(load_file(str(folder / DIFFUSERS_WEIGHTS)), strict=True)
+    keep = set(WanTransformer3DModel._keep_in_fp32_modules)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            wide = keep & set(name.split("."))
+            param.data = param.data.to(torch.float32 if wide else torch.bfloat16)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
 def reference_text_encoder(wan_dir: Path) -> Any:
     """transformers' UMT5EncoderModel.from_pretrained(text_encoder/), eager attention."""
     from transformers import UMT5EncoderModel
@@ -68,3 +90,19 @@ def reference_vae(wan_dir: Path, quiet_hf: None) -> Any:
     from diffusers import AutoencoderKLWan
 
     return AutoencoderKLWan.from_pretrained(wan_dir / "vae").to(torch.float64).eval()
+
+
+@pytest.fixture(scope="session")
+def reference_text_encoder_bf16(wan_dir: Path) -> Any:
+    from transformers import UMT5EncoderModel
+
+    return UMT5EncoderModel.from_pretrained(
+        wan_dir / "text_encoder", dtype=torch.bfloat16, attn_implementation="eager"
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def reference_vae_bf16(wan_dir: Path, quiet_hf: None) -> Any:
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan.from_pretrained(wan_dir / "vae", torch_dtype=torch.bfloat16).eval()

@@ -61,7 +61,7 @@ def test_missing_fields_are_all_listed() -> None:
             "unknown field",
         ),
         (WanDitConfig.from_dict, {**transformer_config(), "num_layers": 0}, "num_layers must be"),
-        (WanVaeConfig.from_dict, {**vae_config(), "is_residual": True}, "Wan 2.2 residual"),
+        (WanVaeConfig.from_dict, {**vae_config(), "patch_size": 2}, "scale_factor_spatial must"),
         (WanVaeConfig.from_dict, {**vae_config(), "latents_mean": [0.0]}, "latents_mean needs"),
         (WanVaeConfig.from_dict, {**vae_config(), "dim_mult": [1, 2]}, "temperal_downsample needs"),
         (Umt5Config.from_dict, {"model_type": "t5", "vocab_size": 8}, "umt5"),

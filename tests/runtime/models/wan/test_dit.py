@@ -1,9 +1,11 @@
 """WanDiT == diffusers' WanTransformer3DModel on the tiny checkpoint (C0): a multi-frame video
-latent and a single-frame image latent, a batch with different timesteps, bad latent shapes.
+latent and a single-frame image latent, a batch with different timesteps, bad latent shapes,
+and bfloat16 bit for bit.
 
-Tolerance: the reference rounds its norms, modulation and residual sums through float32
-(`.float()` in its forward) even with float64 parameters, so agreement is at float32 level;
-we allow 1e-5 relative to the output's scale (measured: see the report in the commit).
+Tolerance (float64): the reference rounds its norms, modulation and residual sums through
+float32 (`.float()` in its forward) even with float64 parameters, so agreement is at float32
+level; we allow 1e-5 relative to the output's scale (measured: 3.6e-7 absolute at scale 3.7,
+i.e. 1e-7 relative). In float32 and bfloat16 the two are bit-identical on the CPU.
 """
 
 from __future__ import annotations
@@ -70,6 +72,21 @@ def test_frames_and_positions_matter(ours: LoadedWan) -> None:
     base = ours.transformer.forward(latents, t, text)
     swapped = ours.transformer.forward(latents[:, :, [1, 0, 2]], t, text)
     assert not torch.allclose(base[:, :, 2], swapped[:, :, 2])
+
+
+def test_bfloat16_is_bit_identical_to_diffusers_bfloat16(
+    ours_bf16: LoadedWan, reference_dit_bf16: Any
+) -> None:
+    """Half precision follows the reference's precision policy op for op: time MLP,
+    modulation tables, norms and gated residual sums in float32, the rest in bfloat16."""
+    latents = seeded(1, 4, 3, 4, 6, seed=6).to(torch.bfloat16)
+    text = seeded(1, TEXT_TOKENS, 32, seed=7).to(torch.bfloat16)
+    t = torch.tensor([640.0])
+    got = ours_bf16.transformer.forward(latents, t, text)
+    with torch.no_grad():
+        expected = reference_dit_bf16(latents, t, text, return_dict=False)[0]
+    assert got.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("shape", [(1, 4, 2, 5, 4), (1, 3, 1, 4, 4), (4, 4, 4)])

@@ -114,3 +114,21 @@ def test_the_tied_embedding_may_come_under_its_encoder_name(copy_of: Path, ours:
     edit_tensors(file, lambda t: t.update({"encoder.embed_tokens.weight": t.pop("shared.weight")}))
     loaded = load_wan(copy_of, dtype=torch.float64)
     assert torch.equal(loaded.text_encoder.embed, ours.text_encoder.embed)
+
+
+def test_a_second_expert_is_loaded_from_transformer_2(copy_of: Path) -> None:
+    """Wan 2.2 A14B: model_index names transformer_2 and the boundary_ratio where it takes over."""
+    shutil.copytree(copy_of / "transformer", copy_of / "transformer_2")
+    file = copy_of / "transformer_2" / DIFFUSERS_WEIGHTS
+    edit_tensors(file, lambda t: t.update({"proj_out.bias": t["proj_out.bias"] + 1.0}))
+    index = json.loads((copy_of / "model_index.json").read_text())
+    index.update(transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.875)
+    (copy_of / "model_index.json").write_text(json.dumps(index))
+    loaded = load_wan(copy_of)
+    assert loaded.config.boundary_ratio == 0.875 and loaded.transformer_2 is not None
+    delta = loaded.transformer_2.proj_out.bias - loaded.transformer.proj_out.bias
+    assert loaded.transformer.proj_out.bias is not None and torch.allclose(delta, torch.ones(16))
+    index["boundary_ratio"] = None
+    (copy_of / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="boundary_ratio come together"):
+        load_wan(copy_of)
