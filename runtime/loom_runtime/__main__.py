@@ -13,5 +13,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from loom_runtime.cli import main
 
+# The step thread needs the GIL between its torch ops, while the event loop holds it to stream
+# tokens; with CPython's default 5 ms switch interval the step thread waits up to 5 ms behind
+# the loop each time. 0.5 ms: bench/engine.py measured +6 % streamed tok/s at 16 concurrent and
+# +25 % with mixed lengths on 2 cores (docs/benchmarks.md, 2026-12-02).
+SWITCH_INTERVAL_S = 0.0005
+
 if __name__ == "__main__":
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     sys.exit(main())
