@@ -8,6 +8,7 @@ Pure arithmetic over token indices; never touches torch or a process group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 def chunk_bounds(length: int, world: int) -> tuple[tuple[int, int], ...]:
@@ -55,11 +56,11 @@ class DualChunkPlan:
     def counts(self) -> tuple[int, ...]:
         return tuple(len(s) for s in self.shares)
 
-    @property
+    @cached_property
     def gathered(self) -> tuple[int, ...]:
         return tuple(t for share in self.shares for t in share)
 
-    @property
+    @cached_property
     def restore(self) -> tuple[int, ...]:
         where = [0] * self.length
         for row, token in enumerate(self.gathered):
