@@ -111,5 +111,5 @@ class ParallelHooks:
         parts = [latent, rope_keys] + ([] if index_keys is None else [index_keys])
         widths = [t.shape[1] for t in parts]
         gathered = all_gather_rows(self.plan.pcp, torch.cat(parts, dim=1), self.split.counts)
-        whole = torch.cat(gathered, dim=0)[self.split.restore].split(widths, dim=1)
+        whole = torch.split(torch.cat(gathered, dim=0)[self.split.restore], widths, dim=1)
         return whole[0], whole[1], whole[2] if len(whole) > 2 else None

@@ -151,7 +151,7 @@ class ShardStore:
         prior = parts[0].new_empty((self.length, sum(widths)))
         for positions, part in zip(self._prior, parts, strict=True):
             prior[positions] = part
-        whole = torch.cat((prior, torch.cat(new, dim=1)), dim=0).split(widths, dim=1)
+        whole = torch.split(torch.cat((prior, torch.cat(new, dim=1)), dim=0), widths, dim=1)
         return LayerRows(
             latent=whole[0],
             rope_keys=whole[1],
