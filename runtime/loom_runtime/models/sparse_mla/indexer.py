@@ -71,6 +71,20 @@ class Indexer:
         A query at position p sees keys 0..p; the score of key j sums, over indexer heads, a
         learnt per-token head weight times relu(q_head · k_j / sqrt(D)).
         """
+        scores = self.scores(h, q_resid, rope, keys, positions)
+        return top_k(scores, self.config.index_topk)
+
+    def scores(
+        self,
+        h: torch.Tensor,
+        q_resid: torch.Tensor,
+        rope: PairTables,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        key_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T, L] float32 scores of keys ([L, D], at `key_positions`, default 0..L-1) for the
+        queries at `positions`; −inf for keys after their query. A DCP rank scores its shard."""
         c = self.config
         heads = c.index_n_heads
         q = F.linear(q_resid, self.wq_b).view(-1, heads, c.index_head_dim)
@@ -79,15 +93,24 @@ class Indexer:
         per_head = F.relu(per_head * c.index_head_dim**-0.5)
         weights = F.linear(h, self.weights_proj).float() * heads**-0.5  # [T, H]
         scores = torch.matmul(weights[None, :, None, :], per_head)[0, :, 0]  # [T, L]
-        future = torch.arange(keys.shape[0], device=keys.device)[None, :] > positions[:, None]
-        scores = scores.masked_fill(future, float("-inf"))
-        # Stable: among equal scores (relu makes exact zeros common) the earlier token wins, so
-        # a chunked prefill selects what one whole prefill does.
-        ranked = scores.sort(dim=-1, descending=True, stable=True)
-        k = min(c.index_topk, keys.shape[0])
-        return Selection(indices=ranked.indices[:, :k], valid=ranked.values[:, :k] > float("-inf"))
+        if key_positions is None:
+            key_positions = torch.arange(keys.shape[0], device=keys.device)
+        future = key_positions[None, :] > positions[:, None]
+        return scores.masked_fill(future, float("-inf"))
 
     def _rotate(self, x: torch.Tensor, rope: PairTables) -> torch.Tensor:
         """RoPE on the first qk_rope_head_dim dims of each head; the rest pass through."""
         r = self.config.qk_rope_head_dim
         return torch.cat((rotate_pairs(x[..., :r], rope), x[..., r:]), dim=-1)
+
+
+def top_k(scores: torch.Tensor, k: int) -> Selection:
+    """The min(k, L) best of [T, L] scores per query; −inf ones are padding (valid False).
+
+    Stable: among equal scores (relu makes exact zeros common) the earlier key wins, so a
+    chunked prefill selects what one whole prefill does, and a DCP rank's local best are in
+    the order a single rank would rank them.
+    """
+    ranked = scores.sort(dim=-1, descending=True, stable=True)
+    k = min(k, scores.shape[-1])
+    return Selection(indices=ranked.indices[:, :k], valid=ranked.values[:, :k] > float("-inf"))

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from loom_runtime.models.norm import rms_norm
-from loom_runtime.models.sparse_mla.cache import SparseMlaCache
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.ffn import MoeFfn, SwiGluMlp
+from loom_runtime.models.sparse_mla.hooks import LayerHooks
 from loom_runtime.models.sparse_mla.indexer import Indexer, Selection
 from loom_runtime.models.sparse_mla.mla import MlaAttention
 from loom_runtime.models.sparse_mla.rotary import PairTables
@@ -61,21 +61,24 @@ class SparseMlaDecoderLayer:
         x: torch.Tensor,
         rope: PairTables,
         positions: torch.Tensor,
-        cache: SparseMlaCache,
+        hooks: LayerHooks,
         shared_selection: Selection | None,
     ) -> tuple[torch.Tensor, Selection]:
-        """x [T, hidden] of the new tokens -> (x after this layer, the selection it used)."""
+        """x [T, hidden] of the new tokens -> (x after this layer, the selection it used).
+
+        `hooks` keep the rows and run selection, attention and FFN: one rank's LocalHooks,
+        or a parallel plan's (PCP, DCP, EP)."""
         h = rms_norm(x, self.input_norm, self.config.rms_norm_eps)
         q = self.attention.queries(h, rope)
         latent, rope_keys = self.attention.latent(h, rope)
         index_keys = None if self.indexer is None else self.indexer.keys(h, rope)
-        rows = cache.write(self.layer, latent, rope_keys, index_keys)
-        if self.indexer is not None and rows.index_keys is not None:
-            selection = self.indexer.select(h, q.resid, rope, rows.index_keys, positions)
+        rows = hooks.rows(self.layer, latent, rope_keys, index_keys)
+        if self.indexer is not None:
+            selection = hooks.select(self.indexer, h, q.resid, rope, rows, positions)
         elif shared_selection is not None:
             selection = shared_selection
         else:
             raise ValueError(f"layer {self.layer} shares a selection but no full layer ran first")
-        x = x + self.attention.attend(q, rows, selection)
+        x = x + hooks.attend(self.attention, q, rows, selection)
         h = rms_norm(x, self.post_attention_norm, self.config.rms_norm_eps)
-        return x + self.ffn.forward(h), selection
+        return x + hooks.ffn(self.layer, self.ffn, h), selection

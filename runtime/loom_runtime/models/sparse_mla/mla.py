@@ -29,6 +29,14 @@ class Queries:
     rope: torch.Tensor  # [T, heads, qk_rope_head_dim], rotated
 
 
+@dataclass(frozen=True)
+class PartialAttention:
+    """Attention of queries over one part of their selected rows, still in the latent space."""
+
+    latent: torch.Tensor  # [T, heads, kv_lora_rank], float32 or wider: softmax-weighted rows
+    lse: torch.Tensor  # [T, heads]: log-sum-exp of the part's scores, −inf if it had none
+
+
 class MlaAttention:
     """Keys and values never leave the latent space: q_nope is absorbed into it through kv_b's
     key half, and the output leaves it through kv_b's value half, so the rows read per query
@@ -80,17 +88,41 @@ class MlaAttention:
 
     def attend(self, q: Queries, rows: LayerRows, selection: Selection) -> torch.Tensor:
         """Each query over its selected rows only -> the attention output [T, hidden]."""
+        scores, latent = self._scores(q, rows, selection)
+        softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+        probs = scores.softmax(dim=-1, dtype=softmax_dtype).to(scores.dtype)
+        return self.project(torch.einsum("thk,tkr->thr", probs, latent))
+
+    def partial(self, q: Queries, rows: LayerRows, selection: Selection) -> PartialAttention:
+        """Attention over this part of the selected rows only (a DCP rank's shard), with the
+        log-sum-exp that lets parts be merged; a query that selected none of them gets
+        LSE −inf and a zero output."""
+        scores, latent = self._scores(q, rows, selection)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        lse = torch.logsumexp(scores, dim=-1)  # [T, heads]
+        empty = torch.isneginf(lse)
+        probs = torch.exp(scores - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
+        out = torch.einsum("thk,tkr->thr", probs, latent.to(probs.dtype))
+        return PartialAttention(latent=out, lse=lse)
+
+    def project(self, out_latent: torch.Tensor) -> torch.Tensor:
+        """Latent-space outputs [T, heads, kv_lora_rank] -> through kv_b's value half and o."""
         c = self.config
         kv_b = self.kv_b.view(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
-        key_up, value_up = torch.split(kv_b, [c.qk_nope_head_dim, c.v_head_dim], dim=1)
+        value_up = kv_b[:, c.qk_nope_head_dim :]
+        out = torch.einsum("thr,hvr->thv", out_latent.to(value_up.dtype), value_up)
+        return F.linear(out.flatten(1), self.o)
+
+    def _scores(
+        self, q: Queries, rows: LayerRows, selection: Selection
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masked scores [T, heads, k] of the selected rows, and their latent rows [T, k, rank]."""
+        c = self.config
+        kv_b = self.kv_b.view(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
+        key_up = kv_b[:, : c.qk_nope_head_dim]
         latent = rows.latent[selection.indices]  # [T, k, rank]
         rope_keys = rows.rope_keys[selection.indices]  # [T, k, r]
         q_latent = torch.einsum("thn,hnr->thr", q.nope, key_up)
         scores = torch.einsum("thr,tkr->thk", q_latent, latent)
         scores = (scores + torch.einsum("thd,tkd->thk", q.rope, rope_keys)) * self.scale
-        scores = scores.masked_fill(~selection.valid[:, None, :], float("-inf"))
-        softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
-        probs = scores.softmax(dim=-1, dtype=softmax_dtype).to(scores.dtype)
-        out_latent = torch.einsum("thk,tkr->thr", probs, latent)
-        out = torch.einsum("thr,hvr->thv", out_latent, value_up)
-        return F.linear(out.flatten(1), self.o)
+        return scores.masked_fill(~selection.valid[:, None, :], float("-inf")), latent

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.sparse_mla.cache import SparseMlaCache
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.hooks import LayerHooks, LocalHooks
 from loom_runtime.models.sparse_mla.indexer import Selection
 from loom_runtime.models.sparse_mla.layer import SparseMlaDecoderLayer
 from loom_runtime.models.sparse_mla.mtp import MtpLayer
@@ -69,15 +70,29 @@ class SparseMlaForCausalLM:
         new = int(input_ids.shape[0])
         cache.check_room(new)
         positions = torch.arange(cache.length, cache.length + new, device=self.device)
+        x = self.hidden_states(input_ids, positions, LocalHooks(cache))
+        cache.advance(new)
+        return self.logits(x)
+
+    @torch.inference_mode()
+    def hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hooks: LayerHooks
+    ) -> torch.Tensor:
+        """The trunk's output [T, hidden] for tokens input_ids ([T]) at `positions` ([T], any
+        order: a PCP rank's share of a prompt), their rows kept by `hooks`."""
         rope = pair_tables(
             positions, self.config.qk_rope_head_dim, self.config.rope_theta, self.dtype
         )
         x = F.embedding(input_ids.to(self.device), self.embed_tokens)
         selection: Selection | None = None
         for layer in self.layers:
-            x, selection = layer.forward(x, rope, positions, cache, selection)
-        cache.advance(new)
-        logits = F.linear(rms_norm(x, self.final_norm, self.config.rms_norm_eps), self.lm_head)
+            x, selection = layer.forward(x, rope, positions, hooks, selection)
+        return x
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and head over trunk outputs [T, hidden] -> float32 (or float64) logits."""
+        logits = F.linear(rms_norm(hidden, self.final_norm, self.config.rms_norm_eps), self.lm_head)
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def targets(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,112 @@
+"""ParallelSequence: one sequence's forwards on one rank of a sparse-mla worker: a prefill
+split over the PCP group by DualChunkSwap, decode steps over the DCP-sharded cache (or the
+whole one), MoE layers through EP; the same calls on every rank of the worker, in step.
+
+Owns the sequence's store and the shape of each forward; never samples (the caller does, on
+the scheduler's rank) and never batches sequences (the engine will).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from loom_runtime.models.sparse_mla.cache import SparseMlaCache
+from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
+from loom_runtime.parallel.collectives import all_gather_rows, broadcast
+from loom_runtime.parallel.dcp_shard import ShardMap
+from loom_runtime.parallel.dual_chunk import DualChunkPlan
+from loom_runtime.parallel.sparse_mla.ep_moe import ExpertParallelMoe
+from loom_runtime.parallel.sparse_mla.hooks import ParallelHooks, PcpSplit
+from loom_runtime.parallel.sparse_mla.plan import RankPlan
+from loom_runtime.parallel.sparse_mla.store import FullStore, ShardStore, shard_capacity
+
+
+class ParallelSequence:
+    """Every rank of the worker builds one per sequence and calls prefill/decode together."""
+
+    def __init__(
+        self,
+        model: SparseMlaForCausalLM,
+        plan: RankPlan,
+        capacity: int,
+        experts: Mapping[int, ExpertParallelMoe] | None = None,
+        block_size: int = 16,
+    ) -> None:
+        plan.check(model.config)
+        self.model = model
+        self.plan = plan
+        self.experts = experts or {}
+        self.block_size = block_size
+        self.store: FullStore | ShardStore
+        if plan.dcp.size > 1:
+            shard = ShardMap(plan.dcp.size, plan.layout.interleave, plan.dcp.index)
+            rows = shard_capacity(capacity, shard, block_size)
+            cache = SparseMlaCache(model.config, rows, model.dtype, model.device)
+            self.store = ShardStore(cache, shard, plan.dcp)
+        else:
+            self.store = FullStore(model.new_cache(capacity))
+
+    @property
+    def length(self) -> int:
+        return self.store.length
+
+    def prefill(
+        self, input_ids: torch.Tensor, all_logits: bool = False, split: bool = True
+    ) -> torch.Tensor:
+        """Logits of the prompt (chunk) input_ids ([T], the same on every rank): [T, vocab]
+        with `all_logits`, else the last token's [1, vocab]. With `split` each PCP rank
+        computes its two DualChunkSwap chunks, else every rank computes all T; either way
+        every rank keeps (its DCP shard of) every token's rows."""
+        new = int(input_ids.shape[0])
+        start = self.store.length
+        device = self.model.device
+        pcp = self.plan.pcp
+        world = pcp.size if split else 1
+        chunks = DualChunkPlan.of(new, world)
+        share = torch.tensor(chunks.shares[pcp.index % world], dtype=torch.long, device=device)
+        pcp_split = None
+        if world > 1:
+            restore = torch.tensor(chunks.restore, dtype=torch.long, device=device)
+            pcp_split = PcpSplit(counts=chunks.counts, restore=restore)
+        self.store.begin(new)
+        hooks = ParallelHooks(self.plan, self.store, pcp_split, False, self.experts)
+        hidden = self.model.hidden_states(input_ids.to(device)[share], start + share, hooks)
+        self.store.advance()
+        return self.model.logits(self._prompt_hidden(hidden, chunks, all_logits))
+
+    def decode(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] of n new tokens (a decode step), computed by every rank alike;
+        with DCP each rank attends over its shard and the partial outputs are merged."""
+        new = int(input_ids.shape[0])
+        start = self.store.length
+        device = self.model.device
+        positions = torch.arange(start, start + new, device=device)
+        self.store.begin(new)
+        sharded = isinstance(self.store, ShardStore)
+        hooks = ParallelHooks(self.plan, self.store, None, sharded=sharded, experts=self.experts)
+        hidden = self.model.hidden_states(input_ids.to(device), positions, hooks)
+        self.store.advance()
+        return self.model.logits(hidden)
+
+    def kv_block_bytes(self) -> int:
+        return self.store.block_bytes(self.block_size)
+
+    def _prompt_hidden(
+        self, hidden: torch.Tensor, chunks: DualChunkPlan, all_logits: bool
+    ) -> torch.Tensor:
+        """The trunk outputs whose logits prefill returns, on every rank."""
+        pcp = self.plan.pcp
+        if chunks.world == 1:
+            return hidden if all_logits else hidden[-1:]
+        if all_logits:
+            parts = all_gather_rows(pcp, hidden, chunks.counts)
+            return torch.cat(parts, dim=0)[torch.tensor(chunks.restore, device=hidden.device)]
+        last = chunks.length - 1
+        holder = next(r for r, share in enumerate(chunks.shares) if last in share)
+        if holder == pcp.index:
+            row = hidden[chunks.shares[holder].index(last)][None]
+        else:
+            row = hidden.new_empty(1, hidden.shape[1])
+        return broadcast(pcp, row, holder)

@@ -1,0 +1,171 @@
+"""Where one rank keeps a sequence's rows: FullStore (a whole copy: one rank, or PCP, which
+all-gathers every layer's new rows) or ShardStore (DCP: only the tokens this rank owns, by the
+interleaved layout of dcp_shard.py), and the temporary full copy a prefill attends over.
+
+Owns the rows, the sequence length and the KV accounting; never selects or attends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from loom_runtime.models.sparse_mla.cache import LayerRows, SparseMlaCache
+from loom_runtime.parallel.collectives import Comm, all_gather_rows
+from loom_runtime.parallel.dcp_shard import ShardMap
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class FullStore:
+    """Every row of the sequence on this rank."""
+
+    def __init__(self, cache: SparseMlaCache) -> None:
+        self.cache = cache
+        self._new = 0
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.cache.length
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.cache.bytes_per_token
+
+    def begin(self, new: int) -> None:
+        self.cache.check_room(new)
+        self._new = new
+
+    def keep(
+        self,
+        layer: int,
+        latent: torch.Tensor,
+        rope_keys: torch.Tensor,
+        index_keys: torch.Tensor | None,
+        sharded: bool,
+    ) -> LayerRows:
+        return self.cache.write(layer, latent, rope_keys, index_keys)
+
+    def advance(self) -> None:
+        self.cache.advance(self._new)
+        self._new = 0
+
+    def block_bytes(self, block_size: int) -> int:
+        return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+
+class ShardStore:
+    """This DCP rank's tokens only: its cache rows are the owned tokens in position order."""
+
+    def __init__(self, cache: SparseMlaCache, shard: ShardMap, comm: Comm) -> None:
+        if comm.size != shard.world or comm.index != shard.rank:
+            raise ValueError(f"shard {shard} does not match its DCP group {comm.ranks}")
+        self.cache = cache
+        self.shard = shard
+        self.comm = comm
+        self.length = 0  # the whole sequence's, over every rank
+        self._new = 0
+        self._own = torch.zeros(0, dtype=torch.long)
+        self._prior: list[torch.Tensor] = []
+        self._keys_at = torch.zeros(0, dtype=torch.long)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.cache.length
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.cache.bytes_per_token
+
+    @property
+    def visible(self) -> int:
+        """Tokens of the whole sequence the current forward sees (its own included)."""
+        return self.length + self._new
+
+    @property
+    def key_positions(self) -> torch.Tensor:
+        """Global positions of this rank's rows once the current forward's are kept."""
+        return self._keys_at
+
+    def begin(self, new: int) -> None:
+        """Before a forward of `new` tokens: which of them are this rank's."""
+        shard, device = self.shard, self.cache.latent.device
+        fresh = torch.arange(self.length, self.length + new, device=device)
+        self._own = torch.where((fresh // shard.interleave) % shard.world == shard.rank)[0]
+        self.cache.check_room(int(self._own.shape[0]))
+        self._new = new
+        self._keys_at = _slot_positions(shard, shard.local_length(self.length + new), device)
+        self._prior = [
+            _slot_positions(s, s.local_length(self.length), device)
+            for s in (ShardMap(shard.world, shard.interleave, r) for r in range(shard.world))
+        ]
+
+    def keep(
+        self,
+        layer: int,
+        latent: torch.Tensor,
+        rope_keys: torch.Tensor,
+        index_keys: torch.Tensor | None,
+        sharded: bool,
+    ) -> LayerRows:
+        """Store the owned new rows; the rows to attend over: this rank's shard (`sharded`)
+        or a temporary full copy, the other ranks' earlier rows gathered (prefill)."""
+        own = self._own
+        keys = None if index_keys is None else index_keys[own]
+        rows = self.cache.write(layer, latent[own], rope_keys[own], keys)
+        if sharded:
+            return rows
+        return self._full_copy(rows, latent, rope_keys, index_keys)
+
+    def advance(self) -> None:
+        self.cache.advance(int(self._own.shape[0]))
+        self.length += self._new
+        self._new = 0
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of the KV blocks this rank's rows fill (the last one partly)."""
+        return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+    def _full_copy(
+        self,
+        rows: LayerRows,
+        latent: torch.Tensor,
+        rope_keys: torch.Tensor,
+        index_keys: torch.Tensor | None,
+    ) -> LayerRows:
+        new = [latent, rope_keys] + ([] if index_keys is None else [index_keys])
+        if self.length == 0:
+            return LayerRows(latent=latent, rope_keys=rope_keys, index_keys=index_keys)
+        mine = self.shard.local_length(self.length)
+        local = [rows.latent[:mine], rows.rope_keys[:mine]]
+        if rows.index_keys is not None and index_keys is not None:
+            local.append(rows.index_keys[:mine])
+        widths = [t.shape[1] for t in local]
+        counts = [int(p.shape[0]) for p in self._prior]
+        parts = all_gather_rows(self.comm, torch.cat(local, dim=1), counts)
+        prior = parts[0].new_empty((self.length, sum(widths)))
+        for positions, part in zip(self._prior, parts, strict=True):
+            prior[positions] = part
+        whole = torch.split(torch.cat((prior, torch.cat(new, dim=1)), dim=0), widths, dim=1)
+        return LayerRows(
+            latent=whole[0],
+            rope_keys=whole[1],
+            index_keys=whole[2] if len(whole) > 2 else None,
+        )
+
+
+def _slot_positions(shard: ShardMap, slots: int, device: torch.device) -> torch.Tensor:
+    """Global positions of a shard's first `slots` rows (dcp_shard.global_position)."""
+    s = torch.arange(slots, device=device)
+    i, w = shard.interleave, shard.world
+    return (s // i) * w * i + shard.rank * i + s % i
+
+
+def shard_capacity(capacity: int, shard: ShardMap, block_size: int) -> int:
+    """Rows a shard needs for a sequence of up to `capacity` tokens, in whole blocks."""
+    return _blocks(shard.local_length(capacity), block_size) * block_size
