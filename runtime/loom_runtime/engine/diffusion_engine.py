@@ -11,8 +11,8 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 

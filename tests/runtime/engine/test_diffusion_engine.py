@@ -6,6 +6,7 @@ the encoder cache, an encoder sync drops it; the step thread serves requests end
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,14 +41,14 @@ def wan(wan_dir: Path) -> LoadedWan:
 
 def make(wan: LoadedWan, **overrides: object) -> DiffusionEngine:
     settings: dict[str, object] = {"text_len": TEXT_LEN, "default_steps": 3, **overrides}
-    return DiffusionEngine(wan, DiffusionEngineConfig(**settings))  # type: ignore[arg-type]
+    return DiffusionEngine(wan, DiffusionEngineConfig(**settings))
 
 
 def video(rid: str, frames: int = 5, prompt: tuple[int, ...] = PROMPT) -> DiffusionRequest:
     return DiffusionRequest(rid, prompt, height=32, width=32, num_frames=frames, seed=3)
 
 
-def collect() -> tuple[dict[str, DiffusionOutput], object]:
+def collect() -> tuple[dict[str, DiffusionOutput], Callable[[DiffusionOutput], None]]:
     outs: dict[str, DiffusionOutput] = {}
     return outs, lambda o: outs.update({o.request_id: o})
 
@@ -63,7 +64,7 @@ def drive(engine: DiffusionEngine) -> None:
 def test_cancelling_a_running_request_frees_all_its_memory(wan: LoadedWan) -> None:
     engine = make(wan)
     outs, emit = collect()
-    engine.add_request(video("v"), emit)  # type: ignore[arg-type]
+    engine.add_request(video("v"), emit)
     engine.step()  # encode
     engine.step()  # first denoise step
     p = engine.progress("v")
@@ -84,10 +85,10 @@ def test_a_request_that_can_never_fit_the_budget_is_a_400_and_holds_nothing(
     engine = make(wan, memory_budget_bytes=make(wan).peak_bytes(image))
     outs, emit = collect()
     with pytest.raises(InvalidRequestError, match="budget") as err:
-        engine.add_request(video("too-long", frames=9), emit)  # type: ignore[arg-type]
+        engine.add_request(video("too-long", frames=9), emit)
     assert err.value.param == "num_frames"
     assert engine.in_flight() == 0 and engine.stats().memory_reserved_bytes == 0
-    engine.add_request(image, emit)  # type: ignore[arg-type]
+    engine.add_request(image, emit)
     drive(engine)
     assert outs["i"].finish_reason == "done"
 
@@ -98,8 +99,8 @@ def test_a_request_that_fits_later_waits_for_the_memory_of_a_running_one(
     peak = make(wan).peak_bytes(video("a"))
     engine = make(wan, memory_budget_bytes=peak + peak // 2)
     outs, emit = collect()
-    engine.add_request(video("a"), emit)  # type: ignore[arg-type]
-    engine.add_request(video("b"), emit)  # type: ignore[arg-type]
+    engine.add_request(video("a"), emit)
+    engine.add_request(video("b"), emit)
     engine.step()
     a, b = engine.progress("a"), engine.progress("b")
     assert a is not None and a.status == "in_progress"
@@ -115,24 +116,24 @@ def test_negative_steps_and_bad_sizes_are_refused_before_anything_is_held(
     wan: LoadedWan,
 ) -> None:
     engine = make(wan)
-    outs, emit = collect()
+    _, emit = collect()
     for req in (
         DiffusionRequest("s", PROMPT, height=32, width=32, num_steps=-1),
         DiffusionRequest("z", PROMPT, height=30, width=32),
         DiffusionRequest("f", PROMPT, height=32, width=32, num_frames=4),
     ):
         with pytest.raises(InvalidRequestError):
-            engine.add_request(req, emit)  # type: ignore[arg-type]
+            engine.add_request(req, emit)
     assert engine.in_flight() == 0 and engine.stats().num_waiting == 0
 
 
 def test_a_cached_prompt_skips_its_encode_plan(wan: LoadedWan) -> None:
     engine = make(wan)
     outs, emit = collect()
-    engine.add_request(video("first", frames=1), emit)  # type: ignore[arg-type]
+    engine.add_request(video("first", frames=1), emit)
     drive(engine)
     assert (engine.stats().text_cache_hits, engine.stats().text_cache_misses) == (0, 1)
-    engine.add_request(video("again", frames=1), emit)  # type: ignore[arg-type]
+    engine.add_request(video("again", frames=1), emit)
     engine.step()  # its first step is already a denoise step: no encode plan
     p = engine.progress("again")
     assert p is not None and p.steps_done == 1
@@ -148,14 +149,14 @@ def test_a_dit_sync_keeps_encoder_hits_and_an_encoder_sync_drops_them(
     outs, emit = collect()
 
     def run(rid: str) -> DiffusionOutput:
-        engine.add_request(video(rid, frames=1), emit)  # type: ignore[arg-type]
+        engine.add_request(video(rid, frames=1), emit)
         drive(engine)
         return outs[rid]
 
     before = run("v1")
     assert engine.pause("wait", timeout=5)
     with pytest.raises(AdmissionError):
-        engine.add_request(video("closed"), emit)  # type: ignore[arg-type]
+        engine.add_request(video("closed"), emit)
     engine.load_component("transformer", other_wan_dir / "transformer", "v2")
     engine.resume()
     after_dit = run("dit-v2")
@@ -177,7 +178,7 @@ def test_load_component_refuses_while_requests_are_in_flight(
 ) -> None:
     engine = make(wan)
     _, emit = collect()
-    engine.add_request(video("busy"), emit)  # type: ignore[arg-type]
+    engine.add_request(video("busy"), emit)
     with pytest.raises(AdmissionError, match="pause"):
         engine.load_component("transformer", other_wan_dir / "transformer", "v2")
 
