@@ -12,15 +12,20 @@ from loom_runtime.engine.diffusion_loop import DiffusionShape
 from loom_runtime.engine.diffusion_types import DiffusionRequest
 
 FLOAT32 = 4
+# Query rows whose attention scores a fused attention kernel holds at once, per head (flash and
+# memory-efficient kernels tile far finer; the math kernel of float64 holds them all, which only
+# tiny test models run).
+ATTENTION_TILE = 1024
 
 
 @dataclass(frozen=True)
 class MemoryModel:
     """What one request's tensors cost, from a checkpoint's widths. The estimate is an upper
-    bound of the working set, not a measurement: the denoise phase (latents, the CFG-batched DiT
-    input/output, its tokens' activations and attention scores, the text features) or the decode
-    phase (the widest VAE feature map over one latent frame's output frames, its causal cache and
-    the decoded pixels), whichever is larger, plus what lives through both (latents, pixels)."""
+    bound of the working set, not a measurement: the denoise phase (latents, the CFG-batched
+    DiT input/output, its tokens' activations and a tile of attention scores, the text
+    features) or the decode phase (the widest VAE feature map over one latent frame's output
+    frames, its causal cache and the decoded pixels), whichever is larger, plus what lives
+    through both (latents, pixels)."""
 
     dtype_bytes: int  # the compute dtype's element size
     text_dim: int  # the encoder's d_model
@@ -39,7 +44,9 @@ class MemoryModel:
         tokens = (frames // pt) * (h // ph) * (w // pw)
         text = rows * shape.text_len * self.text_dim * b
         activations = rows * tokens * self.dit_dim * b * 8  # q, k, v, attention out, FFN
-        scores = rows * self.dit_heads * tokens * max(tokens, shape.text_len) * b
+        scores = (
+            rows * self.dit_heads * min(tokens, ATTENTION_TILE) * max(tokens, shape.text_len) * b
+        )
         denoise = text + 4 * rows * latent_bytes + activations + scores
         pixels = 3 * req.num_frames * req.height * req.width * b
         chunk_frames = shape.temporal_scale
