@@ -127,6 +127,14 @@ def test_negative_steps_and_bad_sizes_are_refused_before_anything_is_held(
     assert engine.in_flight() == 0 and engine.stats().num_waiting == 0
 
 
+def test_a_distilled_engine_refuses_other_step_counts(wan: LoadedWan) -> None:
+    engine = make(wan, default_steps=4, pinned_steps=4)
+    _, emit = collect()
+    with pytest.raises(InvalidRequestError, match="distilled for exactly 4"):
+        engine.add_request(DiffusionRequest("d", PROMPT, height=32, width=32, num_steps=50), emit)
+    assert engine.in_flight() == 0
+
+
 def test_a_cached_prompt_skips_its_encode_plan(wan: LoadedWan) -> None:
     engine = make(wan)
     outs, emit = collect()
