@@ -127,6 +127,18 @@ def test_negative_steps_and_bad_sizes_are_refused_before_anything_is_held(
     assert engine.in_flight() == 0 and engine.stats().num_waiting == 0
 
 
+def test_a_full_queue_refuses_with_503_and_holds_nothing_more(wan: LoadedWan) -> None:
+    engine = make(wan, max_waiting=1)
+    _, emit = collect()
+    engine.add_request(video("queued"), emit)
+    with pytest.raises(AdmissionError, match="max_waiting 1"):
+        engine.add_request(video("refused"), emit)
+    assert engine.in_flight() == 1 and engine.progress("refused") is None
+    engine.abort("queued")
+    engine.step()  # never reserved, aborted from the queue
+    assert engine.in_flight() == 0 and engine.stats().requests_aborted == 1
+
+
 def test_a_distilled_engine_refuses_other_step_counts(wan: LoadedWan) -> None:
     engine = make(wan, default_steps=4, pinned_steps=4)
     _, emit = collect()
