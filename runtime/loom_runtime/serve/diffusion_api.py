@@ -97,7 +97,8 @@ async def images(request: web.Request) -> web.Response:
             ) from None
     finally:
         for rid in added:  # a client that left, a timeout, a refused sibling: free them all
-            if not futures[rid].done():
+            fut = futures[rid]  # a cancelled gather cancels these: that is not an output
+            if fut.cancelled() or not fut.done():
                 ctx.engine.abort(rid)
     if any(o.finish_reason != "done" for o in outs):
         raise RequestAbortedError(f"images {base}: aborted by the worker; retry")

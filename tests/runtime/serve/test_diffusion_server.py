@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -24,7 +25,7 @@ from loom_runtime.models.wan.tiny import init_tiny_wan
 from loom_runtime.testing.processes import Proc, free_ports, get_json, poll, post, scrape, spawn
 
 MODEL = "tiny-wan"
-MEMORY_MIB = 64
+MEMORY_MIB = 512
 CARD = """\
 apiVersion: loom.dev/v1alpha1
 kind: ModelCard
@@ -150,6 +151,31 @@ def test_cancelling_a_running_video_job_frees_its_memory(worker: Proc) -> None:
     assert metrics[reserved] == 0
     assert metrics[f'vllm:num_requests_running{{model_name="{MODEL}"}}'] == 0
     assert _request(worker, "GET", f"/v1/videos/{body['id']}/content")[0] == 409
+
+
+def test_an_image_client_that_leaves_has_its_requests_aborted_and_freed(worker: Proc) -> None:
+    label = f'{{model_name="{MODEL}"}}'
+    aborted = scrape(worker.base_url).get(f"loom:diffusion_requests_aborted_total{label}", 0)
+    body = json.dumps({"prompt": "slow", "size": "128x128", "num_inference_steps": 1000, "n": 2})
+    port = int(worker.base_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            f"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        running = f"vllm:num_requests_running{label}"
+        poll(lambda: scrape(worker.base_url)[running] == 2, 60, "both images running")
+    # The client is gone mid-generation.
+
+    def freed() -> bool:
+        m = scrape(worker.base_url)
+        return (
+            m[f"loom:diffusion_requests_aborted_total{label}"] == aborted + 2
+            and m[f"loom:diffusion_memory_reserved_bytes{label}"] == 0
+            and m[running] == 0
+        )
+
+    poll(freed, 60, "both images aborted and their memory freed")
 
 
 @pytest.mark.parametrize(
