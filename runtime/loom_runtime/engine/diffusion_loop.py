@@ -24,6 +24,7 @@ from loom_runtime.engine.diffusion_types import (
     Phase,
 )
 from loom_runtime.engine.flow_match import FlowSchedule, euler_step, flow_schedule
+from loom_runtime.engine.text_feature_cache import TextFeatureCache
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import Done, LoopContext, ResourceRequest, WorkPlan
 from loom_runtime.models.wan.vae_cache import CausalCache
@@ -72,12 +73,18 @@ class DiffusionState:
 
 class DiffusionLoop:
     """`diffusion` loops of a card. `pinned_steps` is a distilled recipe's step count: any
-    other count is refused, since those weights were trained for exactly that many steps."""
+    other count is refused, since those weights were trained for exactly that many steps.
+    With a `features` cache, a request whose prompt rows are all cached starts at its first
+    denoise step (no encode plan), and every encode result is stored in it."""
 
     kind = "diffusion"
 
     def __init__(
-        self, shape: DiffusionShape, default_steps: int, pinned_steps: int | None = None
+        self,
+        shape: DiffusionShape,
+        default_steps: int,
+        pinned_steps: int | None = None,
+        features: TextFeatureCache | None = None,
     ) -> None:
         if pinned_steps is not None and default_steps != pinned_steps:
             raise ValueError(
@@ -87,6 +94,7 @@ class DiffusionLoop:
         self.shape = shape
         self.default_steps = default_steps
         self.pinned_steps = pinned_steps
+        self.features = features
 
     def latent_shape(self, req: DiffusionRequest) -> tuple[int, int, int, int, int]:
         """[1, channels, latent frames, H, W] of a request; InvalidRequestError (400) for a
@@ -125,15 +133,19 @@ class DiffusionLoop:
         schedule = flow_schedule(steps, self.shape.shift, self.shape.num_train_timesteps)
         generator = torch.Generator().manual_seed(req.seed)
         latents = torch.randn(self.latent_shape(req), generator=generator, dtype=torch.float32)
-        return DiffusionState(request=req, schedule=schedule, latents=latents)
+        state = DiffusionState(request=req, schedule=schedule, latents=latents)
+        cached = None if self.features is None else self.features.lookup(_rows(req))
+        if cached is not None:
+            state.text, state.negative = cached[0], cached[1] if req.guided else None
+            state.phase = "denoise"
+        return state
 
     def next(self, state: DiffusionState) -> WorkPlan[DiffusionResult] | Done:
         req = state.request
         if state.aborted or state.phase == "done":
             return Done("abort" if state.aborted else "done")
         if state.phase == "encode":
-            rows = (req.prompt_ids, req.negative_ids) if req.guided else (req.prompt_ids,)
-            return self._plan(TEXT_ENCODE, TEXT_ENCODE, EncodeWork(rows), req)
+            return self._plan(TEXT_ENCODE, TEXT_ENCODE, EncodeWork(_rows(req)), req)
         if state.phase == "denoise":
             assert state.text is not None
             work = DenoiseWork(
@@ -151,6 +163,8 @@ class DiffusionLoop:
 
     def advance(self, state: DiffusionState, result: DiffusionResult) -> DiffusionState:
         if state.phase == "encode":
+            if self.features is not None:
+                self.features.store(_rows(state.request), result.features)
             state.text = result.features[0]
             state.negative = result.features[1] if state.request.guided else None
             state.phase = "denoise"
@@ -200,3 +214,8 @@ class DiffusionLoop:
             kind=kind, shape=shape, resources=ResourceRequest(), work=work,
             request_id=req.request_id,
         )  # fmt: skip
+
+
+def _rows(req: DiffusionRequest) -> tuple[tuple[int, ...], ...]:
+    """The token rows a request encodes: its prompt, then its negative prompt if guided."""
+    return (req.prompt_ids, req.negative_ids) if req.guided else (req.prompt_ids,)

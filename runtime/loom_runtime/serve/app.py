@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from aiohttp import web
@@ -149,7 +150,13 @@ class Worker:
             await self._runner.cleanup()
 
 
-async def serve_until_signalled(worker: Worker) -> None:
+class Servable(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signalled(worker: Servable) -> None:
     """Run the worker until SIGTERM or SIGINT, then stop it gracefully."""
     stop = asyncio.Event()
     event_loop = asyncio.get_running_loop()

@@ -33,6 +33,14 @@ class ControlStateError(LoomError):
     """A control call arrived in a state that forbids it (load weights before a drained pause)."""
 
 
+class JobNotFoundError(LoomError):
+    """No video job has this id (never created, deleted, or expired past its TTL)."""
+
+
+class JobNotReadyError(LoomError):
+    """A video job's content was asked for before the job completed."""
+
+
 class UnauthenticatedError(LoomError):
     """A control call came without the shared token, or with a wrong one."""
 
@@ -69,6 +77,8 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None, grpc.StatusCode],
     (UnauthenticatedError, 401, "authentication_error", "unauthenticated", _G.UNAUTHENTICATED),
     (InvalidRequestError, 400, _INVALID, None, _G.INVALID_ARGUMENT),
     (ModelNotFoundError, 404, _INVALID, "model_not_found", _G.NOT_FOUND),
+    (JobNotFoundError, 404, _INVALID, "video_not_found", _G.NOT_FOUND),
+    (JobNotReadyError, 409, _INVALID, "video_not_ready", _G.FAILED_PRECONDITION),
     (CardError, 400, _INVALID, "invalid_card", _G.INVALID_ARGUMENT),
     (CheckpointError, 400, _INVALID, "invalid_checkpoint", _G.INVALID_ARGUMENT),
     (ControlStateError, 409, _INVALID, "wrong_state", _G.FAILED_PRECONDITION),

@@ -23,6 +23,7 @@ from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
+from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
 from loom_runtime.serve.sources import checkpoint_path
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
@@ -44,7 +45,9 @@ def add_parser(sub: Any) -> None:
         "runtime",
         help="serve one role of a model (OpenAI HTTP + gRPC control)",
         description="Serve the first component of a ModelCard: OpenAI-compatible HTTP, "
-        "/health, /ready, /metrics, and (with --control-port) the gRPC control service.",
+        "/health, /ready, /metrics, and (with --control-port) the gRPC control service. A "
+        "diffusers-format Wan checkpoint (model_index.json) serves /v1/images/generations and "
+        "/v1/videos instead.",
     )
     p.add_argument("--card", type=Path, required=True, help="ModelCard YAML file")
     p.add_argument("--role", choices=("aggregated", "prefill", "decode"), default="aggregated")
@@ -101,6 +104,7 @@ def add_parser(sub: Any) -> None:
         default="recompute",
         help="decode: when a KV pull fails, prefill locally or answer 500",
     )
+    diffusion_main.add_arguments(p)
     p.set_defaults(run=run)  # fmt: skip
 
 
@@ -191,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging()
     try:
         plan = plan_worker(args, dict(os.environ))
+        root = diffusion_main.diffusion_root(plan.checkpoint)
+        if root is not None:
+            return diffusion_main.run_diffusion(_plan_diffusion(args, plan, root))
         publisher = _publisher(args)
     except (UsageError, CardError, CheckpointError, ValueError) as exc:
         print(f"loom runtime: {exc}", file=sys.stderr)
@@ -226,6 +233,18 @@ def run(args: argparse.Namespace) -> int:
         if publisher is not None:
             publisher.close()
     return 0
+
+
+def _plan_diffusion(
+    args: argparse.Namespace, plan: WorkerPlan, root: Path
+) -> diffusion_main.DiffusionPlan:
+    if plan.disagg is not None or args.control_port is not None or args.kv_events_port:
+        raise UsageError(
+            f"{root} is a diffusion checkpoint: serve it aggregated, without --control-port or "
+            "--kv-events-port (diffusion workers have no KV and no control service yet)"
+        )
+    card = load_model_card(args.card)
+    return diffusion_main.plan_diffusion(args, card, root, plan.serve, plan.engine.dtype)
 
 
 class _ExtrasFormatter(logging.Formatter):

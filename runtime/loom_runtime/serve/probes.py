@@ -11,7 +11,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from loom_runtime.serve.metrics import CONTENT_TYPE, ServerMetrics
+from loom_runtime.serve.metrics import CONTENT_TYPE
 
 
 class EngineProbe(Protocol):
@@ -24,10 +24,16 @@ class EngineProbe(Protocol):
         ...
 
 
+class MetricsSource(Protocol):
+    def render(self) -> bytes:
+        """The Prometheus exposition text (may block: called off the event loop)."""
+        ...
+
+
 @dataclass(frozen=True)
 class ProbeContext:
     probe: EngineProbe
-    metrics: ServerMetrics
+    metrics: MetricsSource
 
 
 PROBE_CONTEXT = web.AppKey("probe_context", ProbeContext)

@@ -246,7 +246,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-R = TypeVar("R", bound=_SamplingRequest)
+R = TypeVar("R", bound=BaseModel)
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
