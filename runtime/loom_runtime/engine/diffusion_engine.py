@@ -28,6 +28,7 @@ from loom_runtime.engine.diffusion_forward import wan_executors, wan_shape
 from loom_runtime.engine.diffusion_loop import DiffusionLoop, DiffusionState
 from loom_runtime.engine.diffusion_memory import MemoryLedger, MemoryModel
 from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
+from loom_runtime.engine.step_thread import StepThread
 from loom_runtime.engine.text_feature_cache import TextFeatureCache
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.loop.contract import LoopContext
@@ -89,8 +90,14 @@ class DiffusionEngine:
         self._callbacks: dict[str, OnDiffusionOutput] = {}
         self._progress: dict[str, DiffusionProgress] = {}
         self._admission_open = True
-        self._stop_thread = False
-        self._thread: threading.Thread | None = None
+        self._thread = StepThread(
+            f"loom-diffusion-{config.model_name}",
+            self._cond,
+            self.step,
+            self._has_work,
+            self._abort_all_now,
+            config.idle_wait_s,
+        )
         self._denoise_steps = self._finished = self._aborted = 0
         self._step_lock = threading.Lock()  # held around every step and every weight swap
 
@@ -98,26 +105,16 @@ class DiffusionEngine:
 
     def start(self) -> None:
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stop_thread = False
-            self._thread = threading.Thread(
-                target=self._run, name=f"loom-diffusion-{self.config.model_name}", daemon=True
-            )
             self._thread.start()
 
     def shutdown(self, timeout: float = 10) -> None:
         """Abort everything in flight, stop the step thread and join it (bounded by timeout)."""
         self.pause("abort", timeout)
-        with self._lock:
-            self._stop_thread = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        if not self._thread.stop(timeout):
+            logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
 
     def step_thread_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.alive
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -293,23 +290,10 @@ class DiffusionEngine:
             admitted.append(state)
         return admitted
 
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._stop_thread and not self._has_work():
-                    self._cond.wait(self.config.idle_wait_s)
-                if self._stop_thread:
-                    break
-            try:
-                ran = self.step()
-            except Exception:
-                logger.exception("diffusion step raised; aborting all requests")
-                with self._lock:
-                    self._aborts.update(self._callbacks)
-                ran = True
-            if not ran:
-                with self._lock:
-                    self._cond.wait(self.config.idle_wait_s)
+    def _abort_all_now(self) -> None:
+        """After a step raised: abort every request at the next step (the error path)."""
+        with self._lock:
+            self._aborts.update(self._callbacks)
 
     def _has_work(self) -> bool:
         return bool(self._queue or self._aborts or self._batcher.has_work)

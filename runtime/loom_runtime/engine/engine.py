@@ -22,6 +22,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
+from loom_runtime.engine.step_thread import StepThread
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
@@ -110,8 +111,14 @@ class Engine:
         self._admission_open = True
         self._drain = DrainClock()  # guarded by _lock
         self._closed = False  # shut down: never reopens
-        self._stop_thread = False
-        self._thread: threading.Thread | None = None
+        self._thread = StepThread(
+            f"loom-engine-{config.model_name}",
+            self._cond,
+            self.step,
+            self._has_work,
+            self._abort_all_now,
+            config.idle_wait_s,
+        )
         self._stats = self._snapshot()
         # Held around every step and every weight swap: the step boundary.
         self._step_lock = threading.Lock()
@@ -143,12 +150,6 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise AdmissionError("the engine was shut down; build a new one")
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._stop_thread = False
-            self._thread = threading.Thread(
-                target=self._run, name=f"loom-engine-{self.config.model_name}", daemon=True
-            )
             self._thread.start()
 
     def shutdown(self, timeout: float = 10) -> None:
@@ -161,14 +162,8 @@ class Engine:
         deadline = time.monotonic() + timeout
         if not self._wait_idle(deadline):
             logger.warning("shutdown: requests still in flight after %.1fs", timeout)
-        with self._lock:
-            self._stop_thread = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
+        if not self._thread.stop(deadline - time.monotonic()):
+            logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -309,25 +304,10 @@ class Engine:
                 self._settle_drain()
             return ran
 
-    def _run(self) -> None:
-        logger.info("step thread started", extra={"model": self.config.model_name})
-        while True:
-            with self._lock:
-                while not self._stop_thread and not self._has_work():
-                    self._cond.wait(self.config.idle_wait_s)
-                if self._stop_thread:
-                    break
-            try:
-                ran = self.step()
-            except Exception:
-                logger.exception("engine step raised; aborting all requests")
-                with self._step_lock:
-                    self._scheduler.abort_all()
-                ran = True
-            if not ran:
-                with self._lock:  # nothing schedulable: wait for a change instead of spinning
-                    self._cond.wait(self.config.idle_wait_s)
-        logger.info("step thread stopped", extra={"model": self.config.model_name})
+    def _abort_all_now(self) -> None:
+        """After a step raised: finish every request with an abort (the error path)."""
+        with self._step_lock:
+            self._scheduler.abort_all()
 
     def _has_work(self) -> bool:
         return bool(self._inbox or self._aborts or self._scheduler.has_work)
@@ -338,7 +318,7 @@ class Engine:
             self._cond.notify_all()
 
     def step_thread_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread.alive
 
     def _wait_idle(self, deadline: float | None, leases: bool = False) -> bool:
         """Until nothing is in flight (True) or the deadline passes (False); with `leases`, also
