@@ -32,10 +32,9 @@ from loom_runtime.engine.types import (
     SamplingParams,
 )
 from loom_runtime.engine.validate import validate_request
-from loom_runtime.errors import AdmissionError, InvalidRequestError
+from loom_runtime.errors import AdmissionError, InvalidRequestError, TransferError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
-from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
 from loom_runtime.wire.kv_events import KVEventSink
@@ -77,7 +76,13 @@ class Engine:
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
         per_block = mc.kv_spec(bs, 1, config.dtype).bytes_per_block
         self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
-        cache = PagedKVCache(mc.kv_spec(bs, self.num_blocks, config.dtype), loaded.model.device)
+        cache = mc.kv_spec(bs, self.num_blocks, config.dtype).allocate(loaded.model.device)
+        if disagg is not None and not cache.transferable:
+            raise TransferError(
+                f"P/D serving moves [blocks, layers, 2, block, heads, dim] KV caches only; the "
+                f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
+                "serve it with an aggregated role"
+            )
         self._kv_cache_bytes = cache.data.nbytes
         self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)

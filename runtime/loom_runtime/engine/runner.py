@@ -14,7 +14,7 @@ import torch
 from loom_runtime.engine.sampler import TokenHistory
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.kv.block_table import BlockTable
-from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.kv.cache import KVStore
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.causal_lm import CausalLM
 
@@ -52,9 +52,9 @@ class TokenWork:
 
 
 class ModelRunner:
-    """Runs one CausalLM over one PagedKVCache. Counts what it ran (tokens, forwards)."""
+    """Runs one CausalLM over its paged KV cache. Counts what it ran (tokens, forwards)."""
 
-    def __init__(self, model: CausalLM, cache: PagedKVCache) -> None:
+    def __init__(self, model: CausalLM, cache: KVStore) -> None:
         self.model = model
         self.cache = cache
         self.block_size = cache.spec.block_size

@@ -1,4 +1,5 @@
-"""The paged KV cache tensor: one block-major allocation shared by every layer.
+"""The paged KV cache tensor: one block-major allocation shared by every layer, and the small
+protocol (KVSpec / KVStore) every family's paged cache follows.
 
 Owns the memory only; which block belongs to whom is the block pool's job.
 """
@@ -6,8 +7,40 @@ Owns the memory only; which block belongs to whom is the block pool's job.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class KVStore(Protocol):
+    """A family's paged KV cache as the engine sees it: its spec and its one block-major tensor
+    (`data[b]` is block b's bytes, one contiguous region). `transferable`: the P/D connector
+    knows how to move its blocks."""
+
+    data: torch.Tensor
+
+    @property
+    def spec(self) -> KVSpec: ...
+
+    @property
+    def transferable(self) -> bool: ...
+
+
+class KVSpec(Protocol):
+    """The shape of a family's paged KV cache: enough to size the pool and allocate it."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def bytes_per_block(self) -> int: ...
+
+    def allocate(self, device: torch.device | str = "cpu") -> KVStore:
+        """The zeroed cache of this shape on `device`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -26,6 +59,9 @@ class KVCacheSpec:
         elem = torch.empty((), dtype=self.dtype).element_size()
         return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * elem
 
+    def allocate(self, device: torch.device | str = "cpu") -> PagedKVCache:
+        return PagedKVCache(self, device)
+
 
 class PagedKVCache:
     """KV storage laid out as [num_blocks, num_layers, 2 (k, v), block_size, kv_heads, head_dim].
@@ -33,6 +69,8 @@ class PagedKVCache:
     Block-major so that one block's KV for all layers is one contiguous region: a P/D pull
     moves whole blocks with one descriptor each.
     """
+
+    transferable = True  # the P/D connector's layout (transfer/layout.py)
 
     def __init__(self, spec: KVCacheSpec, device: torch.device | str = "cpu") -> None:
         self.spec = spec

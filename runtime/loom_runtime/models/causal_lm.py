@@ -10,15 +10,35 @@ from typing import Protocol
 
 import torch
 
-from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.kv.cache import KVSpec, KVStore
 from loom_runtime.models.batch import ForwardBatch
-from loom_runtime.models.config import ModelConfig
+
+
+class DecoderConfig(Protocol):
+    """What the engine reads of any family's config (ModelConfig, SparseMlaConfig)."""
+
+    @property
+    def model_type(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_position_embeddings(self) -> int: ...
+
+    @property
+    def num_parameters(self) -> int: ...
+
+    def kv_spec(self, block_size: int, num_blocks: int, dtype: torch.dtype = ...) -> KVSpec:
+        """The family's paged KV cache shape (its bytes per block size the pool)."""
+        ...
 
 
 class CausalLM(Protocol):
     """A decoder that reads and writes a paged KV cache, one ForwardBatch per step."""
 
-    config: ModelConfig
+    @property
+    def config(self) -> DecoderConfig: ...
 
     @property
     def dtype(self) -> torch.dtype: ...
@@ -26,10 +46,11 @@ class CausalLM(Protocol):
     @property
     def device(self) -> torch.device: ...
 
-    def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: KVStore) -> torch.Tensor:
         """Logits [len(batch.logits_indices), vocab]: float32, or float64 for a float64 model.
 
-        Writes every scheduled token's K/V into its slot before attending.
+        Writes every scheduled token's K/V into its slot before attending; `kv` is the cache
+        its config's `kv_spec` allocated (a model refuses any other with TypeError).
         """
         ...
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from loom_runtime.kv.cache import PagedKVCache
+from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.models.attention import AttentionPlan, paged_attention, plan_attention
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.config import ModelConfig
@@ -147,8 +147,10 @@ class LlamaForCausalLM:
         return self.embed_tokens.device
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: PagedKVCache) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: KVStore) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] for a mixed prefill/decode batch (see CausalLM)."""
+        if not isinstance(kv, PagedKVCache):
+            raise TypeError(f"llama runs over a PagedKVCache, not {type(kv).__name__}")
         plan = plan_attention(batch, kv.spec.block_size, self.device)
         rope = rope_tables(batch.positions, self.inv_freq, self.rope_scale, self.dtype)
         x = F.embedding(batch.input_ids, self.embed_tokens)

@@ -15,9 +15,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from loom_runtime.errors import CheckpointError
-from loom_runtime.models.causal_lm import CausalLM
-from loom_runtime.models.config import ModelConfig
+from loom_runtime.models.causal_lm import CausalLM, DecoderConfig
+from loom_runtime.models.config import ModelConfig, read_checkpoint_config
 from loom_runtime.models.llama import LlamaForCausalLM
+from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
+from loom_runtime.models.sparse_mla.config import MODEL_TYPE as SPARSE_MLA_MODEL_TYPE
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -31,16 +35,17 @@ class LoadedModel:
     """A model ready to serve: weights in place, its config and its tokenizer."""
 
     model: CausalLM
-    config: ModelConfig
+    config: DecoderConfig  # ModelConfig (llama family) or SparseMlaConfig
     tokenizer: Tokenizer
 
 
 def load_model(
     path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> LoadedModel:
-    """Build the model of config.json, fill it from the safetensors, load the tokenizer."""
+    """Build the model of config.json's family, fill it from the safetensors, load the
+    tokenizer."""
     root = checkpoint_dir(path)
-    config = ModelConfig.from_dir(root)
+    config = read_config(root)
     tokenizer = read_tokenizer(root, config.vocab_size, config.eos_token_ids)
     model = build_model(config, dtype, device)
     model.load_state(read_weights(root))
@@ -62,9 +67,21 @@ def read_tokenizer(root: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) 
     return tokenizer
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
+def read_config(root: Path) -> ModelConfig | SparseMlaConfig:
+    """The config of the checkpoint's family, picked by config.json's model_type:
+    `glm_moe_dsa` is sparse-mla, every other supported type a llama-family decoder."""
+    raw, generation, where = read_checkpoint_config(root)
+    if raw.get("model_type") == SPARSE_MLA_MODEL_TYPE:
+        return SparseMlaConfig.from_dict(raw, generation, where)
+    return ModelConfig.from_dict(raw, generation, where)
+
+
+def build_model(
+    config: ModelConfig | SparseMlaConfig, dtype: torch.dtype, device: str | torch.device
+) -> CausalLM:
     """An empty (zero-weight) model of the config's family."""
-    # Every supported model_type (see config.SUPPORTED_MODEL_TYPES) is a llama-family decoder.
+    if isinstance(config, SparseMlaConfig):
+        return SparseMlaCausalLM(SparseMlaForCausalLM(config, dtype=dtype, device=device))
     return LlamaForCausalLM(config, dtype=dtype, device=device)
 
 

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from loom_runtime.errors import CheckpointError
+from loom_runtime.kv.latent_cache import LatentKVCacheSpec
 from loom_runtime.models.config import merged_eos_ids, positive_int, read_checkpoint_config
 
 MODEL_TYPE = "glm_moe_dsa"
@@ -81,6 +84,39 @@ class SparseMlaConfig:
     def full_indexer_layers(self) -> tuple[int, ...]:
         """Trunk layers that run (and cache keys for) their own indexer."""
         return tuple(i for i, kind in enumerate(self.indexer_types) if kind == "full")
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the trunk and head (every expert counted; the MTP layers, which do
+        not run yet, left out); embeddings counted once when tied."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        q, kv = self.q_lora_rank, self.kv_lora_rank
+        attn = q * h + q + heads * self.qk_head_dim * q
+        attn += (kv + self.qk_rope_head_dim) * h + kv
+        attn += heads * (self.qk_nope_head_dim + self.v_head_dim) * kv + h * heads * self.v_head_dim
+        ih, idim = self.index_n_heads, self.index_head_dim
+        indexer = ih * idim * q + idim * h + 2 * idim + ih * h
+        e, i = self.n_routed_experts, self.moe_intermediate_size
+        moe = e * h + e + e * 3 * i * h + 3 * h * i * self.n_shared_experts
+        dense = 3 * h * self.intermediate_size
+        total = self.num_hidden_layers * (attn + 2 * h) + len(self.full_indexer_layers) * indexer
+        total += sum(moe if kind == "sparse" else dense for kind in self.mlp_layer_types)
+        return total + self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + h
+
+    def kv_spec(
+        self, block_size: int, num_blocks: int, dtype: torch.dtype = torch.float32
+    ) -> LatentKVCacheSpec:
+        """The paged latent KV cache this model needs (the MTP layers cache nothing yet)."""
+        return LatentKVCacheSpec(
+            num_layers=self.num_hidden_layers,
+            latent_dim=self.kv_lora_rank,
+            rope_dim=self.qk_rope_head_dim,
+            index_layers=self.full_indexer_layers,
+            index_dim=self.index_head_dim,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            dtype=dtype,
+        )
 
     @classmethod
     def from_dir(cls, path: str | Path) -> SparseMlaConfig:

@@ -1,0 +1,47 @@
+"""SparseMlaCausalLM: the sparse-mla model behind the engine's CausalLM protocol — one
+ForwardBatch of many sequences over the paged latent KV cache.
+
+Owns only that adaptation (PagedHooks into the one-sequence model's trunk); never schedules,
+and leaves SparseMlaForCausalLM's one-sequence path as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from loom_runtime.kv.cache import KVStore
+from loom_runtime.kv.latent_cache import LatentKVCache
+from loom_runtime.models.batch import ForwardBatch
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
+from loom_runtime.models.sparse_mla.paged_hooks import PagedHooks
+
+
+class SparseMlaCausalLM:
+    """The engine's view of a SparseMlaForCausalLM (`model`, whose weights it shares)."""
+
+    def __init__(self, model: SparseMlaForCausalLM) -> None:
+        self.model = model
+        self.config: SparseMlaConfig = model.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVStore) -> torch.Tensor:
+        """Logits [len(batch.logits_indices), vocab]; writes every token's rows first."""
+        if not isinstance(kv, LatentKVCache):
+            raise TypeError(f"sparse-mla runs over a LatentKVCache, not {type(kv).__name__}")
+        hooks = PagedHooks(kv, batch)
+        hidden = self.model.hidden_states(batch.input_ids, batch.positions, hooks)
+        return self.model.logits(hidden.index_select(0, batch.logits_indices))
+
+    def load_state(self, tensors: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        self.model.load_state(tensors, strict)

@@ -1,0 +1,95 @@
+"""PagedHooks: the LayerHooks of one engine forward over a paged latent KV cache — many
+sequences' prefill chunks and decode tokens, each attending over its own blocks only.
+
+Owns the packing of each sequence's context rows and the per-sequence top-k; never allocates
+blocks or decides what runs (the engine's scheduler and runner do).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loom_runtime.kv.latent_cache import LatentKVCache
+from loom_runtime.models.batch import ForwardBatch
+from loom_runtime.models.sparse_mla.cache import LayerRows
+from loom_runtime.models.sparse_mla.ffn import MoeFfn, SwiGluMlp
+from loom_runtime.models.sparse_mla.indexer import Indexer, Selection
+from loom_runtime.models.sparse_mla.mla import MlaAttention, Queries
+from loom_runtime.models.sparse_mla.rotary import PairTables
+
+
+class PagedHooks:
+    """The rows of a layer are every sequence's context packed end to end (sequence i's tokens
+    0..context_lens[i]-1 at `starts[i]`), so a selection's indices point into the packed rows
+    and one batched attention call serves all T queries. Dense parts (FFN) run over all T."""
+
+    def __init__(self, kv: LatentKVCache, batch: ForwardBatch) -> None:
+        self.kv = kv
+        self.batch = batch
+        bs = kv.spec.block_size
+        device = kv.data.device
+        blocks = [b for table in batch.block_tables for b in table]
+        self._blocks = torch.tensor(blocks, dtype=torch.long, device=device)
+        keep: list[int] = []
+        self.starts: list[int] = []
+        base = 0
+        for table, length in zip(batch.block_tables, batch.context_lens, strict=True):
+            self.starts.append(len(keep))
+            keep.extend(range(base, base + length))
+            base += len(table) * bs
+        self._keep = torch.tensor(keep, dtype=torch.long, device=device)
+
+    def rows(
+        self,
+        layer: int,
+        latent: torch.Tensor,
+        rope_keys: torch.Tensor,
+        index_keys: torch.Tensor | None,
+    ) -> LayerRows:
+        self.kv.write(layer, self.batch.slot_mapping, latent, rope_keys, index_keys)
+        lat, rope, keys = self.kv.gather(layer, self._blocks)
+        return LayerRows(
+            latent=lat.index_select(0, self._keep),
+            rope_keys=rope.index_select(0, self._keep),
+            index_keys=None if keys is None else keys.index_select(0, self._keep),
+        )
+
+    def select(
+        self,
+        indexer: Indexer,
+        h: torch.Tensor,
+        q_resid: torch.Tensor,
+        rope: PairTables,
+        rows: LayerRows,
+        positions: torch.Tensor,
+    ) -> Selection:
+        """Each sequence's queries pick their top-k among that sequence's keys only; the
+        selections are padded (valid False) to the widest and offset into the packed rows."""
+        if rows.index_keys is None:
+            raise ValueError("a full indexer layer needs its index keys")
+        qs = self.batch.query_start
+        parts: list[Selection] = []
+        for i, (start, length) in enumerate(zip(self.starts, self.batch.context_lens, strict=True)):
+            q = slice(qs[i], qs[i + 1])
+            sel = indexer.select(
+                h[q],
+                q_resid[q],
+                PairTables(cos=rope.cos[q], sin=rope.sin[q]),
+                rows.index_keys[start : start + length],
+                positions[q],
+            )
+            parts.append(Selection(indices=sel.indices + start, valid=sel.valid))
+        width = max(p.indices.shape[1] for p in parts)
+        return Selection(
+            indices=torch.cat([F.pad(p.indices, (0, width - p.indices.shape[1])) for p in parts]),
+            valid=torch.cat([F.pad(p.valid, (0, width - p.valid.shape[1])) for p in parts]),
+        )
+
+    def attend(
+        self, attention: MlaAttention, q: Queries, rows: LayerRows, selection: Selection
+    ) -> torch.Tensor:
+        return attention.attend(q, rows, selection)
+
+    def ffn(self, layer: int, ffn: MoeFfn | SwiGluMlp, h: torch.Tensor) -> torch.Tensor:
+        return ffn.forward(h)

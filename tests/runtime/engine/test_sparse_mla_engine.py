@@ -1,0 +1,152 @@
+"""The engine serves the sparse-mla family (float64, greedy, index_topk 64 < the contexts):
+several concurrent requests of different lengths, chunked prefill, prefix-cache hits and
+preemption give the one-sequence forward's tokens (which equal transformers'), its KV figures
+equal the planner's, and a P/D role is refused with a clear error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+
+from loom_operator.fleet.kv_layout import Indexer, MLAAttention, ModelShape, kv_bytes_per_token
+from loom_runtime.engine.collector import OutputCollector
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.transfer_port import DisaggSettings
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.errors import TransferError
+from loom_runtime.kv.latent_cache import LatentKVCache
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
+
+Prompt = Callable[[int, int], tuple[int, ...]]
+
+
+@pytest.fixture(scope="module")
+def sparse64(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    root = init_tiny_sparse_mla(tmp_path_factory.mktemp("engine-sparse") / "tiny")
+    return load_model(root, dtype=torch.float64)
+
+
+def one_sequence(model: SparseMlaForCausalLM, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Greedy tokens of the one-sequence forward (the path that equals transformers)."""
+    cache = model.new_cache(len(prompt) + n)
+    logits = model.forward(torch.tensor(prompt), cache)
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(logits[-1].argmax()))
+        logits = model.forward(torch.tensor(out[-1:]), cache)
+    return tuple(out)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def run_all(engine: Engine, reqs: list[EngineRequest]) -> dict[str, tuple[int, ...]]:
+    got = {r.request_id: OutputCollector(r) for r in reqs}
+    for r in reqs:
+        engine.add_request(r, got[r.request_id])
+    for _ in range(10_000):
+        if all(c.done.is_set() for c in got.values()):
+            return {k: c.result().output_token_ids for k, c in got.items()}
+        engine.step()
+    raise AssertionError("requests did not finish within 10000 steps")
+
+
+def inner(loaded: LoadedModel) -> SparseMlaForCausalLM:
+    assert isinstance(loaded.model, SparseMlaCausalLM)
+    return loaded.model.model
+
+
+def test_load_model_picks_the_sparse_mla_family_from_config_json(sparse64: LoadedModel) -> None:
+    assert isinstance(sparse64.config, SparseMlaConfig)
+    assert isinstance(sparse64.model, SparseMlaCausalLM)
+    model = inner(sparse64)
+    trunk = sum(t.numel() for n, t in model.targets().items() if ".layers.4." not in n)
+    assert sparse64.config.num_parameters == trunk  # layer 4 is the MTP layer: not counted
+
+
+def test_concurrent_chunked_requests_equal_the_one_sequence_forward(
+    sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    lengths = [5, 40, 70, 130, 260]  # > INDEX_TOPK from 70 on; > 96 (one chunk) from 130 on
+    assert INDEX_TOPK == 64
+    reqs = [EngineRequest(f"r{i}", prompt(n, 300 + i), greedy(8)) for i, n in enumerate(lengths)]
+    engine = Engine(
+        sparse64,
+        EngineConfig(
+            dtype=torch.float64,
+            num_blocks=80,
+            max_model_len=512,
+            max_num_batched_tokens=96,
+            max_num_seqs=8,
+        ),
+    )
+    got = run_all(engine, reqs)
+    for r in reqs:
+        assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 8)
+    assert engine.stats().num_free_blocks == engine.stats().num_blocks
+
+
+def test_a_shared_prefix_is_served_from_cache_with_identical_tokens(
+    sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=64, max_model_len=512))
+    prefix = prompt(160, 7)
+    first = prefix + prompt(20, 8)
+    second = prefix + prompt(15, 9)
+    a = engine.generate(first, greedy(6))
+    b = engine.generate(second, greedy(6))
+    assert a.num_cached_tokens == 0 and b.num_cached_tokens == 160  # 10 whole blocks
+    model = inner(sparse64)
+    assert a.output_token_ids == one_sequence(model, first, 6)
+    assert b.output_token_ids == one_sequence(model, second, 6)
+
+
+def test_preempted_requests_finish_with_the_one_sequence_tokens(
+    sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    # 8 blocks of 16: two 40-token prompts fit, growing both to 80 tokens forces preemption
+    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=8, max_model_len=128))
+    reqs = [EngineRequest(f"p{i}", prompt(40, 10 + i), greedy(40)) for i in range(3)]
+    got = run_all(engine, reqs)
+    assert engine.stats().num_preemptions > 0
+    for r in reqs:
+        assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 40)
+
+
+def test_kv_bytes_are_the_latent_pool_and_the_planners_per_token_figure(
+    sparse64: LoadedModel,
+) -> None:
+    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=40, max_model_len=512))
+    c = sparse64.config
+    assert isinstance(c, SparseMlaConfig)
+    shape = ModelShape(
+        num_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
+        kv_dtype="fp32",
+        indexer=Indexer(
+            len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
+        ),
+    )
+    stats = engine.stats()
+    # float64 KV is twice the planner's fp32 figure (the planner has no fp64 precision)
+    assert stats.kv_bytes_per_token == 2 * kv_bytes_per_token(shape) == (4 * 40 + 2 * 16) * 8
+    assert stats.kv_cache_bytes == 40 * 16 * stats.kv_bytes_per_token
+    assert isinstance(engine._runner.cache, LatentKVCache)
+
+
+def test_a_pd_role_is_refused_with_a_clear_error(sparse64: LoadedModel) -> None:
+    connector = MagicMock()
+    config = EngineConfig(dtype=torch.float64, num_blocks=8, max_model_len=128)
+    with pytest.raises(TransferError, match="aggregated role"):
+        Engine(sparse64, config, None, DisaggSettings(role="prefill"), connector)
+    connector.bind.assert_not_called()
