@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from loom_runtime.engine.diffusion_engine_types import COMPONENTS, DiffusionStats
+from loom_runtime.serve.metrics import model_families
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +35,7 @@ class _DiffusionCollector(Collector):
             logger.exception("diffusion stats unavailable; scrape has no engine metrics")
             return
         m = [self._model]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
-            g.add_metric(m, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric(m, value)
-            return c
+        gauge, counter = model_families(self._model)
 
         yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting for memory.", s.num_waiting)

@@ -6,7 +6,7 @@ Owns metric names and buckets; never uses the global registry, never times reque
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client import (
@@ -57,6 +57,27 @@ class StatsSource(Protocol):
     def in_flight(self) -> int: ...
 
 
+def model_families(
+    model_name: str,
+) -> tuple[
+    Callable[[str, str, float], GaugeMetricFamily], Callable[[str, str, float], CounterMetricFamily]
+]:
+    """Builders of one-sample gauge and counter families labelled with the model's name (for
+    collectors that read a stats snapshot at scrape time)."""
+
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=["model_name"])
+        g.add_metric([model_name], value)
+        return g
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=["model_name"])
+        c.add_metric([model_name], value)
+        return c
+
+    return gauge, counter
+
+
 class _EngineCollector(Collector):
     """Reads one EngineStats snapshot per scrape: gauges and the engine's own counters."""
 
@@ -72,16 +93,7 @@ class _EngineCollector(Collector):
             logger.exception("engine stats unavailable; scrape has no engine metrics")
             return
         m = [self._model]
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
-            g.add_metric(m, value)
-            return g
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric(m, value)
-            return c
+        gauge, counter = model_families(self._model)
 
         yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
