@@ -19,7 +19,8 @@ from loom_operator.k8s.settings import RenderSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
-HEAVY = {"torch", "safetensors"}  # the runtime's; the operator and router never import them
+# The runtime's (tensors, images, video): the operator and router never import them.
+HEAVY = {"torch", "safetensors", "pillow", "av"}
 
 
 def dockerfile(name: str) -> str:
