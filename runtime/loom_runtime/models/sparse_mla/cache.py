@@ -20,6 +20,12 @@ class LayerRows:
     rope_keys: torch.Tensor  # [L, qk_rope_head_dim], rotated
     index_keys: torch.Tensor | None  # [L, index_head_dim]; None on shared-indexer layers
 
+    def indexer_keys(self) -> torch.Tensor:
+        """The index keys a full indexer layer scores; ValueError on rows that have none."""
+        if self.index_keys is None:
+            raise ValueError("a full indexer layer needs its index keys")
+        return self.index_keys
+
 
 class SparseMlaCache:
     """Per layer: a latent row + a RoPE key row per token; per full indexer layer: a key row.

@@ -54,7 +54,19 @@ class LayerHooks(Protocol):
         ...
 
 
-class LocalHooks:
+class LocalCompute:
+    """Attention and FFN computed where the rows and experts are: every one-rank hooks'."""
+
+    def attend(
+        self, attention: MlaAttention, q: Queries, rows: LayerRows, selection: Selection
+    ) -> torch.Tensor:
+        return attention.attend(q, rows, selection)
+
+    def ffn(self, layer: int, ffn: MoeFfn | SwiGluMlp, h: torch.Tensor) -> torch.Tensor:
+        return ffn.forward(h)
+
+
+class LocalHooks(LocalCompute):
     """One rank: every row in one SparseMlaCache, every expert local."""
 
     def __init__(self, cache: SparseMlaCache) -> None:
@@ -78,14 +90,4 @@ class LocalHooks:
         rows: LayerRows,
         positions: torch.Tensor,
     ) -> Selection:
-        if rows.index_keys is None:
-            raise ValueError("a full indexer layer needs its index keys")
-        return indexer.select(h, q_resid, rope, rows.index_keys, positions)
-
-    def attend(
-        self, attention: MlaAttention, q: Queries, rows: LayerRows, selection: Selection
-    ) -> torch.Tensor:
-        return attention.attend(q, rows, selection)
-
-    def ffn(self, layer: int, ffn: MoeFfn | SwiGluMlp, h: torch.Tensor) -> torch.Tensor:
-        return ffn.forward(h)
+        return indexer.select(h, q_resid, rope, rows.indexer_keys(), positions)

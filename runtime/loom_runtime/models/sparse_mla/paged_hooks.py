@@ -13,13 +13,12 @@ import torch.nn.functional as F
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.sparse_mla.cache import LayerRows
-from loom_runtime.models.sparse_mla.ffn import MoeFfn, SwiGluMlp
+from loom_runtime.models.sparse_mla.hooks import LocalCompute
 from loom_runtime.models.sparse_mla.indexer import Indexer, Selection
-from loom_runtime.models.sparse_mla.mla import MlaAttention, Queries
 from loom_runtime.models.sparse_mla.rotary import PairTables
 
 
-class PagedHooks:
+class PagedHooks(LocalCompute):
     """The rows of a layer are every sequence's context packed end to end (sequence i's tokens
     0..context_lens[i]-1 at `starts[i]`), so a selection's indices point into the packed rows
     and one batched attention call serves all T queries. Dense parts (FFN) run over all T."""
@@ -66,8 +65,7 @@ class PagedHooks:
     ) -> Selection:
         """Each sequence's queries pick their top-k among that sequence's keys only; the
         selections are padded (valid False) to the widest and offset into the packed rows."""
-        if rows.index_keys is None:
-            raise ValueError("a full indexer layer needs its index keys")
+        keys = rows.indexer_keys()
         qs = self.batch.query_start
         parts: list[Selection] = []
         for i, (start, length) in enumerate(zip(self.starts, self.batch.context_lens, strict=True)):
@@ -76,7 +74,7 @@ class PagedHooks:
                 h[q],
                 q_resid[q],
                 PairTables(cos=rope.cos[q], sin=rope.sin[q]),
-                rows.index_keys[start : start + length],
+                keys[start : start + length],
                 positions[q],
             )
             parts.append(Selection(indices=sel.indices + start, valid=sel.valid))
@@ -85,11 +83,3 @@ class PagedHooks:
             indices=torch.cat([F.pad(p.indices, (0, width - p.indices.shape[1])) for p in parts]),
             valid=torch.cat([F.pad(p.valid, (0, width - p.valid.shape[1])) for p in parts]),
         )
-
-    def attend(
-        self, attention: MlaAttention, q: Queries, rows: LayerRows, selection: Selection
-    ) -> torch.Tensor:
-        return attention.attend(q, rows, selection)
-
-    def ffn(self, layer: int, ffn: MoeFfn | SwiGluMlp, h: torch.Tensor) -> torch.Tensor:
-        return ffn.forward(h)

@@ -73,10 +73,9 @@ class ParallelHooks:
         rows: LayerRows,
         positions: torch.Tensor,
     ) -> Selection:
-        if rows.index_keys is None:
-            raise ValueError("a full indexer layer needs its index keys")
+        keys = rows.indexer_keys()
         if not self.sharded or not isinstance(self.store, ShardStore):
-            return indexer.select(h, q_resid, rope, rows.index_keys, positions)
+            return indexer.select(h, q_resid, rope, keys, positions)
         store = self.store
         return global_top_k(
             self.plan.dcp,
@@ -85,7 +84,7 @@ class ParallelHooks:
             h,
             q_resid,
             rope,
-            rows.index_keys,
+            keys,
             positions,
             store.key_positions,
             store.visible,
