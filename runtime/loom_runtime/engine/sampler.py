@@ -46,8 +46,13 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return gen
 
 
+SAMPLING_EPS = 1e-5
+"""Temperatures below this are greedy, as in vLLM: dividing by a denormal one overflows the
+logits to inf and the softmax to NaN."""
+
+
 def is_greedy(params: SamplingParams) -> bool:
-    return params.temperature == 0.0 or params.top_k == 1
+    return params.temperature < SAMPLING_EPS or params.top_k == 1
 
 
 def sample(
