@@ -75,6 +75,10 @@ class BadRequestError(RouterError):
         self.param = param
 
 
+class JobNotFoundError(RouterError):
+    """A video job id the router does not know (never made here, deleted, or expired): 404."""
+
+
 class UnauthorizedError(RouterError):
     """No valid API key / admin token (HTTP 401)."""
 
@@ -109,6 +113,7 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (RouterConfigError, 400, _INVALID, "invalid_endpoint"),
     (EndpointExistsError, 409, _INVALID, "endpoint_exists"),
     (EndpointError, 404, _INVALID, "endpoint_not_found"),
+    (JobNotFoundError, 404, _INVALID, "job_not_found"),
     (NoEndpointError, 503, _UNAVAILABLE, "no_endpoint"),
     (PrefillFailedError, 502, "server_error", "prefill_failed"),
     (MigrationFailedError, 502, "server_error", "migration_failed"),

@@ -15,6 +15,7 @@ from loom_operator.cli import (
     crds,
     dashboards,
     down,
+    media,
     operate,
     plan,
     router,
@@ -26,7 +27,7 @@ from loom_operator.cli import (
 
 # Each command module offers add_parser(subparsers) and run(args) -> exit code.
 COMMANDS: tuple[ModuleType, ...] = (
-    validate, plan, crds, dashboards, runtime, up, status, apply, down, router, operate,
+    validate, plan, crds, dashboards, runtime, up, status, apply, down, router, operate, media,
 )  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from loom_operator.fleet.commands import diffusion_steps
 from loom_operator.fleet.conditions import ALL_READY
 from loom_operator.local.cards import LocalCardError, parse_fleet_cards
 from loom_operator.local.checkpoints import CheckpointError
@@ -260,16 +261,23 @@ async def _wait_ready(fleet: LocalFleet, ui: _Console, stop: asyncio.Event, time
     return False
 
 
+def try_lines(url: str, model: str, diffusion: bool) -> tuple[str, ...]:
+    """What to run first against a fleet that is up (pure)."""
+    if not diffusion:
+        body = f'{{"model": "{model}", "prompt": "Once upon a time", "max_tokens": 16}}'
+        return (f"  curl {url}/completions -H 'Content-Type: application/json' -d '{body}'",)
+    return (
+        f"  loom video 'a red fox in the snow' --url {url} --size 64x64 --frames 5 --out fox.mp4",
+        f"  loom image 'a lighthouse at dusk' --url {url} --size 64x64 --out lighthouse.png",
+    )
+
+
 def _print_endpoint(console: Console, fleet: LocalFleet, commands: _Commands) -> None:
     url = fleet.endpoint
     model = fleet.cards.model.name
     console.print(f"\n[bold green]Ready.[/] OpenAI endpoint: [bold]{url}[/]  (model {model!r})")
-    body = f'{{"model": "{model}", "prompt": "Once upon a time", "max_tokens": 16}}'
-    lines = (
-        f"  curl {url}/completions -H 'Content-Type: application/json' -d '{body}'",
-        *commands.lines(),
-        "",
-    )
+    lines = (*try_lines(url, model, diffusion_steps(fleet.cards.model) is not None),
+             *commands.lines(), "")  # fmt: skip
     for line in lines:
         console.print(line, soft_wrap=True, markup=False)
     sys.stdout.flush()

@@ -49,6 +49,18 @@ def worker_dtype(model: ModelCard, deployment: DeploymentCard, role: RoleName) -
     return DTYPES.get(name)
 
 
+DEFAULT_DIFFUSION_STEPS = 50  # the runtime's default when neither loop nor recipe names steps
+
+
+def diffusion_steps(model: ModelCard) -> int | None:
+    """The denoise steps of a model whose served loop is a diffusion loop (None: a text model,
+    served with KV events and prefix-aware routing)."""
+    loop = model.loop(model.spec.recipe.assumes_loop)
+    if loop.kind != "diffusion":
+        return None
+    return loop.steps or model.spec.recipe.steps or DEFAULT_DIFFUSION_STEPS
+
+
 def worker_card(model: ModelCard, source: str, version: str) -> str:
     """The ModelCard YAML a worker starts from: the served component first (the runtime serves
     `components[0]`), loading `source` as `version`."""
@@ -74,8 +86,10 @@ def runtime_flags(
     `version` None: the worker reports the card's weightsVersion (on Kubernetes the card is the
     ConfigMap's, so a version change never changes the pod template)."""
     engine = role_settings(deployment, role).engine
-    argv = [
-        "--role", role, "--port", str(ports.http), "--control-port", str(ports.control),
+    argv = ["--role", role, "--port", str(ports.http), "--control-port", str(ports.control)]
+    if diffusion_steps(model) is not None:  # no KV cache: no events, blocks or sequences
+        return argv + ([] if version is None else ["--weights-version", version])
+    argv += [
         "--kv-events-port", str(ports.kv_events), "--kv-events-replay-port", str(ports.kv_replay),
         "--block-size", str(engine.block_size), "--max-num-seqs", str(engine.max_num_seqs),
     ]  # fmt: skip
@@ -96,11 +110,16 @@ def runtime_flags(
 
 
 def router_document(
-    card: DeploymentCard, model_name: str, tokenizer_path: Path | None
+    card: DeploymentCard,
+    model_name: str,
+    tokenizer_path: Path | None,
+    diffusion: int | None = None,
 ) -> dict[str, Any]:
     """ROUTER.json as a document. The block size is the decode role's (or the aggregated
     role's): the pool whose cache the prefix index predicts. Prefill pods report theirs in every
-    KV event, and a pod whose block size differs is flagged by the index, never scored zero."""
+    KV event, and a pod whose block size differs is flagged by the index, never scored zero.
+    `diffusion`: the model's denoise steps (see `diffusion_steps`) for a diffusion fleet, whose
+    router serves the image and video routes by predicted cost."""
     spec = card.spec
     roles = spec.roles.present()
     engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
@@ -114,4 +133,5 @@ def router_document(
         "router": spec.router.model_dump(mode="json", by_alias=True),
         "failover": spec.failover.model_dump(mode="json", by_alias=True),
         "endpoints": [],
+        **({} if diffusion is None else {"diffusion": {"default_steps": diffusion}}),
     }

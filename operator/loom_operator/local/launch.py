@@ -98,8 +98,11 @@ def worker_env(
 
 def router_config(cards: FleetCards, tokenizer_path: Path) -> str:
     """The router's ROUTER.json: model, hashing, the card's router and failover settings; the
-    endpoints are registered over the admin API as workers become ready."""
-    doc = router_document(cards.deployment, cards.model.name, tokenizer_path)
+    endpoints are registered over the admin API as workers become ready. A diffusion fleet's
+    router reads no tokenizer (it routes by predicted cost, not prefix)."""
+    steps = commands.diffusion_steps(cards.model)
+    tokenizer = tokenizer_path if steps is None else None
+    doc = router_document(cards.deployment, cards.model.name, tokenizer, steps)
     return json.dumps(doc, indent=1, sort_keys=True)
 
 

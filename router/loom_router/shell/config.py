@@ -36,8 +36,17 @@ Policy = Literal["scored", "random", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("scored", "random", "round-robin")
 _TOP_LEVEL = frozenset(
     {"model_name", "tokenizer_path", "block_size", "hash_seed", "hash_algo", "router",
-     "failover", "endpoints"}
+     "failover", "endpoints", "diffusion"}
 )  # fmt: skip
+DEFAULT_DIFFUSION_STEPS = 50
+
+
+@dataclass(frozen=True)
+class DiffusionRouting:
+    """ROUTER.json's `diffusion` object: the fleet serves images and video, routed by cost."""
+
+    default_steps: int = DEFAULT_DIFFUSION_STEPS
+    """The workers' denoise steps for a request that names none (the card's loop steps)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class RouterConfig:
     """A tokenizer.json, or a checkpoint directory holding one (None: approximate keys only)."""
     settings: RouterSettings
     endpoints: tuple[Endpoint, ...] = ()
+    diffusion: DiffusionRouting | None = None
+    """Set: /v1/images and /v1/videos are served (by predicted cost × load), not text routes."""
 
 
 def endpoint_from_doc(endpoint_id: str, doc: Mapping[str, Any], where: str) -> Endpoint:
@@ -85,6 +96,7 @@ def config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> Router
             endpoints.append(endpoint_from_doc(eid, rest, where))
         except RouterConfigError as exc:
             problems.append(str(exc))
+    diffusion = _diffusion(doc.get("diffusion"), problems)
     settings: RouterSettings | None = None
     if router is not None and failover is not None:
         try:
@@ -96,7 +108,20 @@ def config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> Router
     path = None if tok is None else Path(tok)
     if path is not None and not path.is_absolute() and base is not None:
         path = base / path
-    return RouterConfig(str(model), path, settings, tuple(endpoints))
+    return RouterConfig(str(model), path, settings, tuple(endpoints), diffusion)
+
+
+def _diffusion(raw: Any, problems: list[str]) -> DiffusionRouting | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or set(raw) - {"default_steps"}:
+        problems.append('diffusion: must be an object with only "default_steps"')
+        return None
+    steps = raw.get("default_steps", DEFAULT_DIFFUSION_STEPS)
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 1000:
+        problems.append(f"diffusion.default_steps: an integer in [1, 1000], got {steps!r}")
+        return None
+    return DiffusionRouting(steps)
 
 
 def load_config(path: Path) -> RouterConfig:

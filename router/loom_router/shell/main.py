@@ -34,6 +34,7 @@ from loom_router.shell.config import (
 )
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.kv_subscriber import KVSubscriber
+from loom_router.shell.media_proxy import MediaProxy, MediaSettings
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.picking import Picking
 from loom_router.shell.pod_watch import PodWatch, kubernetes_pod_api
@@ -95,9 +96,14 @@ class RouterServer:
             transport=self.transport, metrics=self.metrics, prober=self.prober,
             tokenizer=tokenizer,
         )  # fmt: skip
+        self.media: MediaProxy | None = None
+        if config.diffusion is not None:
+            limit = config.settings.migration_limit
+            media = MediaSettings(config.diffusion.default_steps, limit + 1, limit)
+            self.media = MediaProxy(self.source, self.upstream, self.prober, self.metrics, media)
         self.proxy = ProxyApp(
             self.dispatcher, self.metrics, config.model_name, options.api_keys,
-            max_body_bytes=options.max_body_bytes,
+            max_body_bytes=options.max_body_bytes, media=self.media,
         )  # fmt: skip
         self.admin = AdminApp(self.source, self.transport.flights, self.prober, options.admin_token)
         self.pod_watch: PodWatch | None = None
@@ -115,7 +121,8 @@ class RouterServer:
             self.metrics.forget_endpoint(gone)
         for endpoint in snapshot.endpoints:
             self.metrics.know_endpoint(endpoint.id)
-        self.subscriber.sync(snapshot)
+        if self.media is None:  # diffusion workers have no KV cache to publish events about
+            self.subscriber.sync(snapshot)
 
     async def start(self) -> None:
         await self.upstream.start()

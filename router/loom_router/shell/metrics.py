@@ -51,7 +51,7 @@ KNOWN: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 # The same for each endpoint, from when the router first sees it until it leaves.
 PER_ENDPOINT: dict[str, tuple[str, ...]] = {
-    "routed": ("prefix", "session", "load", "spill", "migration"),
+    "routed": ("prefix", "session", "load", "spill", "migration", "cost"),
     "upstream_errors": ("refused", "broken"),
     "marked_down": ("refused", "probe"),
 }

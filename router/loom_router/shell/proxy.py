@@ -1,5 +1,6 @@
-"""The router's OpenAI-facing HTTP app: /v1/completions, /v1/chat/completions, /v1/models,
-/health, /ready and /metrics, with request ids and optional API keys.
+"""The router's OpenAI-facing HTTP app: /v1/completions and /v1/chat/completions (or, for a
+diffusion fleet, the image and video routes of media_proxy.py), /v1/models, /health, /ready and
+/metrics, with request ids and optional API keys.
 
 Owns the routes and the middlewares (request id, API key, the one place errors become
 statuses); never picks endpoints (dispatch.py) and never holds routing state.
@@ -20,6 +21,7 @@ from loom_router.core.filters import SERVING_ROLES
 from loom_router.errors import RouterError, UnauthorizedError, classify, http_error_body
 from loom_router.shell.config import RouterOptions
 from loom_router.shell.dispatch import Dispatcher
+from loom_router.shell.media_proxy import MediaProxy
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
 from loom_runtime.wire.headers import REQUEST_ID_HEADER
 
@@ -29,7 +31,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID = web.RequestKey("request_id", str)
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _ROUTE_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
-                 "/v1/models": "models"}  # fmt: skip
+                 "/v1/models": "models", "/v1/images/generations": "images"}  # fmt: skip
 
 
 def request_id_of(request: web.Request) -> str:
@@ -38,6 +40,10 @@ def request_id_of(request: web.Request) -> str:
     if given and len(given) <= 128 and given.isprintable():
         return given
     return f"rtr-{uuid.uuid4().hex}"
+
+
+def _route_label(path: str) -> str:
+    return "videos" if path.startswith("/v1/videos") else "other"
 
 
 class ProxyApp:
@@ -50,8 +56,10 @@ class ProxyApp:
         model_name: str,
         api_keys: Sequence[str] = (),
         max_body_bytes: int = RouterOptions.max_body_bytes,
+        media: MediaProxy | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.media = media
         self._max_body = max_body_bytes
         self.metrics = metrics
         self.model_name = model_name
@@ -62,8 +70,11 @@ class ProxyApp:
         app = web.Application(
             middlewares=[self._errors, self._auth], client_max_size=self._max_body
         )
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat)
+        if self.media is not None:
+            self.media.add_routes(app, lambda request: request[REQUEST_ID])
+        else:
+            app.router.add_post("/v1/completions", self.completions)
+            app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
@@ -77,7 +88,7 @@ class ProxyApp:
         """Request id on everything; every failure leaves as an OpenAI error object."""
         rid = request_id_of(request)
         request[REQUEST_ID] = rid
-        route = _ROUTE_LABELS.get(request.path, "other")
+        route = _ROUTE_LABELS.get(request.path) or _route_label(request.path)
         try:
             response = await handler(request)
         except web.HTTPException as exc:

@@ -182,6 +182,21 @@ class Upstream:
         except TimeoutError as exc:
             raise UpstreamBrokenError(endpoint.id, f"no full answer in {timeout_s:g} s") from exc
 
+    async def call(
+        self, endpoint: Endpoint, method: str, path: str, timeout_s: float
+    ) -> UpstreamReply:
+        """A bodiless request (GET, DELETE) and its whole answer (at most MAX_BODY_BYTES)."""
+        try:
+            async with self.session.request(
+                method, endpoint.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                up = UpstreamStream(endpoint, resp)
+                return UpstreamReply(up.status, up.headers, await up.read_all())
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamRefusedError(endpoint.id, f"connection failed: {_why(exc)}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamUnavailableError(endpoint.id, f"no answer: {_why(exc)}") from exc
+
     async def get(self, url: str, timeout_s: float) -> tuple[int, str]:
         """GET a small document (metrics, probes); raises the errors above with id = url."""
         try:

@@ -1,4 +1,5 @@
-"""`loom model init-tiny`: a deterministic tiny llama checkpoint, and model source URIs -> paths.
+"""`loom model init-tiny`: deterministic tiny checkpoints, and model source URIs -> paths
+(`loom://tiny` and `loom://tiny-wan` are generated on first use).
 
 Writes random (nonsense-producing) weights from a fixed seed; never downloads real weights.
 """
@@ -10,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from loom_runtime.models.wan.tiny import init_tiny_wan
 logger = logging.getLogger(__name__)
 
 TINY_URI = "loom://tiny"
+TINY_WAN_URI = "loom://tiny-wan"
 INIT_STD = 0.02
 
 README = """# Loom tiny checkpoint (random weights)
@@ -107,20 +110,32 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "loom"
 
 
+def builtin_checkpoints() -> dict[str, tuple[str, Callable[[Path], Path]]]:
+    """loom:// URI -> (the file that marks a complete checkpoint, its writer)."""
+    return {
+        TINY_URI: ("config.json", init_tiny),
+        TINY_WAN_URI: ("model_index.json", init_tiny_wan),
+    }
+
+
 def resolve_source(uri: str) -> Path:
     """A local checkpoint directory for a component source URI.
 
-    `loom://tiny` -> <cache>/models/tiny (generated on first use); `file:///PATH`,
-    `file:PATH` and plain paths -> PATH. Other schemes are fetched by the operator, not the runtime.
+    `loom://tiny` -> <cache>/models/tiny and `loom://tiny-wan` -> <cache>/models/tiny-wan
+    (generated on first use); `file:///PATH`, `file:PATH` and plain paths -> PATH. Other schemes
+    are fetched by the operator, not the runtime.
     """
-    if uri == TINY_URI:
-        return _ensure_tiny(cache_root() / "models" / "tiny")
+    builtin = builtin_checkpoints()
+    if uri in builtin:
+        marker, write = builtin[uri]
+        target = cache_root() / "models" / uri.removeprefix("loom://")
+        return _ensure_generated(target, marker, write)
     if uri.startswith("file:"):  # file:///abs/path or file:relative/path
         return Path(uri.removeprefix("file:").removeprefix("//"))
     scheme, sep, _ = uri.partition("://")
     if scheme == "loom":
         raise CheckpointError(
-            f"model source {uri!r}: the only built-in model is {TINY_URI}; "
+            f"model source {uri!r}: the built-in models are {', '.join(builtin)}; "
             "point real checkpoints at file://PATH"
         )
     if sep:
@@ -131,18 +146,18 @@ def resolve_source(uri: str) -> Path:
     return Path(uri)
 
 
-def _ensure_tiny(target: Path) -> Path:
-    if (target / "config.json").is_file():
+def _ensure_generated(target: Path, marker: str, write: Callable[[Path], Path]) -> Path:
+    if (target / marker).is_file():
         return target
-    logger.info("generating the tiny checkpoint (first use)", extra={"path": str(target)})
+    logger.info("generating a built-in checkpoint (first use)", extra={"path": str(target)})
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        init_tiny(staging)
+        write(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; the checkpoint is not
         os.rename(staging, target)  # atomic: readers see a complete checkpoint or none
     except OSError:
-        if not (target / "config.json").is_file():  # not just a concurrent winner
+        if not (target / marker).is_file():  # not just a concurrent winner
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

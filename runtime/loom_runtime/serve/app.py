@@ -22,6 +22,7 @@ from loom_runtime.engine.engine import Engine
 from loom_runtime.errors import LoomError
 from loom_runtime.serve import openai_api, probes
 from loom_runtime.serve.control_service import (
+    ControlledEngine,
     ControlService,
     ControlSettings,
     start_control_server,
@@ -122,18 +123,10 @@ class Worker:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.host, s.port).start()
-        if s.control_port is not None:
-            control = ControlSettings(
-                model_name=self.engine.config.model_name,
-                role=s.role,
-                drain_timeout_s=s.drain_timeout_s,
-                resolve_source=self._resolve_source,
-                healthy=self.engine.step_thread_alive,
-            )
-            server, _ = await start_control_server(
-                ControlService(self.engine, control), s.host, s.control_port, s.control_token
-            )
-            self._control = server
+        self._control = await start_control(
+            self.engine, s, self.engine.config.model_name, self._resolve_source,
+            self.engine.step_thread_alive,
+        )  # fmt: skip
         logger.info(
             "serving",
             extra={"host": s.host, "port": s.port, "control_port": s.control_port, "role": s.role},
@@ -148,6 +141,22 @@ class Worker:
             await self._control.stop(grace=1.0)
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+async def start_control(
+    engine: ControlledEngine,
+    s: ServeSettings,
+    model_name: str,
+    resolve_source: Callable[[str], Path],
+    healthy: Callable[[], bool],
+) -> grpc.aio.Server | None:
+    """The gRPC control server of a worker's engine, or None without a control port."""
+    if s.control_port is None:
+        return None
+    settings = ControlSettings(model_name, s.role, s.drain_timeout_s, resolve_source, healthy)
+    service = ControlService(engine, settings)
+    server, _ = await start_control_server(service, s.host, s.control_port, s.control_token)
+    return server
 
 
 class Servable(Protocol):

@@ -1,5 +1,5 @@
-"""A diffusion worker's server: the image and video routes, probes and /metrics over one
-DiffusionEngine, and its shutdown order.
+"""A diffusion worker's servers: the image and video routes, probes and /metrics over one
+DiffusionEngine, the gRPC control service (when a control port is set), and their shutdown order.
 
 Owns wiring; never runs engine steps (the engine's own thread does), never decides a status code.
 """
@@ -9,13 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import grpc
 from aiohttp import web
 
 from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.serve import diffusion_api, probes
-from loom_runtime.serve.app import ServeSettings, error_middleware
+from loom_runtime.serve.app import ServeSettings, error_middleware, start_control
+from loom_runtime.serve.diffusion_control import DiffusionControl
 from loom_runtime.serve.diffusion_metrics import DiffusionMetrics
 from loom_runtime.serve.diffusion_protocol import PromptSettings
 from loom_runtime.serve.video_jobs import JobStore
@@ -61,12 +65,21 @@ def build_diffusion_app(
 
 
 class DiffusionWorker:
-    """The running HTTP server of a diffusion worker; `stop()` drains, then closes it."""
+    """The running servers of a diffusion worker; `stop()` drains, then closes them."""
 
-    def __init__(self, engine: DiffusionEngine, settings: ServeSettings, jobs: JobSettings) -> None:
-        self.engine, self.settings, self.jobs = engine, settings, jobs
-        self.metrics = DiffusionMetrics(engine.config.model_name, engine)
+    def __init__(
+        self,
+        control: DiffusionControl,
+        settings: ServeSettings,
+        jobs: JobSettings,
+        resolve_source: Callable[[str], Path],
+    ) -> None:
+        self.control, self.engine = control, control.engine
+        self.settings, self.jobs = settings, jobs
+        self.metrics = DiffusionMetrics(self.engine.config.model_name, self.engine)
+        self._resolve_source = resolve_source
         self._runner: web.AppRunner | None = None
+        self._control: grpc.aio.Server | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -74,11 +87,20 @@ class DiffusionWorker:
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.host, s.port).start()
-        logger.info("serving diffusion", extra={"host": s.host, "port": s.port})
+        self._control = await start_control(
+            self.control, s, self.engine.config.model_name, self._resolve_source,
+            self.engine.step_thread_alive,
+        )  # fmt: skip
+        logger.info(
+            "serving diffusion",
+            extra={"host": s.host, "port": s.port, "control_port": s.control_port},
+        )
 
     async def stop(self) -> None:
         drained = await asyncio.to_thread(self.engine.pause, "wait", self.settings.shutdown_drain_s)
         if not drained:
             logger.warning("shutdown: diffusion requests still in flight; they will be aborted")
+        if self._control is not None:
+            await self._control.stop(grace=1.0)
         if self._runner is not None:
             await self._runner.cleanup()

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import gc
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from loom_runtime.errors import CheckpointError
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.serve.app import ServeSettings, serve_until_signalled
 from loom_runtime.serve.diffusion_app import DiffusionWorker, JobSettings
+from loom_runtime.serve.diffusion_control import DiffusionControl
 
 MODEL_INDEX = "model_index.json"
 # Card component kinds -> the Wan component whose weights version they carry.
@@ -57,6 +59,8 @@ class DiffusionPlan:
     engine: DiffusionEngineConfig
     serve: ServeSettings
     jobs: JobSettings
+    version: str
+    """The checkpoint's weights version (what Status reports; LoadWeights replaces it)."""
 
 
 def plan_diffusion(
@@ -88,13 +92,17 @@ def plan_diffusion(
         text_cache_entries=args.text_cache_entries,
         versions=versions,
     )
-    return DiffusionPlan(root, engine, serve, JobSettings(args.max_video_jobs, args.video_job_ttl))
+    jobs = JobSettings(args.max_video_jobs, args.video_job_ttl)
+    return DiffusionPlan(root, engine, serve, jobs, args.weights_version or versions.transformer)
 
 
-def run_diffusion(plan: DiffusionPlan) -> int:
+def run_diffusion(plan: DiffusionPlan, resolve_source: Callable[[str], Path]) -> int:
+    """Load, serve until SIGTERM/SIGINT, drain; 2 when the checkpoint or a port is unusable.
+    `resolve_source` maps a LoadWeights source to a checkpoint directory."""
     try:
         loaded = load_wan(plan.checkpoint, dtype=plan.engine.dtype)
         engine = DiffusionEngine(loaded, plan.engine)
+        control = DiffusionControl(engine, plan.checkpoint, plan.version)
     except (CheckpointError, ValueError) as exc:
         print(f"loom runtime: cannot load {plan.checkpoint}: {exc}", file=sys.stderr)
         return 2
@@ -102,7 +110,8 @@ def run_diffusion(plan: DiffusionPlan) -> int:
     gc.freeze()
     engine.start()
     try:
-        asyncio.run(serve_until_signalled(DiffusionWorker(engine, plan.serve, plan.jobs)))
+        worker = DiffusionWorker(control, plan.serve, plan.jobs, resolve_source)
+        asyncio.run(serve_until_signalled(worker))
     except OSError as exc:
         print(f"loom runtime: cannot listen: {exc}", file=sys.stderr)
         return 2

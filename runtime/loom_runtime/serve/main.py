@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_worker(args, dict(os.environ))
         root = diffusion_main.diffusion_root(plan.checkpoint)
         if root is not None:
-            return diffusion_main.run_diffusion(_plan_diffusion(args, plan, root))
+            return diffusion_main.run_diffusion(_plan_diffusion(args, plan, root), checkpoint_path)
         publisher = _publisher(args)
     except (UsageError, CardError, CheckpointError, ValueError) as exc:
         print(f"loom runtime: {exc}", file=sys.stderr)
@@ -238,10 +238,10 @@ def run(args: argparse.Namespace) -> int:
 def _plan_diffusion(
     args: argparse.Namespace, plan: WorkerPlan, root: Path
 ) -> diffusion_main.DiffusionPlan:
-    if plan.disagg is not None or args.control_port is not None or args.kv_events_port:
+    if plan.disagg is not None or args.kv_events_port is not None:
         raise UsageError(
-            f"{root} is a diffusion checkpoint: serve it aggregated, without --control-port or "
-            "--kv-events-port (diffusion workers have no KV and no control service yet)"
+            f"{root} is a diffusion checkpoint: serve it aggregated (--role aggregated), without "
+            "--kv-events-port (a diffusion worker has no KV cache to publish events about)"
         )
     card = load_model_card(args.card)
     return diffusion_main.plan_diffusion(args, card, root, plan.serve, plan.engine.dtype)

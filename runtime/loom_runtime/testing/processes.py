@@ -44,6 +44,20 @@ spec:
       cachePolicy: prefix
   recipe: {{method: base, assumesLoop: generate, assumesPrecision: fp32}}
 """
+WAN_CARD = """\
+apiVersion: loom.dev/v1alpha1
+kind: ModelCard
+metadata: {{name: {name}}}
+spec:
+  family: dit
+  components:
+    - {{name: dit, kind: transformer, source: {{uri: "file://{path}"}}, weightsVersion: v1,
+       precision: {{weights: fp32, kv: fp32}}, requiredFor: [gen]}}
+  loops:
+    - {{name: gen, kind: diffusion, components: [dit], steps: {steps}}}
+  recipe: {{method: base, assumesLoop: gen, assumesPrecision: fp32}}
+"""
+"""A diffusion worker's card over a Wan checkpoint at {path} ({steps}: the loop's steps)."""
 # One torch thread per worker: on a small shared machine two intra-op threads stall each other.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

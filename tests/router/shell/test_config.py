@@ -96,3 +96,14 @@ def test_endpoint_body_rejects_unknown_fields() -> None:
         endpoint_from_doc(
             "a", {"url": "http://h", "role": "decode", "weights_version": "v", "port": 1}, "body"
         )
+
+
+def test_a_diffusion_object_turns_on_media_routing_and_is_checked() -> None:
+    assert config_from_dict(doc()).diffusion is None
+    config = config_from_dict(doc(diffusion={"default_steps": 4}))
+    assert config.diffusion is not None and config.diffusion.default_steps == 4
+    assert config_from_dict(doc(diffusion={})).diffusion is not None  # the default steps
+    cases = (({"default_steps": 0}, r"in \[1, 1000\]"), ({"steps": 4}, "only"), ("yes", "object"))
+    for bad, message in cases:
+        with pytest.raises(RouterConfigError, match=message):
+            config_from_dict(doc(diffusion=bad))

@@ -80,6 +80,15 @@ def test_resolve_source_generates_tiny_once(tmp_path, monkeypatch, caplog) -> No
     assert not caplog.records
 
 
+def test_resolve_source_generates_the_tiny_wan_checkpoint(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
+    path = tiny.resolve_source("loom://tiny-wan")
+    assert path == tmp_path / "cache" / "models" / "tiny-wan"
+    assert (path / "model_index.json").is_file() and (path / "transformer").is_dir()
+    assert [p.name for p in path.parent.iterdir()] == ["tiny-wan"]
+    assert tiny.resolve_source("loom://tiny-wan") == path
+
+
 def test_resolve_source_paths_and_refusals() -> None:
     assert tiny.resolve_source("file:///models/qwen") == Path("/models/qwen")
     assert tiny.resolve_source("file:rel/qwen") == Path("rel/qwen")

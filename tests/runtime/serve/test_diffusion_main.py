@@ -1,6 +1,7 @@
 """`loom runtime` on a diffusion card: a checkpoint with model_index.json is detected (also from a
 component folder); the card's loop steps, distilled recipe steps and per-component weights
-versions reach the engine settings; P/D or control flags are refused with a message."""
+versions reach the engine settings; control flags are taken; P/D and KV-event flags are refused
+with a message."""
 
 from __future__ import annotations
 
@@ -76,7 +77,14 @@ def test_a_distilled_recipe_pins_its_steps(tmp_path: Path) -> None:
     assert plan(args_for(tmp_path, 4, True)).engine.pinned_steps == 4
 
 
-def test_control_and_pd_flags_are_refused_for_a_diffusion_checkpoint(tmp_path: Path) -> None:
+def test_a_diffusion_worker_takes_the_control_flags(tmp_path: Path) -> None:
     args = args_for(tmp_path, 3, False, "--control-port", "9999", "--control-token", "t")
-    with pytest.raises(serve_main.UsageError, match="diffusion checkpoint"):
-        plan(args)
+    p = plan(args)
+    assert (p.serve.control_port, p.serve.control_token, p.version) == (9999, "t", "d7")
+
+
+def test_kv_event_and_pd_flags_are_refused_for_a_diffusion_checkpoint(tmp_path: Path) -> None:
+    for i, flags in enumerate((("--kv-events-port", "9998"), ("--role", "prefill"))):
+        args = args_for(tmp_path / str(i), 3, False, *flags)
+        with pytest.raises(serve_main.UsageError, match="diffusion checkpoint"):
+            plan(args)

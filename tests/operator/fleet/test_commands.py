@@ -1,0 +1,60 @@
+"""What a diffusion fleet starts: workers without KV-event, block or sequence flags (they have no
+KV cache) but with the control port and version, and a ROUTER.json that turns on the router's
+image and video routes with the card's denoise steps — on `loom up` and in a pod alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from loom_operator.api import load_documents
+from loom_operator.fleet.commands import (
+    WorkerPorts,
+    diffusion_steps,
+    router_document,
+    runtime_flags,
+)
+from loom_operator.k8s.render.config import cards_config_map
+from loom_router.shell.config import config_from_dict
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+PORTS = WorkerPorts(8000, 9000, 5557, 5558)
+
+
+def cards(name: str):  # type: ignore[no-untyped-def]
+    docs = load_documents(EXAMPLES / name)
+    [deployment] = docs.deployment_cards
+    model = docs.model_card(deployment.spec.model_card)
+    assert model is not None
+    return model, deployment
+
+
+def test_a_diffusion_worker_gets_control_but_no_kv_flags() -> None:
+    model, deployment = cards("tiny-video.yaml")
+    assert diffusion_steps(model) == 8
+    argv = runtime_flags(model, deployment, "aggregated", PORTS, "v3")
+    assert argv == ["--role", "aggregated", "--port", "8000", "--control-port", "9000",
+                    "--weights-version", "v3"]  # fmt: skip
+
+
+def test_a_text_worker_keeps_its_kv_event_flags() -> None:
+    model, deployment = cards("tiny-aggregated.yaml")
+    assert diffusion_steps(model) is None
+    argv = runtime_flags(model, deployment, "aggregated", PORTS, None)
+    assert argv[argv.index("--kv-events-port") + 1] == "5557" and "--block-size" in argv
+
+
+def test_the_router_document_of_a_diffusion_fleet_turns_on_media_routing() -> None:
+    model, deployment = cards("tiny-video.yaml")
+    doc = router_document(deployment, model.name, None, diffusion_steps(model))
+    config = config_from_dict(doc)
+    assert config.diffusion is not None and config.diffusion.default_steps == 8
+    text_model, text_deployment = cards("tiny-aggregated.yaml")
+    text_doc = router_document(text_deployment, text_model.name, None)
+    assert config_from_dict(text_doc).diffusion is None
+
+
+def test_the_pods_router_json_is_the_same_document() -> None:
+    model, deployment = cards("tiny-video.yaml")
+    data = cards_config_map(model, deployment)["data"]
+    assert json.loads(data["router.json"])["diffusion"] == {"default_steps": 8}
