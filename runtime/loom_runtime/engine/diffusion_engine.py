@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+from loom_runtime.engine.co_scheduler import CoScheduler
 from loom_runtime.engine.diffusion_batcher import DiffusionBatcher
 from loom_runtime.engine.diffusion_engine_types import (
     ComponentName,
@@ -58,7 +59,10 @@ class DiffusionEngine:
     order), and its reservation is released when its final output is out. Without `start()`,
     `step()` drives it on the calling thread (deterministic tests)."""
 
-    def __init__(self, loaded: LoadedWan, config: DiffusionEngineConfig) -> None:
+    def __init__(
+        self, loaded: LoadedWan, config: DiffusionEngineConfig, co: CoScheduler | None = None
+    ) -> None:
+        """`co`: share one step thread (and lock) with the other engines of this worker."""
         if loaded.transformer.dtype != config.dtype:
             raise ValueError(
                 f"the Wan weights are {loaded.transformer.dtype} but the config asks for "
@@ -82,22 +86,26 @@ class DiffusionEngine:
         )
         self._versions = v
         # Shared with callers, guarded by _lock; _cond wakes the step thread and waiters.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = co.cond if co is not None else threading.Condition(threading.Lock())
+        self._lock = self._cond  # `with self._lock` takes the condition's lock
         self._ledger = MemoryLedger(config.memory_budget_bytes)
         self._queue: deque[tuple[DiffusionState, int]] = deque()  # accepted, no memory yet
         self._aborts: set[str] = set()
         self._callbacks: dict[str, OnDiffusionOutput] = {}
         self._progress: dict[str, DiffusionProgress] = {}
         self._admission_open = True
-        self._thread = StepThread(
-            f"loom-diffusion-{config.model_name}",
-            self._cond,
-            self.step,
-            self._has_work,
-            self._abort_all_now,
-            config.idle_wait_s,
-        )
+        if co is None:
+            self._thread = StepThread(
+                f"loom-diffusion-{config.model_name}",
+                self._cond,
+                self.step,
+                self._has_work,
+                self._abort_all_now,
+                config.idle_wait_s,
+            )
+        else:
+            self._thread = co.thread
+            co.add(config.model_name, self.step, self._has_work, self._abort_all_now)
         self._denoise_steps = self._finished = self._aborted = 0
         self._step_lock = threading.Lock()  # held around every step and every weight swap
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.batch_scheduler import BatchScheduler
+from loom_runtime.engine.co_scheduler import CoScheduler
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
@@ -60,7 +61,9 @@ class Engine:
         events: KVEventSink | None = None,
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
+        co: CoScheduler | None = None,
     ) -> None:
+        """`co`: share one step thread (and lock) with the other engines of this worker."""
         if (disagg is None) != (connector is None):
             raise ValueError("a P/D engine needs both its role (disagg) and a KV connector")
         if loaded.model.dtype != config.dtype:
@@ -108,22 +111,26 @@ class Engine:
         )
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = co.cond if co is not None else threading.Condition(threading.Lock())
+        self._lock = self._cond  # `with self._lock` takes the condition's lock
         self._inbox: deque[ARDecodeState] = deque()
         self._aborts: set[str] = set()
         self._callbacks: dict[str, OnOutput] = {}  # in flight: added, final output not yet sent
         self._admission_open = True
         self._drain = DrainClock()  # guarded by _lock
         self._closed = False  # shut down: never reopens
-        self._thread = StepThread(
-            f"loom-engine-{config.model_name}",
-            self._cond,
-            self.step,
-            self._has_work,
-            self._abort_all_now,
-            config.idle_wait_s,
-        )
+        if co is None:
+            self._thread = StepThread(
+                f"loom-engine-{config.model_name}",
+                self._cond,
+                self.step,
+                self._has_work,
+                self._abort_all_now,
+                config.idle_wait_s,
+            )
+        else:
+            self._thread = co.thread
+            co.add(config.model_name, self.step, self._has_work, self._abort_all_now)
         self._stats = self._snapshot()
         # Held around every step and every weight swap: the step boundary.
         self._step_lock = threading.Lock()
