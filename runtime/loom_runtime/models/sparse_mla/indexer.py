@@ -14,6 +14,7 @@ from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.rotary import PairTables, rotate_pairs
 
 KEY_NORM_EPS = 1e-6  # the indexer's LayerNorm on its keys
+SCORE_CHUNK_BYTES = 256 << 20  # a selection scores queries in chunks whose [T, heads, L] fit this
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,34 @@ class Indexer:
         A query at position p sees keys 0..p; the score of key j sums, over indexer heads, a
         learnt per-token head weight times relu(q_head · k_j / sqrt(D)).
         """
-        scores = self.scores(h, q_resid, rope, keys, positions)
-        return top_k(scores, self.config.index_topk)
+        values, indices = self.best(h, q_resid, rope, keys, positions, None, self.config.index_topk)
+        return Selection(indices=indices, valid=values > float("-inf"))
+
+    def best(
+        self,
+        h: torch.Tensor,
+        q_resid: torch.Tensor,
+        rope: PairTables,
+        keys: torch.Tensor,
+        positions: torch.Tensor,
+        key_positions: torch.Tensor | None,
+        k: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The min(k, L) best scores per query and their indices into `keys` ([T, k] each,
+        −inf for padding), scored in query chunks so memory stays bounded on long prompts
+        (`scores` of one chunk: [chunk, heads, L] float32 within SCORE_CHUNK_BYTES)."""
+        per_query = self.config.index_n_heads * max(1, keys.shape[0]) * 4
+        chunk = max(1, SCORE_CHUNK_BYTES // per_query)
+        values, indices = [], []
+        for at in range(0, h.shape[0], chunk):
+            part = slice(at, at + chunk)
+            tables = PairTables(cos=rope.cos[part], sin=rope.sin[part])
+            scores = self.scores(h[part], q_resid[part], tables, keys, positions[part],
+                                 key_positions)  # fmt: skip
+            ranked = scores.sort(dim=-1, descending=True, stable=True)
+            values.append(ranked.values[:, :k])
+            indices.append(ranked.indices[:, :k])
+        return torch.cat(values), torch.cat(indices)
 
     def scores(
         self,

@@ -42,14 +42,12 @@ def global_top_k(
     only those (score, position) pairs; ties go to the earlier position, as on one rank.
     """
     k = min(indexer.config.index_topk, length)
-    scores = indexer.scores(h, q_resid, rope, keys, positions, key_positions)  # [T, L_r]
-    ranked = scores.sort(dim=-1, descending=True, stable=True)
-    n = min(k, scores.shape[1])
-    t = scores.shape[0]
-    best = torch.full((t, k, 2), float("-inf"), dtype=torch.float64, device=scores.device)
+    values, indices = indexer.best(h, q_resid, rope, keys, positions, key_positions, k)
+    n, t = values.shape[1], values.shape[0]
+    best = torch.full((t, k, 2), float("-inf"), dtype=torch.float64, device=values.device)
     best[..., 1] = float(length)  # padding sorts after every real position
-    best[:, :n, 0] = ranked.values[:, :n].double()
-    best[:, :n, 1] = key_positions[ranked.indices[:, :n]].double()
+    best[:, :n, 0] = values.double()
+    best[:, :n, 1] = key_positions[indices].double()
     pool = all_gather_same(comm, best).permute(1, 0, 2, 3).reshape(t, comm.size * k, 2)
     pool = _take(pool, pool[..., 1].sort(dim=-1, stable=True).indices)
     pool = _take(pool, pool[..., 0].sort(dim=-1, descending=True, stable=True).indices[:, :k])
