@@ -126,6 +126,12 @@ class PagedKVCache:
         self._slots.index_copy_(0, rows, self._encode(k))
         self._slots.index_copy_(0, rows + bs, self._encode(v))
 
+    def as_stored(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows x ([T, kv_heads, head_dim]) as a gather returns them once written: x itself in
+        the cache's dtype, or rounded through fp8. Attention over a fresh chunk reads these, so
+        fp8 results do not depend on how a prompt was chunked or split between P and D."""
+        return x.to(self.spec.dtype) if self.spec.fp8 is None else self._decode(self._encode(x))
+
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         fp8 = self.spec.fp8
         return x.to(self.spec.dtype) if fp8 is None else pack(x, fp8)
