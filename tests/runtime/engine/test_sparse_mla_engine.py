@@ -12,7 +12,13 @@ from unittest.mock import MagicMock
 import pytest
 import torch
 
-from loom_operator.fleet.kv_layout import Indexer, MLAAttention, ModelShape, kv_bytes_per_token
+from loom_operator.fleet.kv_layout import (
+    Indexer,
+    KVDtype,
+    MLAAttention,
+    ModelShape,
+    kv_bytes_per_token,
+)
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
@@ -124,21 +130,26 @@ def test_preempted_requests_finish_with_the_one_sequence_tokens(
         assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 40)
 
 
-def test_kv_bytes_are_the_latent_pool_and_the_planners_per_token_figure(
-    sparse64: LoadedModel,
-) -> None:
-    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=40, max_model_len=512))
-    c = sparse64.config
+def planner_shape(loaded: LoadedModel, kv_dtype: KVDtype, group: int = 128) -> ModelShape:
+    c = loaded.config
     assert isinstance(c, SparseMlaConfig)
-    shape = ModelShape(
+    return ModelShape(
         num_layers=c.num_hidden_layers,
         num_attention_heads=c.num_attention_heads,
         attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
-        kv_dtype="fp32",
+        kv_dtype=kv_dtype,
+        quant_group_size=group,
         indexer=Indexer(
             len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
         ),
     )
+
+
+def test_kv_bytes_are_the_latent_pool_and_the_planners_per_token_figure(
+    sparse64: LoadedModel,
+) -> None:
+    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=40, max_model_len=512))
+    shape = planner_shape(sparse64, "fp32")
     stats = engine.stats()
     # float64 KV is twice the planner's fp32 figure (the planner has no fp64 precision)
     assert stats.kv_bytes_per_token == 2 * kv_bytes_per_token(shape) == (4 * 40 + 2 * 16) * 8
@@ -160,18 +171,7 @@ def test_fp8_kv_bytes_are_the_planners_and_chunked_requests_equal_each_alone(
         kv_fp8=fp8,
     )
     engine = Engine(sparse64, config)
-    c = sparse64.config
-    assert isinstance(c, SparseMlaConfig)
-    shape = ModelShape(
-        num_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads,
-        attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
-        kv_dtype="fp8",
-        quant_group_size=16,
-        indexer=Indexer(
-            len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
-        ),
-    )
+    shape = planner_shape(sparse64, "fp8", group=16)
     stats = engine.stats()
     per_token = 4 * (32 + 2 * 4 + 8 * 2) + 2 * (16 + 4)
     assert stats.kv_bytes_per_token == kv_bytes_per_token(shape) == per_token

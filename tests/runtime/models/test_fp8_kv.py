@@ -38,7 +38,7 @@ SPARSE_BOUND = (0.40, 0.12)  # measured at most 0.171 / 0.051 (routing replayed,
 
 @pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:
-    """Tiny matmuls gain nothing from threads, and the machine's cores are shared."""
+    """As in the engine and P/D conftests: threads on a shared 2-core machine cost 7x."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -104,16 +104,19 @@ class RefQuantLatentCache(LatentKVCache):
 
 
 def logits_over(
-    loaded: LoadedModel, prompt: list[int], tokens: list[int], kv: KVStore
-) -> torch.Tensor:
-    """[1 + len(tokens), vocab]: the last prompt token's logits, then each decoded token's; the
-    prompt runs as one chunk, then one token per step, in blocks numbered backwards."""
-    n = len(prompt) + len(tokens)
+    loaded: LoadedModel, prompt: list[int], kv: KVStore, tokens: list[int] | None = None
+) -> tuple[list[int], torch.Tensor]:
+    """(decoded tokens, logits [1 + DECODE_STEPS, vocab]): the last prompt token's logits, then
+    each decoded token's. The prompt runs as one chunk, then one token per step (`tokens`, or
+    greedy picks when None), in blocks numbered backwards."""
+    n = len(prompt) + DECODE_STEPS
     table = list(range(kv.spec.num_blocks - 1, -1, -1))[: -(-n // BLOCK)]
     rows = [step(loaded, prompt, 0, table, kv)]
-    for i, token in enumerate(tokens):
-        rows.append(step(loaded, [token], len(prompt) + i, table, kv))
-    return torch.stack(rows)
+    fed: list[int] = []
+    for i in range(DECODE_STEPS):
+        fed.append(int(rows[-1].argmax()) if tokens is None else tokens[i])
+        rows.append(step(loaded, fed[-1:], len(prompt) + i, table, kv))
+    return fed, torch.stack(rows)
 
 
 def step(
@@ -132,16 +135,6 @@ def step(
         logits_indices=torch.tensor([len(ids) - 1]),
     )
     return loaded.model.forward(batch, kv)[-1]
-
-
-def fp32_run(loaded: LoadedModel, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    """Greedy tokens and logits with an fp32 cache (the tokens both runs are then fed)."""
-    tokens: list[int] = []
-    logits = logits_over(loaded, prompt, tokens, spec_of(loaded, None).allocate())
-    for _ in range(DECODE_STEPS):
-        tokens.append(int(logits[-1].argmax()))
-        logits = logits_over(loaded, prompt, tokens, spec_of(loaded, None).allocate())
-    return tokens, logits
 
 
 def spec_of(loaded: LoadedModel, fp8: Fp8Format | None) -> Any:
@@ -180,12 +173,11 @@ def test_fp8_kv_logits_are_within_the_documented_tolerance_of_fp32_kv(
 ) -> None:
     loaded: LoadedModel = request.getfixturevalue(family)
     prompt = prompt_of(prompt_len, seed)
-    tokens, _ = fp32_run(loaded, prompt)
     replay = RoutingReplay(monkeypatch)  # llama has no MoE: nothing to record
     replay.mode = "record"
-    ref = logits_over(loaded, prompt, tokens, spec_of(loaded, None).allocate())
+    tokens, ref = logits_over(loaded, prompt, spec_of(loaded, None).allocate())  # greedy
     replay.mode = "replay"
-    got = logits_over(loaded, prompt, tokens, spec_of(loaded, FP8).allocate())
+    _, got = logits_over(loaded, prompt, spec_of(loaded, FP8).allocate(), tokens)
     assert not replay.log  # every recorded routing was replayed
     abs_err, rel_err = errors(got, ref)
     assert abs_err <= bound[0] and rel_err <= bound[1], (abs_err, rel_err)
@@ -207,8 +199,8 @@ def test_fp8_kv_logits_equal_fp32_kv_over_reference_quantised_rows(
     loaded: LoadedModel = request.getfixturevalue(family)
     prompt = prompt_of(INDEX_TOPK + 36, seed=7)
     tokens = prompt_of(DECODE_STEPS, seed=8)
-    got = logits_over(loaded, prompt, tokens, spec_of(loaded, FP8).allocate())
-    want = logits_over(loaded, prompt, tokens, REFERENCE_CACHES[family](loaded))
+    _, got = logits_over(loaded, prompt, spec_of(loaded, FP8).allocate(), tokens)
+    _, want = logits_over(loaded, prompt, REFERENCE_CACHES[family](loaded), tokens)
     assert torch.equal(got, want)
-    plain = logits_over(loaded, prompt, tokens, spec_of(loaded, None).allocate())
+    _, plain = logits_over(loaded, prompt, spec_of(loaded, None).allocate(), tokens)
     assert not torch.equal(got, plain)
