@@ -84,3 +84,12 @@ def test_unpack_refuses_rows_of_the_wrong_width() -> None:
         unpack(torch.zeros(2, 131, dtype=torch.uint8), 128, Fp8Format(128))
     with pytest.raises(ValueError, match="group_size"):
         Fp8Format(0)
+
+
+@pytest.mark.parametrize("group", [1, 7, 16, 128])
+def test_a_packed_row_width_gives_back_its_element_count(group: int) -> None:
+    fmt = Fp8Format(group)
+    for elements in range(1, 300):
+        assert fmt.elements_in_row(fmt.row_bytes(elements)) == elements
+    with pytest.raises(ValueError, match="no fp8 row"):
+        Fp8Format(128).elements_in_row(134)  # 128 + 4 and 129 + 8 bracket it: no row is 134
