@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from loom_runtime.kv.fp8 import Fp8Format
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -21,7 +23,10 @@ class EngineConfig:
     max_num_seqs: int = 64  # requests running at once (decode batch width)
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_model_len: int | None = None  # prompt + output limit; None: max_position_embeddings
-    dtype: torch.dtype = torch.float32  # weights, activations and KV
+    dtype: torch.dtype = torch.float32  # weights, activations and KV (unless kv_fp8)
+    # None: the KV cache is stored in `dtype`. Else (a card's `precision.kv: fp8`) it stores e4m3
+    # values with an fp32 scale per group of this format (docs/fp8-kv.md); compute stays `dtype`.
+    kv_fp8: Fp8Format | None = None
     prefix_caching: bool = True
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"

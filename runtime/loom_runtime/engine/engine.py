@@ -77,9 +77,10 @@ class Engine:
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
-        per_block = mc.kv_spec(bs, 1, config.dtype).bytes_per_block
+        per_block = mc.kv_spec(bs, 1, config.dtype, config.kv_fp8).bytes_per_block
         self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
-        cache = mc.kv_spec(bs, self.num_blocks, config.dtype).allocate(loaded.model.device)
+        spec = mc.kv_spec(bs, self.num_blocks, config.dtype, config.kv_fp8)
+        cache = spec.allocate(loaded.model.device)
         if disagg is not None and not cache.transferable:
             raise TransferError(
                 f"P/D serving moves [blocks, layers, 2, block, heads, dim] KV caches only; the "
@@ -100,7 +101,7 @@ class Engine:
         self.disagg = disagg
         remote = None
         if disagg is not None and connector is not None:
-            connector.bind(cache.data, self._wake)
+            connector.bind(cache.data, self._wake, config.kv_fp8)
             remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
         self._scheduler = BatchScheduler(
             self._loop,

@@ -12,6 +12,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from loom_runtime.kv.fp8 import Fp8Format
+
 Role = Literal["prefill", "decode"]
 OnTransferFailure = Literal["recompute", "fail"]
 
@@ -76,8 +78,11 @@ class KVConnectorPort(Protocol):
     declare its concrete params class).
     """
 
-    def bind(self, kv: torch.Tensor, wake: Callable[[], None]) -> None:
-        """Register the KV pool; `wake` is called (from any thread) when something finished."""
+    def bind(
+        self, kv: torch.Tensor, wake: Callable[[], None], fp8: Fp8Format | None = None
+    ) -> None:
+        """Register the KV pool; `wake` is called (from any thread) when something finished.
+        `fp8`: the pool holds packed fp8 rows of this format (moved as they are)."""
         ...
 
     def grant(

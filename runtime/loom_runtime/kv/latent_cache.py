@@ -1,5 +1,5 @@
 """The paged latent KV cache of the sparse-MLA family: per token, every layer's latent + RoPE
-row and every full-indexer layer's key row, in one block-major tensor.
+row and every full-indexer layer's key row, in one block-major tensor (plain, or packed fp8 rows).
 
 Owns the memory and its per-layer views only; never decides which block belongs to whom.
 """
@@ -10,12 +10,16 @@ from dataclasses import dataclass
 
 import torch
 
+from loom_runtime.kv.fp8 import Fp8Format, pack, pack_mla, unpack, unpack_mla
+
 
 @dataclass(frozen=True)
 class LatentKVCacheSpec:
     """Shape of one worker's latent KV cache. A block holds `block_size` tokens of every layer:
     `num_layers` rows of latent_dim + rope_dim, and a key row of index_dim for each layer in
-    `index_layers` (the layers that run their own indexer)."""
+    `index_layers` (the layers that run their own indexer). With `fp8`, each row is stored
+    packed (kv/fp8.py: a 656-byte latent row, a 132-byte indexer row at the GLM-5 dims) and
+    `dtype` is only the dtype rows are gathered in."""
 
     num_layers: int
     latent_dim: int  # kv_lora_rank
@@ -25,6 +29,7 @@ class LatentKVCacheSpec:
     block_size: int
     num_blocks: int
     dtype: torch.dtype = torch.float32
+    fp8: Fp8Format | None = None  # None: rows stored in `dtype`
 
     @property
     def row_width(self) -> int:
@@ -32,13 +37,30 @@ class LatentKVCacheSpec:
         return self.latent_dim + self.rope_dim
 
     @property
+    def storage_dtype(self) -> torch.dtype:
+        return self.dtype if self.fp8 is None else torch.uint8
+
+    @property
+    def stored_row_width(self) -> int:
+        """Stored elements (bytes when fp8) of one token's latent + RoPE row in one layer."""
+        if self.fp8 is None:
+            return self.row_width
+        return self.fp8.mla_row_bytes(self.latent_dim, self.rope_dim)
+
+    @property
+    def stored_index_width(self) -> int:
+        """Stored elements (bytes when fp8) of one token's indexer key row in one layer."""
+        return self.index_dim if self.fp8 is None else self.fp8.row_bytes(self.index_dim)
+
+    @property
     def elements_per_token(self) -> int:
-        return self.num_layers * self.row_width + len(self.index_layers) * self.index_dim
+        """Stored elements (bytes when fp8) of one token, every layer."""
+        index = len(self.index_layers) * self.stored_index_width
+        return self.num_layers * self.stored_row_width + index
 
     @property
     def bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return self.block_size * self.elements_per_token * elem
+        return self.block_size * self.elements_per_token * self.storage_dtype.itemsize
 
     def allocate(self, device: torch.device | str = "cpu") -> LatentKVCache:
         return LatentKVCache(self, device)
@@ -48,6 +70,7 @@ class LatentKVCache:
     """`data` is [num_blocks, block_elements]: block b's bytes are one contiguous region, the
     attention rows [num_layers, block_size, row_width] first, then the indexer key rows
     [len(index_layers), block_size, index_dim]. `rows` and `index_rows` view it per layer.
+    With fp8 `data` is uint8 and every row is packed (quantised on write, dequantised on gather).
     """
 
     transferable = False  # the P/D connector moves [blocks, layers, 2, ...] head caches only
@@ -55,13 +78,13 @@ class LatentKVCache:
     def __init__(self, spec: LatentKVCacheSpec, device: torch.device | str = "cpu") -> None:
         self.spec = spec
         s = spec
-        attn = s.num_layers * s.block_size * s.row_width
+        attn = s.num_layers * s.block_size * s.stored_row_width
         self.data = torch.zeros(
-            s.num_blocks, s.block_size * s.elements_per_token, dtype=s.dtype, device=device
+            s.num_blocks, s.block_size * s.elements_per_token, dtype=s.storage_dtype, device=device
         )
         self.rows = self.data[:, :attn].view(s.num_blocks, s.num_layers, s.block_size, -1)
         self.index_rows = self.data[:, attn:].view(
-            s.num_blocks, len(s.index_layers), s.block_size, s.index_dim
+            s.num_blocks, len(s.index_layers), s.block_size, s.stored_index_width
         )
         self._index_slot = {layer: slot for slot, layer in enumerate(s.index_layers)}
 
@@ -75,12 +98,19 @@ class LatentKVCache:
         keys [N * block_size, index_dim] or None on a shared-indexer layer) of `blocks`
         (int64 [N]) in one layer: block 0's tokens, then block 1's, ... (copies)."""
         s = self.spec
-        rows = self.rows[:, layer].index_select(0, blocks).reshape(-1, s.row_width)
-        latent, rope = rows[:, : s.latent_dim], rows[:, s.latent_dim :]
+        rows = self.rows[:, layer].index_select(0, blocks).reshape(-1, s.stored_row_width)
+        if s.fp8 is None:
+            latent, rope = rows[:, : s.latent_dim], rows[:, s.latent_dim :]
+        else:
+            packed_latent, packed_rope = unpack_mla(rows, s.latent_dim, s.rope_dim, s.fp8)
+            latent, rope = packed_latent.to(s.dtype), packed_rope.to(s.dtype)
         slot = self._index_slot.get(layer)
         keys = None
         if slot is not None:
-            keys = self.index_rows[:, slot].index_select(0, blocks).reshape(-1, s.index_dim)
+            stored = self.index_rows[:, slot].index_select(0, blocks)
+            keys = stored.reshape(-1, s.stored_index_width)
+            if s.fp8 is not None:
+                keys = unpack(keys, s.index_dim, s.fp8).to(s.dtype)
         return latent, rope, keys
 
     def write(
@@ -93,12 +123,16 @@ class LatentKVCache:
     ) -> None:
         """Store the rows of tokens at flat slots (block * block_size + offset) of `layer`.
         Index keys are kept only on the layers that own them (else ignored)."""
-        bs = self.spec.block_size
-        blocks, offsets = slots // bs, slots % bs
-        row = torch.cat((latent, rope_keys), dim=-1).to(self.spec.dtype)
+        s = self.spec
+        blocks, offsets = slots // s.block_size, slots % s.block_size
+        if s.fp8 is None:
+            row = torch.cat((latent, rope_keys), dim=-1).to(s.dtype)
+        else:
+            row = pack_mla(latent, rope_keys, s.fp8)
         self.rows[blocks, layer, offsets] = row
         slot = self._index_slot.get(layer)
         if slot is not None:
             if index_keys is None:
                 raise ValueError(f"layer {layer} runs its own indexer: write needs its index keys")
-            self.index_rows[blocks, slot, offsets] = index_keys.to(self.spec.dtype)
+            keys = index_keys.to(s.dtype) if s.fp8 is None else pack(index_keys, s.fp8)
+            self.index_rows[blocks, slot, offsets] = keys

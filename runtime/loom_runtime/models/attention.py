@@ -140,8 +140,8 @@ def _prefill(
     scale: float,
 ) -> torch.Tensor:
     q_s = q[seq.start : seq.end].transpose(0, 1)[None]  # [1, H, n, D]
-    if seq.mask is None:  # a fresh prompt: its keys are exactly this chunk's
-        k_s, v_s = k[seq.start : seq.end], v[seq.start : seq.end]
+    if seq.mask is None:  # a fresh prompt: its keys are this chunk's, as the cache stores them
+        k_s, v_s = kv.as_stored(k[seq.start : seq.end]), kv.as_stored(v[seq.start : seq.end])
     else:
         keys, values = kv.gather(layer, seq.blocks)  # [n * S, KVH, D] each
         k_s, v_s = keys[: seq.context_len], values[: seq.context_len]

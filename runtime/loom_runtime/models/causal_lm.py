@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from loom_runtime.kv.cache import KVSpec, KVStore
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.batch import ForwardBatch
 
 
@@ -29,8 +30,15 @@ class DecoderConfig(Protocol):
     @property
     def num_parameters(self) -> int: ...
 
-    def kv_spec(self, block_size: int, num_blocks: int, dtype: torch.dtype = ...) -> KVSpec:
-        """The family's paged KV cache shape (its bytes per block size the pool)."""
+    def kv_spec(
+        self,
+        block_size: int,
+        num_blocks: int,
+        dtype: torch.dtype = ...,
+        fp8: Fp8Format | None = ...,
+    ) -> KVSpec:
+        """The family's paged KV cache shape (its bytes per block size the pool); `fp8`
+        stores it as packed e4m3 rows with fp32 scales, gathered in `dtype`."""
         ...
 
 

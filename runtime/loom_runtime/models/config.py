@@ -15,6 +15,7 @@ import torch
 
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.cache import KVCacheSpec
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.wire.tokenizer import read_json_object
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -70,9 +71,14 @@ class ModelConfig:
         return embed + h + self.num_hidden_layers * per_layer
 
     def kv_spec(
-        self, block_size: int, num_blocks: int, dtype: torch.dtype = torch.float32
+        self,
+        block_size: int,
+        num_blocks: int,
+        dtype: torch.dtype = torch.float32,
+        fp8: Fp8Format | None = None,
     ) -> KVCacheSpec:
-        """The paged KV cache shape this model needs."""
+        """The paged KV cache shape this model needs; with `fp8`, rows are stored packed
+        (kv/fp8.py) and gathered in `dtype`."""
         return KVCacheSpec(
             num_layers=self.num_hidden_layers,
             num_kv_heads=self.num_key_value_heads,
@@ -80,6 +86,7 @@ class ModelConfig:
             block_size=block_size,
             num_blocks=num_blocks,
             dtype=dtype,
+            fp8=fp8,
         )
 
     @classmethod

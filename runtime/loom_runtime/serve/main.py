@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
-from loom_runtime.card import CardError, load_model_card
+from loom_runtime.card import CardError, Component, ModelCard, load_model_card
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
 from loom_runtime.serve.sources import checkpoint_path
@@ -161,6 +162,7 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             dtype=DTYPES[args.dtype],
+            kv_fp8=kv_fp8_format(card, component),
             weights_version=args.weights_version or component.weights_version,
             model_name=card.name,
         )
@@ -179,6 +181,16 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
     if serve.max_body_bytes < 1024:
         raise UsageError(f"--max-body-bytes must be at least 1024, got {serve.max_body_bytes}")
     return WorkerPlan(path, engine, serve, *(pd or (None, None)))
+
+
+def kv_fp8_format(card: ModelCard, component: Component) -> Fp8Format | None:
+    """The fp8 KV format of a component with `precision.kv: fp8` (its group size is the card
+    architecture's `quantGroupSize`, 128 without one); None for any other KV precision, whose
+    cache is stored in the engine's --dtype."""
+    if component.precision.kv != "fp8":
+        return None
+    arch = card.spec.architecture
+    return Fp8Format() if arch is None else Fp8Format(arch.attention.quant_group_size)
 
 
 def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from loom_runtime.errors import TransferError
+from loom_runtime.kv.fp8 import E4M3_NAME, Fp8Format
 from loom_runtime.transfer import side_channel
 from loom_runtime.transfer.layout import CopyPlan, KVLayout, check_compatible, copy_plan
 from loom_runtime.transfer.lease import LeaseTable, Released
@@ -105,24 +106,22 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def layout_of(kv: torch.Tensor) -> KVLayout:
-    """The layout of a block-major PagedKVCache tensor."""
+def layout_of(kv: torch.Tensor, fp8: Fp8Format | None = None) -> KVLayout:
+    """The layout of a block-major PagedKVCache tensor; `fp8`: its last dimension is each
+    head's packed uint8 row (kv/fp8.py), moved as it is."""
     if kv.dim() != 6 or kv.shape[2] != 2 or not kv.is_contiguous():
         raise TransferError(
             f"the KV pool must be a contiguous [blocks, layers, 2, block_size, kv_heads, "
             f"head_dim] tensor, got shape {tuple(kv.shape)}"
         )
     nb, layers, _, bs, heads, dim = kv.shape
-    return KVLayout(
-        nb,
-        layers,
-        bs,
-        heads,
-        dim,
-        str(kv.dtype).removeprefix("torch."),
-        kv.element_size(),
-        "block_major",
-    )
+    if fp8 is None:
+        dtype = str(kv.dtype).removeprefix("torch.")
+        return KVLayout(nb, layers, bs, heads, dim, dtype, kv.element_size(), "block_major")
+    if kv.dtype != torch.uint8:
+        raise TransferError(f"an fp8 KV pool holds packed uint8 rows, got {kv.dtype}")
+    head_dim = fp8.elements_in_row(dim)
+    return KVLayout(nb, layers, bs, heads, head_dim, E4M3_NAME, 1, "block_major", fp8.group_size)
 
 
 @dataclass
@@ -166,9 +165,10 @@ class KVConnector:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def bind(self, kv: torch.Tensor, wake: Wake) -> None:
-        """Register the KV pool; a prefill starts answering its side channel."""
-        self.layout = layout_of(kv)
+    def bind(self, kv: torch.Tensor, wake: Wake, fp8: Fp8Format | None = None) -> None:
+        """Register the KV pool (packed fp8 rows when `fp8`); a prefill starts answering its
+        side channel."""
+        self.layout = layout_of(kv, fp8)
         self._wake = wake
         self.transport.bind(kv, self.layout, self.leases, wake)
         if self.settings.role == "prefill":

@@ -16,6 +16,7 @@ from loom_runtime.errors import TransferError
 
 Order = Literal["block_major", "layer_major"]
 ORDERS: tuple[Order, ...] = ("block_major", "layer_major")
+SCALE_BYTES = 4  # one fp32 scale per group of an fp8 head row (kv/fp8.py)
 
 
 class LayoutError(TransferError):
@@ -30,6 +31,8 @@ class KVLayout:
     PagedKVCache: one block of every layer is contiguous). `layer_major`: [num_layers, 2,
     num_blocks, block_size, kv_heads, head_dim] (per-layer caches, as vLLM keeps them, in one
     region). A token's heads are contiguous in both: one "row" of kv_heads * head_dim elements.
+    An fp8 pool (`scale_group` > 0, dtype "float8_e4m3fn") stores each head's head_dim e4m3
+    bytes followed by one fp32 scale per `scale_group` elements; rows move as raw bytes.
     """
 
     num_blocks: int
@@ -40,6 +43,7 @@ class KVLayout:
     dtype: str  # "float32", "bfloat16", ... (both sides must agree; no conversion)
     elem_bytes: int
     order: Order = "block_major"
+    scale_group: int = 0  # fp8: elements per fp32 scale in each head row (0: no scales)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "num_layers", "block_size", "num_kv_heads", "head_dim"):
@@ -49,11 +53,15 @@ class KVLayout:
             raise LayoutError(f"KVLayout.elem_bytes must be >= 1, got {self.elem_bytes}")
         if self.order not in ORDERS:
             raise LayoutError(f"KVLayout.order must be one of {ORDERS}, got {self.order!r}")
+        if self.scale_group < 0:
+            raise LayoutError(f"KVLayout.scale_group must be >= 0, got {self.scale_group}")
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one token of one layer's K (or V): kv_heads * head_dim elements."""
-        return self.num_kv_heads * self.head_dim * self.elem_bytes
+        """Bytes of one token of one layer's K (or V): kv_heads * head_dim elements (plus each
+        head's fp32 scales when fp8)."""
+        scales = 0 if not self.scale_group else -(-self.head_dim // self.scale_group)
+        return self.num_kv_heads * (self.head_dim * self.elem_bytes + scales * SCALE_BYTES)
 
     @property
     def block_bytes(self) -> int:
@@ -85,6 +93,7 @@ class KVLayout:
             "dtype": self.dtype,
             "elem_bytes": self.elem_bytes,
             "order": self.order,
+            "scale_group": self.scale_group,
         }
 
     @classmethod
@@ -99,6 +108,7 @@ class KVLayout:
                 dtype=str(raw["dtype"]),
                 elem_bytes=int(raw["elem_bytes"]),
                 order=raw.get("order", "block_major"),
+                scale_group=int(raw.get("scale_group", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise LayoutError(f"malformed KV layout from a peer: {exc!r}") from None
@@ -127,7 +137,7 @@ class CopyPlan:
 
 def check_compatible(src: KVLayout, dst: KVLayout) -> None:
     """LayoutError unless every token row of `src` means the same thing in `dst`."""
-    fields = ("num_layers", "num_kv_heads", "head_dim", "dtype", "elem_bytes")
+    fields = ("num_layers", "num_kv_heads", "head_dim", "dtype", "elem_bytes", "scale_group")
     diff = [
         f"{f} {getattr(src, f)} != {getattr(dst, f)}"
         for f in fields

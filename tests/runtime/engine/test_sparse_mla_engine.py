@@ -1,7 +1,8 @@
 """The engine serves the sparse-mla family (float64, greedy, index_topk 64 < the contexts):
 several concurrent requests of different lengths, chunked prefill, prefix-cache hits and
 preemption give the one-sequence forward's tokens (which equal transformers'), its KV figures
-equal the planner's, and a P/D role is refused with a clear error."""
+equal the planner's (fp8 KV too, whose concurrent chunked requests equal each one alone), and a
+P/D role is refused with a clear error."""
 
 from __future__ import annotations
 
@@ -11,13 +12,20 @@ from unittest.mock import MagicMock
 import pytest
 import torch
 
-from loom_operator.fleet.kv_layout import Indexer, MLAAttention, ModelShape, kv_bytes_per_token
+from loom_operator.fleet.kv_layout import (
+    Indexer,
+    KVDtype,
+    MLAAttention,
+    ModelShape,
+    kv_bytes_per_token,
+)
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import TransferError
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
@@ -122,26 +130,56 @@ def test_preempted_requests_finish_with_the_one_sequence_tokens(
         assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 40)
 
 
-def test_kv_bytes_are_the_latent_pool_and_the_planners_per_token_figure(
-    sparse64: LoadedModel,
-) -> None:
-    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=40, max_model_len=512))
-    c = sparse64.config
+def planner_shape(loaded: LoadedModel, kv_dtype: KVDtype, group: int = 128) -> ModelShape:
+    c = loaded.config
     assert isinstance(c, SparseMlaConfig)
-    shape = ModelShape(
+    return ModelShape(
         num_layers=c.num_hidden_layers,
         num_attention_heads=c.num_attention_heads,
         attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
-        kv_dtype="fp32",
+        kv_dtype=kv_dtype,
+        quant_group_size=group,
         indexer=Indexer(
             len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
         ),
     )
+
+
+def test_kv_bytes_are_the_latent_pool_and_the_planners_per_token_figure(
+    sparse64: LoadedModel,
+) -> None:
+    engine = Engine(sparse64, EngineConfig(dtype=torch.float64, num_blocks=40, max_model_len=512))
+    shape = planner_shape(sparse64, "fp32")
     stats = engine.stats()
     # float64 KV is twice the planner's fp32 figure (the planner has no fp64 precision)
     assert stats.kv_bytes_per_token == 2 * kv_bytes_per_token(shape) == (4 * 40 + 2 * 16) * 8
     assert stats.kv_cache_bytes == 40 * 16 * stats.kv_bytes_per_token
     assert isinstance(engine._runner.cache, LatentKVCache)
+
+
+def test_fp8_kv_bytes_are_the_planners_and_chunked_requests_equal_each_alone(
+    sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    """Packed rows at the tiny dims (latent 32, RoPE 8, indexer 16; groups of 16): the planner's
+    fp8 figure. Every row is read back as stored, so interleaving and chunking change nothing."""
+    fp8 = Fp8Format(16)
+    config = EngineConfig(
+        dtype=torch.float64,
+        num_blocks=60,
+        max_model_len=512,
+        max_num_batched_tokens=96,
+        kv_fp8=fp8,
+    )
+    engine = Engine(sparse64, config)
+    shape = planner_shape(sparse64, "fp8", group=16)
+    stats = engine.stats()
+    per_token = 4 * (32 + 2 * 4 + 8 * 2) + 2 * (16 + 4)
+    assert stats.kv_bytes_per_token == kv_bytes_per_token(shape) == per_token
+    assert stats.kv_cache_bytes == 60 * 16 * per_token
+    reqs = [EngineRequest(f"r{i}", prompt(n, 400 + i), greedy(6)) for i, n in enumerate([9, 150])]
+    together = run_all(engine, reqs)
+    for r in reqs:
+        assert together[r.request_id] == run_all(Engine(sparse64, config), [r])[r.request_id]
 
 
 def test_a_pd_role_is_refused_with_a_clear_error(sparse64: LoadedModel) -> None:

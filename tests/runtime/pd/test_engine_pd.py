@@ -21,6 +21,7 @@ from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings, TransferParams
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 from loom_runtime.wire.kv_transfer import KVTransferParams
@@ -53,9 +54,11 @@ class Workers:
         lease_s: float = 30.0,
         policy: str = "recompute",
         num_blocks: int | None = None,
+        kv_fp8: Fp8Format | None = None,
     ) -> tuple[Engine, KVConnector | None]:
         config = EngineConfig(
             dtype=torch.float64,
+            kv_fp8=kv_fp8,
             block_size=block_size,
             max_model_len=1024,
             num_blocks=num_blocks or 2048 // block_size,
@@ -146,6 +149,27 @@ def test_prefill_answers_a_lease_and_decode_continues_with_the_aggregated_tokens
     wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
     wait_for(lambda: whole(decode), "the decode's pool to be whole")
     assert prefill.stats().kv_expired == 0
+
+
+def test_pd_with_fp8_kv_gives_the_aggregated_fp8_tokens(workers: Workers) -> None:
+    """The packed fp8 rows (e4m3 values + fp32 scales) move as they are, across block sizes:
+    the decode attends over the very bytes an aggregated fp8 worker would have written."""
+    fp8 = Fp8Format(128)
+    aggregated, _ = workers.engine(kv_fp8=fp8)
+    prefill, _ = workers.engine("prefill", block_size=32, kv_fp8=fp8)
+    decode, _ = workers.engine("decode", block_size=16, kv_fp8=fp8)
+    tokens = prompt(300, seed=3)
+    expected = run(aggregated, "a", tokens, MAX_TOKENS).result().output_token_ids
+    answer = run(prefill, "p", tokens, 1, KVTransferParams.for_prefill()).outputs[-1]
+    assert answer.kv_transfer_params is not None
+    params = KVTransferParams.parse(answer.kv_transfer_params.to_dict())
+    out = run(decode, "d", tokens, MAX_TOKENS, params).result()
+    assert out.output_token_ids == expected
+    per_token = decode.stats().kv_bytes_per_token
+    assert per_token == 6 * 2 * 2 * (64 + 4)  # tiny llama: e4m3 head rows + one scale each
+    assert decode.stats().kv_pulled_bytes == 299 * per_token
+    assert decode.stats().num_tokens_computed == MAX_TOKENS
+    wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])

@@ -74,9 +74,9 @@ def tiny_v2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextmanager
-def _run_worker(tmp: Path, checkpoint: Path, extra: list[str]) -> Iterator[Worker]:
+def _run_worker(tmp: Path, checkpoint: Path, extra: list[str], kv: str) -> Iterator[Worker]:
     card = tmp / "card.yaml"
-    card.write_text(CARD.format(name=MODEL, path=checkpoint))
+    card.write_text(CARD.format(name=MODEL, path=checkpoint).replace("kv: fp32", f"kv: {kv}"))
     http, control, kv = free_ports(3)
     cmd = [
         sys.executable, "-m", "loom_runtime", "runtime", "--card", str(card),
@@ -96,9 +96,10 @@ def _run_worker(tmp: Path, checkpoint: Path, extra: list[str]) -> Iterator[Worke
 def launch(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Callable[..., AbstractContextManager[Worker]]]:
-    """launch(checkpoint, *flags) -> a context manager running a worker."""
+    """launch(checkpoint, *flags, kv="fp32") -> a context manager running a worker (`kv`: the
+    card's precision.kv)."""
 
-    def start(checkpoint: Path, *extra: str) -> AbstractContextManager[Worker]:
-        return _run_worker(tmp_path_factory.mktemp("worker"), checkpoint, list(extra))
+    def start(checkpoint: Path, *extra: str, kv: str = "fp32") -> AbstractContextManager[Worker]:
+        return _run_worker(tmp_path_factory.mktemp("worker"), checkpoint, list(extra), kv)
 
     yield start

@@ -10,6 +10,7 @@ import torch
 
 from loom_runtime.card import CardError
 from loom_runtime.cli import build_parser
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.serve import main
 from loom_runtime.serve.main import UsageError, plan_worker
 
@@ -24,15 +25,25 @@ spec:
       kind: transformer
       source: {{uri: "{uri}"}}
       weightsVersion: v5
+      precision: {{kv: {kv}}}
       requiredFor: [generate]
   loops: [{{name: generate, kind: ar_decode, components: [decoder]}}]
   recipe: {{method: base, assumesLoop: generate, assumesPrecision: bf16}}
+{architecture}"""
+ARCHITECTURE = """\
+  architecture:
+    numLayers: 6
+    hiddenSize: 256
+    numAttentionHeads: 4
+    numKeyValueHeads: 2
+    headDim: 64
+    attention: {kind: gqa, quantGroupSize: 32}
 """
 
 
-def _card(tmp_path: Path, uri: str = "file:ckpt") -> Path:
+def _card(tmp_path: Path, uri: str = "file:ckpt", kv: str = "bf16", arch: str = "") -> Path:
     path = tmp_path / "card.yaml"
-    path.write_text(CARD.format(uri=uri))
+    path.write_text(CARD.format(uri=uri, kv=kv, architecture=arch))
     return path
 
 
@@ -59,6 +70,14 @@ def test_card_and_flags_become_engine_and_serve_settings(tmp_path: Path) -> None
     assert (plan.engine.num_blocks, plan.engine.max_model_len) == (40, 256)
     assert plan.engine.dtype == torch.float64
     assert (plan.serve.control_port, plan.serve.control_token) == (7001, "from-env")
+
+
+def test_a_card_with_fp8_kv_plans_an_fp8_cache_with_the_cards_group_size(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.kv_fp8 is None  # bf16 KV: --dtype
+    fp8 = plan_worker(_args(_card(tmp_path, kv="fp8")), {}).engine.kv_fp8
+    assert fp8 == Fp8Format(128)  # no architecture: the card's default group
+    grouped = plan_worker(_args(_card(tmp_path, kv="fp8", arch=ARCHITECTURE)), {}).engine
+    assert grouped.kv_fp8 == Fp8Format(32) and grouped.dtype == torch.float32
 
 
 def test_flags_override_the_card_version_and_the_env_token(tmp_path: Path) -> None:

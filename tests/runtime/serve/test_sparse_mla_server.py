@@ -1,6 +1,6 @@
 """A live `loom runtime` worker on the tiny sparse-mla checkpoint: `/v1/completions` returns the
 one-sequence forward's greedy tokens (prompt of 100 ids > index_topk 64), and /metrics reports
-the planner's KV bytes per token for the sparse-mla shape."""
+the planner's KV bytes per token for the sparse-mla shape, with fp32 KV and with a card's fp8 KV."""
 
 from __future__ import annotations
 
@@ -65,3 +65,27 @@ def test_metrics_report_the_planners_kv_bytes_per_token(worker: Any, sparse_dir:
     )
     assert worker.metric("loom:kv_bytes_per_token") == kv_bytes_per_token(shape) == 768
     assert worker.metric("loom:kv_cache_bytes") == 96 * 16 * 768  # --num-blocks 96
+
+
+def test_an_fp8_kv_card_serves_and_reports_the_planners_fp8_bytes(
+    launch: Any, sparse_dir: Path
+) -> None:
+    c = load_sparse_mla(sparse_dir).config
+    shape = ModelShape(
+        num_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
+        kv_dtype="fp8",  # the card has no architecture block: groups of 128
+        indexer=Indexer(
+            len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
+        ),
+    )
+    with launch(sparse_dir, kv="fp8") as fp8_worker:
+        per_token = fp8_worker.metric("loom:kv_bytes_per_token")
+        assert per_token == kv_bytes_per_token(shape) == 4 * (32 + 4 + 8 * 2) + 2 * (16 + 4)
+        assert fp8_worker.metric("loom:kv_cache_bytes") == 96 * 16 * per_token
+        body = {"model": fp8_worker.model, "prompt": PROMPT, "max_tokens": NEW_TOKENS,
+                "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        status, answer, _ = fp8_worker.post("/v1/completions", body)
+        assert status == 200, answer
+        assert len(answer["choices"][0]["token_ids"]) == NEW_TOKENS

@@ -12,6 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from loom_runtime.kv.cache import KVCacheSpec
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.transfer import side_channel
 from loom_runtime.transfer.connector import (
     ConnectorSettings,
@@ -128,6 +130,57 @@ def test_a_pull_from_a_prefill_that_is_gone_fails_fast(
     result = pair.pull(params, [0, 1], 0, 9)
     assert result.error is not None and "cannot reach the KV side channel" in result.error
     assert str(params.remote_port) in result.error
+
+
+def fp8_pool(num_blocks: int, block_size: int, fill: bool) -> torch.Tensor:
+    """A PagedKVCache's packed fp8 pool: [blocks, layers, 2, block_size, heads, DIM + 4] uint8."""
+    spec = KVCacheSpec(LAYERS, HEADS, DIM, block_size, num_blocks, fp8=Fp8Format(DIM))
+    cache = spec.allocate()
+    if fill:
+        slots = torch.arange(num_blocks * block_size)
+        for layer in range(LAYERS):
+            k, v = torch.randn(2, len(slots), HEADS, DIM)
+            cache.write(layer, slots, k, v)
+    return cache.data
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp8_blocks_move_as_they_are_scales_included(
+    make: Callable[..., KVConnector], kind: str
+) -> None:
+    fp8 = Fp8Format(DIM)
+    prefill_kv, decode_kv = fp8_pool(32, 16, fill=True), fp8_pool(64, 8, fill=False)
+    prefill, decode = make(kind, "prefill"), make(kind, "decode")
+    prefill.bind(prefill_kv, lambda: None, fp8)
+    woken = threading.Event()
+    decode.bind(decode_kv, woken.set, fp8)
+    assert decode.layout is not None and decode.layout.head_dim == DIM
+    assert decode.layout.dtype == "float8_e4m3fn" and decode.layout.scale_group == DIM
+    params = prefill.grant("req-1", [7, 2, 30], 40, "v1")
+    decode.start_pull("dec-1", params, [40, 3, 9, 50, 12], 0, 39)
+    deadline = time.monotonic() + 60
+    while not (done := decode.take_pulled()) and time.monotonic() < deadline:
+        woken.wait(1)
+        woken.clear()
+    assert done and done[0].error is None
+    assert done[0].nbytes == 39 * LAYERS * 2 * HEADS * (DIM + 4)  # e4m3 values + one scale
+    src = prefill_kv[[7, 2, 30]].permute(1, 2, 0, 3, 4, 5).reshape(LAYERS, 2, 48, HEADS, -1)
+    dst = decode_kv[[40, 3, 9, 50, 12]].permute(1, 2, 0, 3, 4, 5).reshape(LAYERS, 2, 40, HEADS, -1)
+    assert torch.equal(dst[:, :, :39], src[:, :, :39])  # the packed bytes, bit for bit
+    assert not dst[:, :, 39:].any()
+
+
+def test_an_fp8_prefill_and_a_float_decode_are_refused(make: Callable[..., KVConnector]) -> None:
+    prefill, decode = make("tcp", "prefill"), make("tcp", "decode")
+    prefill.bind(fp8_pool(8, 16, fill=True), lambda: None, Fp8Format(DIM))
+    decode.bind(kv_pool(8, 16, fill=False), lambda: None)
+    decode.start_pull("d", prefill.grant("req-1", [1], 10, "v1"), [0], 0, 9)
+    deadline = time.monotonic() + 30
+    while not (done := decode.take_pulled()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done and done[0].error is not None
+    assert "dtype float8_e4m3fn != float64" in done[0].error
+    assert "same KV dtype" in done[0].error
 
 
 def test_mismatched_transports_are_named(make: Callable[..., KVConnector]) -> None:

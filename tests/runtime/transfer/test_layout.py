@@ -107,3 +107,17 @@ def test_layouts_survive_the_handshake() -> None:
     assert KVLayout.from_dict(lay.to_dict()) == lay
     with pytest.raises(LayoutError, match="malformed"):
         KVLayout.from_dict({"num_blocks": 1})
+
+
+def test_fp8_layouts_count_each_heads_scales_and_say_so_in_the_handshake() -> None:
+    fp8 = KVLayout(8, LAYERS, 4, 2, 64, "float8_e4m3fn", 1, scale_group=128)
+    assert fp8.row_bytes == 2 * (64 + 4)  # the planner's fp8 GQA row: values + one fp32 scale
+    assert fp8.bytes_per_token() == LAYERS * 2 * 2 * 68
+    assert KVLayout.from_dict(fp8.to_dict()) == fp8
+    older = {k: v for k, v in layout(8, 4).to_dict().items() if k != "scale_group"}
+    assert KVLayout.from_dict(older).scale_group == 0  # a peer from before fp8: unquantised
+    finer = KVLayout(8, LAYERS, 4, 2, 64, "float8_e4m3fn", 1, scale_group=32)
+    with pytest.raises(LayoutError, match="scale_group 128 != 32"):
+        copy_plan(fp8, [0], finer, [0], 0, 4)
+    with pytest.raises(LayoutError, match="scale_group must be >= 0"):
+        KVLayout(8, LAYERS, 4, 2, 64, "float8_e4m3fn", 1, scale_group=-1)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from loom_runtime.errors import CheckpointError
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.latent_cache import LatentKVCacheSpec
 from loom_runtime.models.config import merged_eos_ids, positive_int, read_checkpoint_config
 
@@ -104,9 +105,14 @@ class SparseMlaConfig:
         return total + self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + h
 
     def kv_spec(
-        self, block_size: int, num_blocks: int, dtype: torch.dtype = torch.float32
+        self,
+        block_size: int,
+        num_blocks: int,
+        dtype: torch.dtype = torch.float32,
+        fp8: Fp8Format | None = None,
     ) -> LatentKVCacheSpec:
-        """The paged latent KV cache this model needs (the MTP layers cache nothing yet)."""
+        """The paged latent KV cache this model needs (the MTP layers cache nothing yet); with
+        `fp8`, rows are stored packed (kv/fp8.py) and gathered in `dtype`."""
         return LatentKVCacheSpec(
             num_layers=self.num_hidden_layers,
             latent_dim=self.kv_lora_rank,
@@ -116,6 +122,7 @@ class SparseMlaConfig:
             block_size=block_size,
             num_blocks=num_blocks,
             dtype=dtype,
+            fp8=fp8,
         )
 
     @classmethod
