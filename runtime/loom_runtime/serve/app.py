@@ -21,6 +21,7 @@ from aiohttp import web
 from loom_runtime.engine.engine import Engine
 from loom_runtime.errors import LoomError
 from loom_runtime.serve import openai_api, probes
+from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.control_service import (
     ControlledEngine,
     ControlService,
@@ -88,7 +89,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 def build_http_app(
-    engine: Engine, settings: ServeSettings, metrics: ServerMetrics
+    engine: Engine, settings: ServeSettings, metrics: ServerMetrics, mailbox: Mailbox | None = None
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
     limits = ModelLimits(
@@ -97,8 +98,9 @@ def build_http_app(
         vocab_size=engine.model_config.vocab_size,
     )
     api = openai_api.ApiContext(
-        engine, limits, metrics, settings.stall_timeout_s, int(time.time()), settings.strict_fields
-    )
+        engine, limits, metrics, settings.stall_timeout_s, int(time.time()), settings.strict_fields,
+        mailbox,
+    )  # fmt: skip
     openai_api.add_routes(app, api)
     probes.add_routes(app, probes.ProbeContext(EngineHealth(engine), metrics))
     return app
@@ -119,7 +121,8 @@ class Worker:
 
     async def start(self) -> None:
         s = self.settings
-        app = build_http_app(self.engine, s, self.metrics)
+        mailbox = Mailbox(asyncio.get_running_loop())
+        app = build_http_app(self.engine, s, self.metrics, mailbox)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, s.host, s.port).start()

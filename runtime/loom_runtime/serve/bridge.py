@@ -1,7 +1,7 @@
 """The one bridge from the engine thread's `on_output` callbacks to an asyncio consumer.
 
-Owns the per-request bounded queue and abort-on-leave; never blocks the engine thread or the
-event loop.
+Owns the per-request bounded queue, the mailbox that hands every output a step produced to the
+event loop in one wake-up, and abort-on-leave; never blocks the engine thread or the event loop.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -33,23 +35,55 @@ class RequestSink(Protocol):
     def abort(self, request_id: str) -> None: ...
 
 
-class OutputStream:
-    """Outputs of one request, in order, delivered on the event loop that created it."""
+class Mailbox:
+    """Outputs posted from the engine thread, delivered on one event loop in batches: the first
+    post after a delivery schedules one (one wake-up of the loop), later posts ride along. A
+    step's outputs for 16 requests wake the loop once, not 16 times."""
 
-    def __init__(self, event_loop: asyncio.AbstractEventLoop, request_id: str, bound: int) -> None:
+    def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
+        self.event_loop = event_loop
+        self._items: deque[tuple[OutputStream, RequestOutput]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, stream: OutputStream, out: RequestOutput) -> None:
+        """Called from the engine thread; never blocks it (beyond a short lock)."""
+        with self._lock:
+            self._items.append((stream, out))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        # A closed event loop means the server is gone and nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.event_loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, deque()
+            self._scheduled = False
+        for stream, out in items:
+            stream.put(out)
+
+
+class OutputStream:
+    """Outputs of one request, in order, delivered on the event loop of its mailbox."""
+
+    def __init__(
+        self, event_loop: asyncio.AbstractEventLoop, request_id: str, bound: int,
+        mailbox: Mailbox | None = None,
+    ) -> None:  # fmt: skip
         self.request_id = request_id
         self.finished = False
-        self._event_loop = event_loop
+        self._mailbox = mailbox if mailbox is not None else Mailbox(event_loop)
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue(maxsize=bound)
         self._overflowed = False
 
     def push(self, out: RequestOutput) -> None:
         """Called from the engine thread; never blocks it."""
-        # A closed event loop means the server is gone and nobody is listening.
-        with contextlib.suppress(RuntimeError):
-            self._event_loop.call_soon_threadsafe(self._put, out)
+        self._mailbox.post(self, out)
 
-    def _put(self, out: RequestOutput) -> None:
+    def put(self, out: RequestOutput) -> None:
+        """On the event loop: queue one output."""
         try:
             self._queue.put_nowait(out)
         except asyncio.QueueFull:
@@ -60,6 +94,10 @@ class OutputStream:
         """The next output; raises EngineStalledError when none comes within `timeout` s."""
         if self._overflowed:
             raise LoomError(f"request {self.request_id}: engine sent more outputs than tokens")
+        if not self._queue.empty():  # delivered in a batch: no timer needed
+            out = self._queue.get_nowait()
+            self.finished = out.finished
+            return out
         try:
             out = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
@@ -71,14 +109,18 @@ class OutputStream:
 
 
 @asynccontextmanager
-async def submitted(sink: RequestSink, req: EngineRequest) -> AsyncIterator[OutputStream]:
+async def submitted(
+    sink: RequestSink, req: EngineRequest, mailbox: Mailbox | None = None
+) -> AsyncIterator[OutputStream]:
     """Add `req` to the engine; abort it if the caller leaves (disconnect, error) before its end.
+    `mailbox`: the server's, shared by its requests (None: one of its own).
 
     AdmissionError / InvalidRequestError from the engine propagate before anything is queued.
     """
-    stream = OutputStream(
-        asyncio.get_running_loop(), req.request_id, req.sampling.max_tokens + _SLACK
-    )
+    event_loop = asyncio.get_running_loop()
+    if mailbox is not None and mailbox.event_loop is not event_loop:
+        raise RuntimeError("the mailbox belongs to another event loop")
+    stream = OutputStream(event_loop, req.request_id, req.sampling.max_tokens + _SLACK, mailbox)
     sink.add_request(req, stream.push)
     try:
         yield stream

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError, TransferError
-from loom_runtime.serve.bridge import OutputStream, RequestSink, submitted
+from loom_runtime.serve.bridge import Mailbox, OutputStream, RequestSink, submitted
 from loom_runtime.serve.errors import RequestAbortedError, classify
 from loom_runtime.serve.metrics import ServerMetrics
 from loom_runtime.serve.prepare import (
@@ -67,6 +67,7 @@ class ApiContext:
     stall_timeout_s: float  # longest wait for the engine's next output before giving up
     started: int  # unix time the worker started (the model's `created`)
     strict_fields: bool = False  # refuse fields the schema does not define (else: ignore, name)
+    mailbox: Mailbox | None = None  # the server's: a step's outputs wake the event loop once
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ async def _serve(
     ctx = request.app[API_CONTEXT]
     prompt_ids = ereq.prompt_token_ids if parsed.return_token_ids else None
     run = _Run(ctx, kind, ereq.sampling.logprobs, prompt_ids)
-    async with submitted(ctx.engine, ereq) as outputs:
+    async with submitted(ctx.engine, ereq, ctx.mailbox) as outputs:
         try:
             first = await outputs.next(ctx.stall_timeout_s)
             if first.finished and first.finish_reason == "abort":

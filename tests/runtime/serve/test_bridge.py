@@ -1,4 +1,5 @@
-"""The engine-thread -> event-loop bridge: order, abort when the consumer leaves, stall timeout.
+"""The engine-thread -> event-loop bridge: order, abort when the consumer leaves, stall timeout,
+one wake-up of the event loop for all the outputs of a step.
 
 The sink here is a test double that plays the engine thread's side of the contract (callbacks
 from another thread); the real engine is exercised by the server tests.
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
-from loom_runtime.serve.bridge import OutputStream, submitted
+from loom_runtime.serve.bridge import Mailbox, OutputStream, submitted
 from loom_runtime.serve.errors import EngineStalledError
 
 
@@ -95,3 +96,35 @@ def test_pushing_after_the_loop_closed_is_harmless() -> None:
     stream = OutputStream(event_loop, "r1", bound=2)
     event_loop.close()
     stream.push(RequestOutput("r1", (1,), "x"))  # must not raise into the engine thread
+
+
+def test_a_steps_outputs_for_many_requests_wake_the_loop_once() -> None:
+    async def main() -> tuple[int, list[list[str]]]:
+        mailbox = Mailbox(asyncio.get_running_loop())
+        deliveries = [0]
+        deliver = mailbox._deliver
+
+        def counted() -> None:
+            deliveries[0] += 1
+            deliver()
+
+        mailbox._deliver = counted  # type: ignore[method-assign]
+        streams = [OutputStream(mailbox.event_loop, f"r{i}", 4, mailbox) for i in range(16)]
+
+        def one_step(token: int) -> None:  # the engine thread: one output per request
+            for i, stream in enumerate(streams):
+                last = token == 1
+                reason = "length" if last else None
+                stream.push(RequestOutput(f"r{i}", (token,), str(token), last, reason))
+
+        for token in (0, 1):
+            t = threading.Thread(target=one_step, args=(token,))
+            t.start()
+            t.join()  # the loop is busy here: the whole step is posted before it runs
+            await asyncio.sleep(0)
+        texts = [[(await s.next(5)).new_text for _ in range(2)] for s in streams]
+        return deliveries[0], texts
+
+    deliveries, texts = asyncio.run(main())
+    assert deliveries == 2  # one per step, not one per output
+    assert texts == [["0", "1"]] * 16
