@@ -144,9 +144,10 @@ class Engine:
         events: KVEventSink | None = None,
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
+        co: CoScheduler | None = None,
     ) -> Engine:
         loaded = load_model(path, dtype=config.dtype, device=config.device)
-        return cls(loaded, config, events, disagg, connector)
+        return cls(loaded, config, events, disagg, connector, co)
 
     @property
     def weights_version(self) -> str:

@@ -88,20 +88,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     return web.json_response(reply.body(), status=reply.http_status)
 
 
-def build_http_app(
-    engine: Engine, settings: ServeSettings, metrics: ServerMetrics, mailbox: Mailbox | None = None
-) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+def api_context(
+    engine: Engine, settings: ServeSettings, metrics: ServerMetrics, mailbox: Mailbox | None
+) -> openai_api.ApiContext:
     limits = ModelLimits(
         model_name=engine.config.model_name,
         max_model_len=engine.max_model_len,
         vocab_size=engine.model_config.vocab_size,
     )
-    api = openai_api.ApiContext(
+    return openai_api.ApiContext(
         engine, limits, metrics, settings.stall_timeout_s, int(time.time()), settings.strict_fields,
         mailbox,
     )  # fmt: skip
-    openai_api.add_routes(app, api)
+
+
+def build_http_app(
+    engine: Engine, settings: ServeSettings, metrics: ServerMetrics, mailbox: Mailbox | None = None
+) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    openai_api.add_routes(app, api_context(engine, settings, metrics, mailbox))
     probes.add_routes(app, probes.ProbeContext(EngineHealth(engine), metrics))
     return app
 

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from aiohttp import web
@@ -191,18 +191,25 @@ async def delete_video(request: web.Request) -> web.Response:
     return web.json_response({**job.body(), "cancel_requested": True})
 
 
-async def models(request: web.Request) -> web.Response:
-    ctx = request.app[DIFFUSION_CONTEXT]
+def model_card(ctx: DiffusionApiContext) -> dict[str, Any]:
+    """The served model as /v1/models lists it."""
     name = ctx.prompts.model_name
-    card = {"id": name, "object": "model", "created": ctx.started, "owned_by": "loom", "root": name}
+    return {"id": name, "object": "model", "created": ctx.started, "owned_by": "loom", "root": name}
+
+
+async def models(request: web.Request) -> web.Response:
+    card = model_card(request.app[DIFFUSION_CONTEXT])
     return web.json_response({"object": "list", "data": [card]})
 
 
-def add_routes(app: web.Application, ctx: DiffusionApiContext) -> None:
+def add_routes(app: web.Application, ctx: DiffusionApiContext, with_models: bool = True) -> None:
+    """The image and video routes; `with_models` False leaves /v1/models to a worker serving
+    more."""
     app[DIFFUSION_CONTEXT] = ctx
     app.router.add_post("/v1/images/generations", images)
     app.router.add_post("/v1/videos", create_video)
     app.router.add_get("/v1/videos/{video_id}", get_video)
     app.router.add_get("/v1/videos/{video_id}/content", video_content)
     app.router.add_delete("/v1/videos/{video_id}", delete_video)
-    app.router.add_get("/v1/models", models)
+    if with_models:
+        app.router.add_get("/v1/models", models)

@@ -48,18 +48,23 @@ class DiffusionHealth:
         return self.healthy() and self._engine.stats().admission_open
 
 
-def build_diffusion_app(
-    engine: DiffusionEngine, settings: ServeSettings, jobs: JobSettings, metrics: DiffusionMetrics
-) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
-    ctx = diffusion_api.DiffusionApiContext(
+def diffusion_context(
+    engine: DiffusionEngine, settings: ServeSettings, jobs: JobSettings
+) -> diffusion_api.DiffusionApiContext:
+    return diffusion_api.DiffusionApiContext(
         engine=engine,
         prompts=PromptSettings(engine.config.model_name, engine.config.text_len),
         jobs=JobStore(jobs.max_jobs, jobs.ttl_s),
         image_timeout_s=settings.stall_timeout_s,
         started=int(time.time()),
     )
-    diffusion_api.add_routes(app, ctx)
+
+
+def build_diffusion_app(
+    engine: DiffusionEngine, settings: ServeSettings, jobs: JobSettings, metrics: DiffusionMetrics
+) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
+    diffusion_api.add_routes(app, diffusion_context(engine, settings, jobs))
     probes.add_routes(app, probes.ProbeContext(DiffusionHealth(engine), metrics))
     return app
 

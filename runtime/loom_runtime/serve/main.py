@@ -18,14 +18,18 @@ from typing import Any
 import torch
 
 from loom_runtime.card import CardError, Component, ModelCard, load_model_card
+from loom_runtime.engine.co_scheduler import CoScheduler
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
 from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
+from loom_runtime.serve.dual_app import DualWorker
 from loom_runtime.serve.sources import checkpoint_path
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 
@@ -51,6 +55,11 @@ def add_parser(sub: Any) -> None:
         "/v1/videos instead.",
     )
     p.add_argument("--card", type=Path, required=True, help="ModelCard YAML file")
+    p.add_argument(
+        "--diffusion-card", type=Path,
+        help="also serve this diffusion ModelCard (a Wan checkpoint) from this process, on one "
+        "step thread shared with --card's LLM by fair compute time (aggregated role only)",
+    )  # fmt: skip
     p.add_argument("--role", choices=("aggregated", "prefill", "decode"), default="aggregated")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
@@ -210,17 +219,23 @@ def run(args: argparse.Namespace) -> int:
         root = diffusion_main.diffusion_root(plan.checkpoint)
         if root is not None:
             return diffusion_main.run_diffusion(_plan_diffusion(args, plan, root), checkpoint_path)
+        side = _diffusion_side(args, plan)
         publisher = _publisher(args)
     except (UsageError, CardError, CheckpointError, ValueError) as exc:
         print(f"loom runtime: {exc}", file=sys.stderr)
         return 2
     connector: KVConnector | None = None
+    co = None if side is None else CoScheduler("loom-worker", plan.engine.idle_wait_s)
+    dit: DiffusionEngine | None = None
     try:
         try:
             connector = None if plan.connector is None else build_connector(plan.connector)
             engine = Engine.from_checkpoint(
-                plan.checkpoint, plan.engine, publisher, plan.disagg, connector
+                plan.checkpoint, plan.engine, publisher, plan.disagg, connector, co
             )
+            if side is not None:
+                wan = load_wan(side.checkpoint, dtype=side.engine.dtype)
+                dit = DiffusionEngine(wan, side.engine, co)
         except (CheckpointError, ValueError) as exc:
             print(f"loom runtime: cannot load {plan.checkpoint}: {exc}", file=sys.stderr)
             return 2
@@ -232,12 +247,17 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         engine.start()
+        worker: Worker | DualWorker = Worker(engine, plan.serve, checkpoint_path)
+        if dit is not None and co is not None and side is not None:
+            worker = DualWorker(engine, dit, co, plan.serve, side.jobs, checkpoint_path)
         try:
-            asyncio.run(serve_until_signalled(Worker(engine, plan.serve, checkpoint_path)))
+            asyncio.run(serve_until_signalled(worker))
         except OSError as exc:  # a port in use, an address that cannot be bound
             print(f"loom runtime: cannot listen: {exc}", file=sys.stderr)
             return 2
         finally:
+            if dit is not None:
+                dit.shutdown()
             engine.shutdown()
     finally:
         if connector is not None:
@@ -245,6 +265,22 @@ def run(args: argparse.Namespace) -> int:
         if publisher is not None:
             publisher.close()
     return 0
+
+
+def _diffusion_side(
+    args: argparse.Namespace, plan: WorkerPlan
+) -> diffusion_main.DiffusionPlan | None:
+    """The diffusion model a worker serves next to its LLM (--diffusion-card), or None."""
+    if args.diffusion_card is None:
+        return None
+    if plan.disagg is not None:
+        raise UsageError("--diffusion-card: a worker serving two models runs aggregated only")
+    card = load_model_card(args.diffusion_card)
+    path = checkpoint_path(card.spec.components[0].source.uri, args.diffusion_card)
+    root = diffusion_main.diffusion_root(path)
+    if root is None:
+        raise UsageError(f"--diffusion-card {args.diffusion_card}: {path} is not a Wan checkpoint")
+    return diffusion_main.plan_diffusion(args, card, root, plan.serve, plan.engine.dtype)
 
 
 def _plan_diffusion(

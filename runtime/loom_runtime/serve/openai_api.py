@@ -278,9 +278,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, "chat", parsed, ereq, _ignored(parsed, rid))
 
 
-async def models(request: web.Request) -> web.Response:
-    ctx = request.app[API_CONTEXT]
-    card = {
+def model_card(ctx: ApiContext) -> dict[str, Any]:
+    """The served model as /v1/models lists it."""
+    return {
         "id": ctx.limits.model_name,
         "object": "model",
         "created": ctx.started,
@@ -288,11 +288,17 @@ async def models(request: web.Request) -> web.Response:
         "root": ctx.limits.model_name,
         "max_model_len": ctx.limits.max_model_len,
     }
+
+
+async def models(request: web.Request) -> web.Response:
+    card = model_card(request.app[API_CONTEXT])
     return web.json_response({"object": "list", "data": [card]})
 
 
-def add_routes(app: web.Application, ctx: ApiContext) -> None:
+def add_routes(app: web.Application, ctx: ApiContext, with_models: bool = True) -> None:
+    """The text routes; `with_models` False leaves /v1/models to a worker serving more."""
     app[API_CONTEXT] = ctx
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
+    if with_models:
+        app.router.add_get("/v1/models", models)
