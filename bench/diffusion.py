@@ -15,10 +15,11 @@ submitted → its frames out), for three engines on the same jobs:
 
 and reports jobs/s (images/s, video jobs/s), jobs per CPU-second (all of this process's threads:
 a machine shared with other work distorts it far less than wall time), p50/p90 job latency, and
-the step-batching gain (loom ÷ one-by-one). Each round runs the three engines back to back at
-each C; round 0 is a warm-up and is not counted; the summary is the median over rounds. Usage:
+the step-batching gain (loom ÷ one-by-one) and loom ÷ diffusers. Each round runs the three
+engines back to back at each C; round 0 is a warm-up and is not counted; the summary is the
+median over rounds (of the rates, and of each round's ratios). Usage:
 
-    .venv/bin/python bench/diffusion.py --rounds 3 --out bench/results/diffusion.json
+    .venv/bin/python bench/diffusion.py --rounds 5   # ~8 min on 2 cores; --quick: seconds
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class PhaseResult:
+    round: int
     engine: str
     workload: str
     concurrency: int
@@ -206,20 +208,31 @@ class Engines:
         self.loom.shutdown()
         self.one_by_one.shutdown()
 
-    def phase(self, engine: str, w: Workload, c: int, jobs: list[DiffusionRequest]) -> PhaseResult:
+    def phase(
+        self, round_: int, engine: str, w: Workload, c: int, jobs: list[DiffusionRequest]
+    ) -> PhaseResult:
         cpu0, t0 = time.process_time(), time.perf_counter()
         if engine == "diffusers":
             latencies = diffusers_batches(self.pipe, jobs, c)
         else:
             latencies = closed_loop(self.loom if engine == "loom" else self.one_by_one, jobs, c)
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        return PhaseResult(engine, w.name, c, len(jobs), wall, cpu, tuple(latencies))
+        return PhaseResult(round_, engine, w.name, c, len(jobs), wall, cpu, tuple(latencies))
+
+
+def denoise_fit(engine: DiffusionEngine, w: Workload) -> dict[str, float]:
+    """What Loom's step cost model learnt of one denoise forward of this workload's latents."""
+    s = engine.shape
+    latents = (1, s.latent_channels, (w.frames - 1) // s.temporal_scale + 1,
+               w.height // s.spatial_scale, w.width // s.spatial_scale)  # fmt: skip
+    return asdict(engine.costs.cost("denoise", latents))
 
 
 def run(
     ckpt: Path, workloads: Sequence[Workload], levels: Sequence[int], min_jobs: int, rounds: int
-) -> list[PhaseResult]:
-    """Round 0 warms up (not counted); each C runs max(C, min_jobs) jobs per engine."""
+) -> tuple[list[PhaseResult], dict[str, dict[str, float]]]:
+    """Round 0 warms up (not counted); each C runs max(C, min_jobs) jobs per engine. Returns the
+    phases and, per workload, Loom's fitted denoise cost."""
     engines = Engines.start(ckpt, max(levels))
     results: list[PhaseResult] = []
     try:
@@ -227,29 +240,38 @@ def run(
             for w in workloads:
                 for c in levels:
                     got = [
-                        engines.phase(name, w, c, make_jobs(w, max(c, min_jobs), f"{name}-{r}", r))
+                        engines.phase(
+                            r, name, w, c, make_jobs(w, max(c, min_jobs), f"{name}-{r}", r)
+                        )
                         for name in ENGINES
                     ]
                     results += got if r else []
                     rates = ", ".join(f"{p.engine} {p.rates()['jobs_per_s']:.2f}/s" for p in got)
                     print(f"round {r} {w.name} C={c}: {rates}", flush=True)
+        fits = {w.name: denoise_fit(engines.loom, w) for w in workloads}
     finally:
         engines.stop()
-    return results
+    return results, fits
 
 
 def summarize(results: list[PhaseResult]) -> dict[str, dict[str, float]]:
-    """Medians per workload × concurrency × engine, and loom's ratios to the other two."""
+    """Medians per workload × concurrency × engine, and the medians of loom's per-round ratios
+    to the other two (a round's three engines ran back to back: the ratio cancels most of a
+    shared machine's drift)."""
     out: dict[str, dict[str, float]] = {}
-    for key in sorted({(p.workload, p.concurrency) for p in results}, key=lambda k: (k[0], k[1])):
+    for key in sorted({(p.workload, p.concurrency) for p in results}):
+        rows = {
+            (p.round, p.engine): p.rates() for p in results if (p.workload, p.concurrency) == key
+        }
+        rounds = sorted({r for r, _ in rows})
         med: dict[str, float] = {}
         for engine in ENGINES:
-            runs = [p for p in results if (p.workload, p.concurrency, p.engine) == (*key, engine)]
-            rates = [p.rates() for p in runs]
-            for name in rates[0]:
-                med[f"{engine}_{name}"] = statistics.median(r[name] for r in rates)
-        med["batching_gain"] = med["loom_jobs_per_s"] / med["one-by-one_jobs_per_s"]
-        med["vs_diffusers"] = med["loom_jobs_per_s"] / med["diffusers_jobs_per_s"]
+            for name in rows[rounds[0], engine]:
+                med[f"{engine}_{name}"] = statistics.median(rows[r, engine][name] for r in rounds)
+        for ratio, other in (("batching_gain", "one-by-one"), ("vs_diffusers", "diffusers")):
+            med[ratio] = statistics.median(
+                rows[r, "loom"]["jobs_per_s"] / rows[r, other]["jobs_per_s"] for r in rounds
+            )
         out[f"{key[0]}@{key[1]}"] = med
     return out
 
@@ -300,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workloads = [workload("image", args.image), workload("video", args.video)]
     levels = [int(c) for c in args.concurrency.split(",")]
     ckpt = checkpoint(args.cache, args.dit_width, args.dit_layers)
-    results = run(ckpt, workloads, levels, args.min_jobs, args.rounds)
+    results, fits = run(ckpt, workloads, levels, args.min_jobs, args.rounds)
     summary = summarize(results)
     report = {
         "command": " ".join(["bench/diffusion.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -309,9 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checkpoint": ckpt.name,
         "workloads": [asdict(w) for w in workloads],
         "median": summary,
+        "loom_denoise_cost": fits,
         "runs": [{**asdict(p), **p.rates()} for p in results],
     }
     print_table(summary)
+    for name, fit in fits.items():
+        fixed, per_row = fit["fixed_s"] * 1e3, fit["per_item_s"] * 1e3
+        print(f"Loom's fitted {name} denoise forward: {fixed:.1f} ms + {per_row:.2f} ms/row")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -1,6 +1,7 @@
 """bench/diffusion.py in its smallest form (`--quick`): every engine runs every workload at each
 concurrency, the JSON holds a median row per workload and concurrency with positive rates and
-latencies, and the markdown table is printed."""
+latencies, Loom's step cost model has fitted each workload's denoise forward, and the markdown
+table is printed."""
 
 from __future__ import annotations
 
@@ -39,4 +40,8 @@ def test_the_quick_diffusion_bench_measures_every_engine_side_by_side(
         assert med["batching_gain"] > 0 and med["vs_diffusers"] > 0
     engines = {(r["engine"], r["workload"], r["concurrency"]) for r in report["runs"]}
     assert len(engines) == 3 * 2 * 2  # one measured round of each
-    assert "| image | 2 | **gain** | batching" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| image | 2 | **gain** | batching" in printed
+    assert "fitted video denoise forward" in printed
+    fit = report["loom_denoise_cost"]["image"]  # what the step cost model learnt
+    assert fit["fixed_s"] + fit["per_item_s"] > 0
