@@ -1,8 +1,10 @@
 """The DiffusionEngine: the thread-safe shell around one DiffusionBatcher (admission by memory,
 progress, abort, pause, component weight syncs).
 
-Owns the step thread, the bounded queue of accepted requests, the memory ledger and the callbacks;
-never decides what shares a step (the batcher does) and never calls a callback holding a lock.
+Owns the step thread, the bounded queue of accepted requests, the memory ledger, the step cost
+model (fed by every measured forward; admission reads its prediction against the step budget) and
+the callbacks; never decides what shares a step (the batcher does) and never calls a callback
+holding a lock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from loom_runtime.engine.diffusion_engine_types import (
 from loom_runtime.engine.diffusion_forward import wan_executors, wan_shape
 from loom_runtime.engine.diffusion_loop import DiffusionLoop, DiffusionState
 from loom_runtime.engine.diffusion_memory import MemoryLedger, MemoryModel
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
+from loom_runtime.engine.diffusion_types import DENOISE, DiffusionOutput, DiffusionRequest
+from loom_runtime.engine.step_cost import StepCostModel, StepLoad, StepSample
 from loom_runtime.engine.step_thread import StepThread
 from loom_runtime.engine.text_feature_cache import TextFeatureCache
 from loom_runtime.errors import AdmissionError, InvalidRequestError
@@ -55,9 +58,10 @@ class DiffusionEngine:
     """Runs image and video requests of one Wan checkpoint. Public methods are thread-safe.
 
     A request is accepted when its peak memory can ever fit the budget (else 400) and the queue
-    has room (else 503); it runs once its peak fits next to the running requests' (arrival
-    order), and its reservation is released when its final output is out. Without `start()`,
-    `step()` drives it on the calling thread (deterministic tests)."""
+    has room (else 503); it runs once its peak fits next to the running requests' and their
+    predicted denoise step with it stays within the step budget (arrival order), and its
+    reservation is released when its final output is out. Without `start()`, `step()` drives it
+    on the calling thread (deterministic tests)."""
 
     def __init__(
         self, loaded: LoadedWan, config: DiffusionEngineConfig, co: CoScheduler | None = None
@@ -81,9 +85,9 @@ class DiffusionEngine:
         self._loop = DiffusionLoop(
             self.shape, config.default_steps, config.pinned_steps, self.features
         )
-        self._batcher = DiffusionBatcher(
-            self._loop, wan_executors(loaded, config.text_len), self._emit, config.max_running
-        )
+        self.costs = StepCostModel()  # guarded by _lock
+        executors = wan_executors(loaded, config.text_len, self._observe_cost)
+        self._batcher = DiffusionBatcher(self._loop, executors, self._emit, config.max_running)
         self._versions = v
         # Shared with callers, guarded by _lock; _cond wakes the step thread and waiters.
         self._cond = co.cond if co is not None else threading.Condition(threading.Lock())
@@ -196,6 +200,8 @@ class DiffusionEngine:
                 text_cache_entries=len(self.features),
                 admission_open=self._admission_open,
                 versions=self._versions,
+                step_costs=self.costs.kinds(),
+                predicted_step_s=self.costs.predict_step(map(_step_load, self._active())),
             )
 
     @property
@@ -240,7 +246,9 @@ class DiffusionEngine:
                 self.features.set_encoder_version(version)
             else:
                 self._loaded = replace(self._loaded, vae=load_vae(root, c.vae, dtype, dev))
-            self._batcher.executors = wan_executors(self._loaded, self.config.text_len)
+            self._batcher.executors = wan_executors(
+                self._loaded, self.config.text_len, self._observe_cost
+            )
             with self._lock:
                 self._versions = replace(self._versions, **{str(name): version})
         logger.info("component weights loaded", extra={"component": name, "version": version})
@@ -287,16 +295,33 @@ class DiffusionEngine:
             return ran or bool(queued)
 
     def _admit(self) -> list[DiffusionState]:
-        """Queued requests (in order) whose peak fits now, under _lock; reserves their memory."""
+        """Queued requests (in order) whose peak fits now and whose denoise step keeps the
+        predicted step within the budget, under _lock; reserves their memory."""
         admitted: list[DiffusionState] = []
-        slots = self.config.max_running - len(self._batcher.running) - len(self._batcher.waiting)
+        loads = [_step_load(s) for s in self._active()]
+        slots = self.config.max_running - len(loads)
         while self._queue and len(admitted) < slots:
             state, peak = self._queue[0]
+            loads.append(_step_load(state))
+            if not self._within_step_budget(loads):
+                break
             if not self._ledger.try_reserve(state.request_id, peak):
                 break
             self._queue.popleft()
             admitted.append(state)
         return admitted
+
+    def _within_step_budget(self, loads: list[StepLoad]) -> bool:
+        budget = self.config.step_budget_s
+        return budget is None or len(loads) == 1 or self.costs.predict_step(loads) <= budget
+
+    def _active(self) -> list[DiffusionState]:
+        return [*self._batcher.running, *self._batcher.waiting]
+
+    def _observe_cost(self, sample: StepSample) -> None:
+        """A forward's measured time (from the executors, on the step thread) into the model."""
+        with self._lock:
+            self.costs.observe(sample)
 
     def _abort_all_now(self) -> None:
         """After a step raised: abort every request at the next step (the error path)."""
@@ -340,3 +365,9 @@ class DiffusionEngine:
             callback(out)
         except Exception:
             logger.exception("on_output raised", extra={"request_id": out.request_id})
+
+
+def _step_load(state: DiffusionState) -> StepLoad:
+    """What a request adds to a denoise step: its latents' rows (two under guidance)."""
+    rows = 2 if state.request.guided else 1
+    return StepLoad(DENOISE, tuple(state.latents.shape), rows)

@@ -10,6 +10,8 @@ from typing import Literal
 
 import torch
 
+from loom_runtime.engine.step_cost import KindCost
+
 ComponentName = Literal["transformer", "text_encoder", "vae"]
 COMPONENTS: tuple[ComponentName, ...] = ("transformer", "text_encoder", "vae")
 Status = Literal["queued", "in_progress"]
@@ -43,6 +45,10 @@ class DiffusionEngineConfig:
     text_cache_entries: int = 256  # encoded prompt rows kept (0: no cache)
     versions: ComponentVersions = field(default_factory=ComponentVersions)
     idle_wait_s: float = 0.5  # how long the idle step thread sleeps between checks
+    # A step's predicted compute, seconds (the step cost model's): a queued request joins the
+    # running ones only while their predicted denoise step stays within it (one always runs).
+    # None: max_running alone limits a step.
+    step_budget_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         for name in ("text_len", "default_steps", "max_running", "memory_budget_bytes"):
@@ -50,6 +56,10 @@ class DiffusionEngineConfig:
                 raise ValueError(f"DiffusionEngineConfig.{name} must be >= 1")
         if self.max_waiting < 0 or self.text_cache_entries < 0:
             raise ValueError("max_waiting and text_cache_entries must be >= 0")
+        if self.step_budget_s is not None and not self.step_budget_s > 0:
+            raise ValueError(
+                f"DiffusionEngineConfig.step_budget_s must be > 0 or None: {self.step_budget_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -80,3 +90,5 @@ class DiffusionStats:
     text_cache_entries: int
     admission_open: bool
     versions: ComponentVersions
+    step_costs: tuple[KindCost, ...] = ()  # the step cost model's fit of each measured kind
+    predicted_step_s: float = 0.0  # the running requests' predicted denoise step, seconds

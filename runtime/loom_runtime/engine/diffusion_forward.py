@@ -1,12 +1,14 @@
 """The executors of diffusion plans: text encode, denoise (one batched DiT forward for every
 compatible step of the step, classifier-free guidance batched in it) and VAE decode chunks.
 
-Owns turning a step's plans into DiffusionResults; never advances a loop or picks plans.
+Owns turning a step's plans into DiffusionResults and timing each forward (handed to `observe`,
+for the step cost model); never advances a loop or picks plans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import time
+from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar, cast
 
 import torch
@@ -21,6 +23,7 @@ from loom_runtime.engine.diffusion_types import (
     DiffusionResult,
     EncodeWork,
 )
+from loom_runtime.engine.step_cost import StepSample
 from loom_runtime.loop.contract import Executor, WorkPlan
 from loom_runtime.models.wan.dit import WanDiT
 from loom_runtime.models.wan.loader import LoadedWan
@@ -28,6 +31,18 @@ from loom_runtime.models.wan.text_encoder import Umt5Encoder
 from loom_runtime.models.wan.vae import WanVaeDecoder
 
 W = TypeVar("W")
+Observe = Callable[[StepSample], None]
+
+
+def _unobserved(sample: StepSample) -> None:
+    """The default `observe`: measured forwards go nowhere."""
+
+
+def _elapsed(start: float, out: torch.Tensor | None) -> float:
+    """Seconds since `start` once `out` is computed (a CUDA forward is waited for)."""
+    if out is not None and out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return time.perf_counter() - start
 
 
 def _works(plans: Sequence[WorkPlan[DiffusionResult]], kind: type[W]) -> list[W]:
@@ -45,8 +60,15 @@ class TextEncode:
     """Every prompt row of the step in one encoder forward, padded to `text_len`; features past
     a row's own tokens are zeroed, as Wan pipelines do, so padding never conditions the DiT."""
 
-    def __init__(self, encoder: Umt5Encoder, text_len: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        encoder: Umt5Encoder,
+        text_len: int,
+        dtype: torch.dtype,
+        observe: Observe = _unobserved,
+    ) -> None:
         self.encoder, self.text_len, self.dtype = encoder, text_len, dtype
+        self.observe = observe
 
     def execute(self, plans: Sequence[WorkPlan[DiffusionResult]]) -> list[DiffusionResult]:
         works = _works(plans, EncodeWork)
@@ -56,7 +78,10 @@ class TextEncode:
         for i, row in enumerate(rows):
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask[i, : len(row)] = 1
+        start = time.perf_counter()
         hidden = self.encoder.forward(ids, mask).to(self.dtype)
+        seconds = _elapsed(start, hidden)
+        self.observe(StepSample(TEXT_ENCODE, (self.text_len,), len(rows), seconds))
         hidden = hidden * mask[:, :, None].to(hidden)
         out, at = [], 0
         for w in works:
@@ -70,8 +95,8 @@ class DenoiseForward:
     once per text (its prompt, and under guidance its negative prompt), so guidance costs a
     wider batch, not a second pass. Velocity = uncond + scale · (cond − uncond)."""
 
-    def __init__(self, dit: WanDiT) -> None:
-        self.dit = dit
+    def __init__(self, dit: WanDiT, observe: Observe = _unobserved) -> None:
+        self.dit, self.observe = dit, observe
 
     def execute(self, plans: Sequence[WorkPlan[DiffusionResult]]) -> list[DiffusionResult]:
         works = _works(plans, DenoiseWork)
@@ -79,8 +104,12 @@ class DenoiseForward:
         for i, w in enumerate(works):
             by_size.setdefault(tuple(w.latents.shape), []).append(i)
         out: dict[int, DiffusionResult] = {}
-        for indices in by_size.values():
+        for size, indices in by_size.items():
+            start = time.perf_counter()
             velocities = self._forward([works[i] for i in indices])
+            seconds = _elapsed(start, velocities[-1].velocity)
+            rows = len(indices) + sum(works[i].negative is not None for i in indices)
+            self.observe(StepSample(DENOISE, size, rows, seconds))
             out.update(zip(indices, velocities, strict=True))
         return [out[i] for i in range(len(works))]
 
@@ -108,14 +137,18 @@ class VaeDecode:
     """The next latent frame of each video through the VAE decoder, with its own causal cache
     (so the frames of one video decode in order, one plan each, interleaved with other work)."""
 
-    def __init__(self, vae: WanVaeDecoder) -> None:
-        self.vae = vae
+    def __init__(self, vae: WanVaeDecoder, observe: Observe = _unobserved) -> None:
+        self.vae, self.observe = vae, observe
 
     def execute(self, plans: Sequence[WorkPlan[DiffusionResult]]) -> list[DiffusionResult]:
         out = []
         for w in _works(plans, DecodeWork):
+            start = time.perf_counter()
             latents = self.vae.unscale_latents(w.latents.to(self.vae.dtype))
-            out.append(DiffusionResult(pixels=self.vae.decode_chunk(latents, w.cache)))
+            pixels = self.vae.decode_chunk(latents, w.cache)
+            seconds = _elapsed(start, pixels)
+            self.observe(StepSample(VAE_DECODE, tuple(w.latents.shape), 1, seconds))
+            out.append(DiffusionResult(pixels=pixels))
         return out
 
 
@@ -134,11 +167,14 @@ def wan_shape(loaded: LoadedWan, text_len: int) -> DiffusionShape:
     )
 
 
-def wan_executors(loaded: LoadedWan, text_len: int) -> dict[Hashable, Executor[DiffusionResult]]:
-    """One executor per plan shape of a Wan checkpoint's diffusion loop (any latent size)."""
-    encode = TextEncode(loaded.text_encoder, text_len, loaded.transformer.dtype)
+def wan_executors(
+    loaded: LoadedWan, text_len: int, observe: Observe = _unobserved
+) -> dict[Hashable, Executor[DiffusionResult]]:
+    """One executor per plan shape of a Wan checkpoint's diffusion loop (any latent size); each
+    forward's measured time goes to `observe`."""
+    encode = TextEncode(loaded.text_encoder, text_len, loaded.transformer.dtype, observe)
     return {
         TEXT_ENCODE: encode,
-        DENOISE: DenoiseForward(loaded.transformer),
-        VAE_DECODE: VaeDecode(loaded.vae),
+        DENOISE: DenoiseForward(loaded.transformer, observe),
+        VAE_DECODE: VaeDecode(loaded.vae, observe),
     }

@@ -1,5 +1,6 @@
 """Prometheus metrics of a diffusion worker: vLLM's request gauges (so the router's queue scorer
-reads it unchanged) plus `loom:diffusion_*`, one registry.
+reads it unchanged) plus `loom:diffusion_*` and the step cost model's `loom:step_cost_*`, one
+registry.
 
 Owns the diffusion metric names; never uses the global registry, never times requests itself.
 """
@@ -7,14 +8,20 @@ Owns the diffusion metric names; never uses the global registry, never times req
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import InfoMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from loom_runtime.engine.diffusion_engine_types import COMPONENTS, DiffusionStats
+from loom_runtime.engine.step_cost import KindCost
 from loom_runtime.serve.metrics import model_families
 
 logger = logging.getLogger(__name__)
@@ -61,6 +68,12 @@ class _DiffusionCollector(Collector):
         yield counter("loom:text_cache_hits", "Prompt rows found encoded.", s.text_cache_hits)
         yield counter("loom:text_cache_misses", "Prompt rows encoded.", s.text_cache_misses)
         yield gauge("loom:text_cache_entries", "Encoded prompt rows kept.", s.text_cache_entries)
+        yield gauge(
+            "loom:step_predicted_seconds",
+            "Predicted seconds of the running requests' next denoise step.",
+            s.predicted_step_s,
+        )
+        yield from step_cost_families(self._model, s.step_costs)
         info = InfoMetricFamily(
             "loom:component_weights_version", "Weights version per component.",
             labels=["model_name", "component"],
@@ -68,6 +81,29 @@ class _DiffusionCollector(Collector):
         for name in COMPONENTS:
             info.add_metric([*m, name], {"version": s.versions.get(name)})
         yield info
+
+
+def step_cost_families(model_name: str, costs: Iterable[KindCost]) -> Iterator[Metric]:
+    """The step cost model's fit per kind: seconds per item and fixed, and forwards measured."""
+    labels = ["model_name", "kind"]
+    per_item = GaugeMetricFamily(
+        "loom:step_cost_seconds",
+        "Predicted seconds per batch row of one forward, by kind (the online step cost model).",
+        labels=labels,
+    )
+    fixed = GaugeMetricFamily(
+        "loom:step_cost_fixed_seconds",
+        "Predicted fixed seconds of one forward, by kind (the online step cost model).",
+        labels=labels,
+    )
+    samples = CounterMetricFamily(
+        "loom:step_cost_samples", "Forwards measured into the step cost model.", labels=labels
+    )
+    for c in costs:
+        per_item.add_metric([model_name, c.kind], c.cost.per_item_s)
+        fixed.add_metric([model_name, c.kind], c.cost.fixed_s)
+        samples.add_metric([model_name, c.kind], c.samples)
+    yield from (per_item, fixed, samples)
 
 
 class DiffusionMetrics:

@@ -1,7 +1,9 @@
 """The diffusion engine on the tiny Wan checkpoint: memory is reserved for a request's peak before
 it runs and is back to zero after it ends or is cancelled; a request that can never fit is a 400
 holding nothing; one that fits later waits; cached prompts skip the encode plan; a DiT sync keeps
-the encoder cache, an encoder sync drops it; the step thread serves requests end to end."""
+the encoder cache, an encoder sync drops it; the step thread serves requests end to end; every
+forward is measured into the step cost model, whose prediction admission reads against the step
+budget."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.diffusion_engine_types import DiffusionEngineConfig
 from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
+from loom_runtime.engine.step_cost import StepSample
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.models.wan.loader import LoadedWan, load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan
@@ -220,3 +223,56 @@ def test_the_step_thread_runs_requests_and_shutdown_aborts_the_rest(wan: LoadedW
     engine.shutdown(timeout=30)
     assert outs["long"].finish_reason == "abort" or outs["long"].finish_reason == "done"
     assert engine.in_flight() == 0 and engine.stats().memory_reserved_bytes == 0
+
+
+def test_every_forward_is_measured_into_the_step_cost_model(wan: LoadedWan) -> None:
+    engine = make(wan)
+    outs, emit = collect()
+    guided = DiffusionRequest("g", PROMPT, height=32, width=32, num_frames=5, seed=3,
+                              guidance_scale=4.0, negative_ids=(9, 41))  # fmt: skip
+    engine.add_request(guided, emit)
+    drive(engine)
+    assert outs["g"].finish_reason == "done"
+    costs = {k.kind: k for k in engine.stats().step_costs}
+    # one encode forward (prompt + negative), 3 denoise forwards, 2 latent frames decoded
+    assert {kind: c.samples for kind, c in costs.items()} == {
+        "text_encode": 1, "denoise": 3, "vae_decode": 2,
+    }  # fmt: skip
+    assert all(0 < c.cost.seconds(1) < 5 for c in costs.values())
+    denoise = engine.costs.cost("denoise", (1, 4, 2, 4, 4))  # this request's latents' own fit
+    assert denoise == costs["denoise"].cost
+
+
+def test_the_step_budget_admits_requests_while_their_predicted_step_fits(
+    wan: LoadedWan,
+) -> None:
+    engine = make(wan, step_budget_s=2.5)
+    for rows in (1, 2):  # a denoise row of these latents costs 1 s, no fixed cost
+        engine.costs.observe(StepSample("denoise", (1, 4, 2, 4, 4), rows, float(rows)))
+    outs, emit = collect()
+    for rid in ("a", "b", "c"):
+        engine.add_request(video(rid), emit)
+    engine.step()  # admits a and b (2 s), not c (3 s); runs their encode
+    s = engine.stats()
+    assert (s.num_running, s.num_waiting) == (2, 1)
+    assert s.predicted_step_s == pytest.approx(2.0)
+    progress = engine.progress("c")
+    assert progress is not None and progress.status == "queued"
+    drive(engine)  # measured ms-steps replace the 1 s fit: c joins, all finish
+    assert [outs[r].finish_reason for r in "abc"] == ["done"] * 3
+
+
+def test_one_request_runs_alone_over_the_budget_and_no_budget_admits_all(
+    wan: LoadedWan,
+) -> None:
+    tight, unlimited = make(wan, step_budget_s=0.5), make(wan, step_budget_s=None)
+    for engine in (tight, unlimited):
+        engine.costs.observe(StepSample("denoise", (1, 4, 2, 4, 4), 1, 1.0))
+        _, emit = collect()
+        for rid in ("a", "b", "c"):
+            engine.add_request(video(rid), emit)
+        engine.step()
+    assert (tight.stats().num_running, tight.stats().num_waiting) == (1, 2)
+    assert (unlimited.stats().num_running, unlimited.stats().num_waiting) == (3, 0)
+    with pytest.raises(ValueError, match="step_budget_s"):
+        make(wan, step_budget_s=0.0)

@@ -5,8 +5,6 @@ distilled card refuses other step counts; bad sizes are 400s; an abort frees the
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,8 @@ from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.wan.loader import LoadedWan, load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan
+from loom_runtime.testing.wan_reference import reference_embeds as wan_reference_embeds
+from loom_runtime.testing.wan_reference import wan_pipeline
 
 TEXT_LEN = 16
 C1_TOLERANCE = 1e-6  # float64 compute on both sides, frames returned as float32 (pixels in 0..1)
@@ -42,51 +42,13 @@ def wan32(wan_dir: Path) -> LoadedWan:
 
 
 @pytest.fixture(scope="module")
-def pipeline(wan_dir: Path) -> Iterator[Any]:
+def pipeline(wan_dir: Path) -> Any:
     """diffusers' WanPipeline over the same folders, float64 (the references of the C0 tests)."""
-    from diffusers import (
-        AutoencoderKLWan,
-        FlowMatchEulerDiscreteScheduler,
-        WanPipeline,
-        WanTransformer3DModel,
-    )
-    from diffusers.utils import logging as diffusers_logging
-    from safetensors.torch import load_file
-    from transformers import PreTrainedTokenizerFast, UMT5EncoderModel
-
-    from loom_runtime.models.wan.tiny import DIFFUSERS_WEIGHTS
-
-    before = diffusers_logging.get_verbosity()
-    diffusers_logging.set_verbosity(logging.ERROR)
-    folder = wan_dir / "transformer"
-    dit = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
-    dit.load_state_dict(load_file(str(folder / DIFFUSERS_WEIGHTS)), strict=True)
-    encoder = UMT5EncoderModel.from_pretrained(
-        wan_dir / "text_encoder", attn_implementation="eager"
-    )
-    pipe = WanPipeline(
-        tokenizer=PreTrainedTokenizerFast(tokenizer_file=str(wan_dir / "tokenizer/tokenizer.json")),
-        text_encoder=encoder.to(torch.float64).eval(),
-        transformer=dit.to(torch.float64).eval(),
-        vae=AutoencoderKLWan.from_pretrained(wan_dir / "vae").to(torch.float64).eval(),
-        scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(wan_dir / "scheduler"),
-    )
-    pipe.set_progress_bar_config(disable=True)
-    yield pipe
-    diffusers_logging.set_verbosity(before)
+    return wan_pipeline(wan_dir, torch.float64)
 
 
 def reference_embeds(pipe: Any, ids: tuple[int, ...]) -> torch.Tensor:
-    """What WanPipeline's own prompt encoding does, from token ids: encode with the mask, keep
-    the prompt's rows, zero the rest."""
-    row = torch.zeros(1, TEXT_LEN, dtype=torch.long)
-    mask = torch.zeros(1, TEXT_LEN, dtype=torch.long)
-    row[0, : len(ids)], mask[0, : len(ids)] = torch.tensor(ids), 1
-    with torch.no_grad():
-        hidden = pipe.text_encoder(row, mask).last_hidden_state
-    out = torch.zeros_like(hidden)
-    out[:, : len(ids)] = hidden[:, : len(ids)]
-    return out
+    return wan_reference_embeds(pipe, ids, TEXT_LEN)
 
 
 def run(

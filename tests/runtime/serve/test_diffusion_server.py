@@ -229,3 +229,19 @@ def _request(worker: Proc, method: str, path: str) -> tuple[int, Any, dict[str, 
             return resp.status, json.loads(resp.read() or b"null"), dict(resp.headers)
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read()), dict(err.headers)
+
+
+def test_metrics_export_the_step_cost_of_each_kind_after_a_request(worker: Proc) -> None:
+    body = {"model": MODEL, "prompt": "a fitted step cost", "size": "32x32", "seed": 11,
+            "num_inference_steps": 2}  # fmt: skip
+    status, reply, _ = post(f"{worker.base_url}/v1/images/generations", body)
+    assert status == 200, reply
+    m = scrape(worker.base_url)
+    for kind in ("text_encode", "denoise", "vae_decode"):
+        labels = f'{{kind="{kind}",model_name="{MODEL}"}}'
+        assert m[f"loom:step_cost_samples_total{labels}"] >= 1, kind
+        per_row, fixed = (
+            m[f"loom:step_cost{part}{labels}"] for part in ("_seconds", "_fixed_seconds")
+        )
+        assert per_row >= 0 and fixed >= 0 and 0 < per_row + fixed < 5, kind  # one row's cost
+    assert m[f'loom:step_predicted_seconds{{model_name="{MODEL}"}}'] >= 0
