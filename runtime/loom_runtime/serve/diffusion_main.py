@@ -39,6 +39,12 @@ def add_arguments(p: Any) -> None:
         help="what running requests' estimated peaks may add up to, MiB (default 8192)",
     )  # fmt: skip
     g.add_argument("--diffusion-max-running", type=int, default=8, help="default 8")
+    g.add_argument(
+        "--diffusion-step-budget", type=float, default=5.0,
+        help="admit a queued request only while the running requests' predicted denoise step, "
+        "with it, stays within this many seconds (the online cost model; 0: no budget; "
+        "default 5)",
+    )  # fmt: skip
     g.add_argument("--text-len", type=int, default=512, help="prompt tokens (default 512)")
     g.add_argument("--text-cache-entries", type=int, default=256, help="default 256")
     g.add_argument("--max-video-jobs", type=int, default=256, help="default 256")
@@ -88,6 +94,7 @@ def plan_diffusion(
         default_steps=loop.steps or spec.recipe.steps or 50,
         pinned_steps=spec.recipe.steps,
         max_running=args.diffusion_max_running,
+        step_budget_s=args.diffusion_step_budget or None,
         memory_budget_bytes=args.diffusion_memory_mib * 2**20,
         text_cache_entries=args.text_cache_entries,
         versions=versions,

@@ -88,3 +88,11 @@ def test_kv_event_and_pd_flags_are_refused_for_a_diffusion_checkpoint(tmp_path: 
         args = args_for(tmp_path / str(i), 3, False, *flags)
         with pytest.raises(serve_main.UsageError, match="diffusion checkpoint"):
             plan(args)
+
+
+def test_the_step_budget_flag_reaches_the_engine(tmp_path: Path) -> None:
+    assert plan(args_for(tmp_path / "a", 3)).engine.step_budget_s == 5.0
+    budget = plan(args_for(tmp_path / "b", 3, False, "--diffusion-step-budget", "0.5"))
+    assert budget.engine.step_budget_s == 0.5
+    off = plan(args_for(tmp_path / "c", 3, False, "--diffusion-step-budget", "0"))
+    assert off.engine.step_budget_s is None
