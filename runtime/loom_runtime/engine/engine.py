@@ -36,6 +36,7 @@ from loom_runtime.engine.validate import validate_request
 from loom_runtime.errors import AdmissionError, InvalidRequestError, TransferError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
+from loom_runtime.kv.offload import KVOffload
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
 from loom_runtime.wire.kv_events import KVEventSink
@@ -90,7 +91,13 @@ class Engine:
         self._kv_cache_bytes = cache.data.nbytes
         self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)
-        self._kv = KVAllocator(self._pool, PrefixHasher(bs, seed=config.prefix_hash_seed))
+        self._offload = (
+            KVOffload(cache.data, config.kv_offload_bytes, bs, events)
+            if config.kv_offload_bytes > 0
+            else None
+        )
+        hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
+        self._kv = KVAllocator(self._pool, hasher, self._offload)
         self._runner = ModelRunner(loaded.model, cache)
         self._loop = ARDecodeLoop(
             self._kv,
@@ -405,4 +412,18 @@ class Engine:
             kv_pulled_bytes=t.kv_pulled_bytes if t is not None else 0,
             kv_cache_bytes=self._kv_cache_bytes,
             kv_bytes_per_token=self._kv_bytes_per_token,
+            **self._offload_stats(),
         )
+
+    def _offload_stats(self) -> dict[str, int]:
+        """The CPU KV offload fields of EngineStats (none when offload is off)."""
+        if self._offload is None:
+            return {}
+        o = self._offload.stats()
+        return {
+            "kv_offload_capacity_bytes": o.host.capacity_bytes,
+            "kv_offload_used_bytes": o.host.used_bytes,
+            "kv_offloaded_blocks": o.offloaded_blocks,
+            "kv_reload_tokens": o.reload_tokens,
+            "kv_reload_bytes": o.reload_bytes,
+        }

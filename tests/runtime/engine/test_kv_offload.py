@@ -1,0 +1,117 @@
+"""CPU KV offload gates (float64, greedy): a prefix evicted from a small device pool and reloaded
+from the host tier gives the same tokens as recomputing it, and the reloaded KV bytes are the
+bytes recompute writes; the tier's blocks are announced with medium CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.types import SamplingParams
+from loom_runtime.models.loader import LoadedModel
+from loom_runtime.wire.kv_events import (
+    MEDIUM_CPU,
+    MEDIUM_GPU,
+    BlockRemoved,
+    BlockStored,
+    EventBuffer,
+)
+
+Prompt = Callable[[int, int], tuple[int, ...]]
+Greedy = Callable[..., SamplingParams]
+
+# 8 blocks of 16 tokens: one request of max_model_len 128 fills the device pool, so the second
+# prompt evicts most of the first one's cached blocks.
+SMALL = {"dtype": torch.float64, "max_model_len": 128, "num_blocks": 8, "block_size": 16}
+
+
+def small_engine(model: LoadedModel, gib: float, events: EventBuffer | None = None) -> Engine:
+    return Engine(model, EngineConfig(kv_offload_gib=gib, **SMALL), events)  # type: ignore[arg-type]
+
+
+def turns(engine: Engine, first: tuple[int, ...], other: tuple[int, ...], sampling: SamplingParams
+          ) -> list[CompletedRequest]:  # fmt: skip
+    """first, then other (evicting first's blocks), then first again."""
+    return [engine.generate(p, sampling) for p in (first, other, first)]
+
+
+def prefix_rows(engine: Engine, prompt: tuple[int, ...]) -> torch.Tensor:
+    """The device cache bytes of the prompt's cached full blocks, in order."""
+    kv = engine._kv  # the test reads the cache the engine wrote
+    hashes = kv.hasher.hash_blocks(prompt[: (len(prompt) - 1) // kv.block_size * kv.block_size])
+    ids = kv.pool.lookup(hashes)
+    assert len(ids) == len(hashes), "the prompt's blocks should be device-resident after its run"
+    return engine._runner.cache.data[torch.tensor(ids)].clone()
+
+
+def test_offload_hit_reload_equals_recompute(
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+) -> None:
+    first, other = prompt(81, 1), prompt(100, 2)
+    offload = small_engine(tiny64, gib=0.01)
+    recompute = small_engine(tiny64, gib=0.0)
+    got = turns(offload, first, other, greedy(8))
+    want = turns(recompute, first, other, greedy(8))
+
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
+    assert got[2].output_token_ids == got[0].output_token_ids
+    stats = offload.stats()
+    assert stats.kv_offloaded_blocks > 0 and stats.kv_reload_tokens > 0
+    assert stats.kv_reload_bytes == stats.kv_reload_tokens // 16 * offload._offload.host.block_bytes
+    # The reloaded tokens were not run through the model again: that is the point.
+    assert recompute.tokens_run - offload.tokens_run == stats.kv_reload_tokens
+    assert got[2].num_cached_tokens == want[2].num_cached_tokens + stats.kv_reload_tokens
+    # Bit for bit: what the reload copied back is what recompute writes.
+    assert torch.equal(prefix_rows(offload, first), prefix_rows(recompute, first))
+
+
+def test_offloaded_blocks_are_announced_with_medium_cpu(
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+) -> None:
+    events = EventBuffer()
+    engine = small_engine(tiny64, gib=0.01, events=events)
+    turns(engine, prompt(81, 1), prompt(100, 2), greedy(4))
+    taken = events.take()
+    removed_gpu = {h for e in taken if isinstance(e, BlockRemoved) and e.medium == MEDIUM_GPU
+                   for h in e.block_hashes}  # fmt: skip
+    stored_cpu = [e for e in taken if isinstance(e, BlockStored) and e.medium == MEDIUM_CPU]
+    assert stored_cpu and removed_gpu
+    offloaded = {h for e in stored_cpu for h in e.block_hashes}
+    assert offloaded == removed_gpu  # every evicted cached block went to the host tier
+    assert all(e.parent_block_hash is None and e.token_ids == () for e in stored_cpu)
+    assert all(e.block_size == 16 for e in stored_cpu)
+    # Each CPU store comes before the GPU removal of the same block: the router never loses it.
+    first_cpu = min(i for i, e in enumerate(taken) if e in stored_cpu)
+    first_removed = min(
+        i for i, e in enumerate(taken) if isinstance(e, BlockRemoved) and e.medium == MEDIUM_GPU
+    )
+    assert first_cpu < first_removed
+
+
+def test_weight_reload_clears_the_host_tier(
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+) -> None:
+    engine = small_engine(tiny64, gib=0.01)
+    turns(engine, prompt(81, 1), prompt(100, 2), greedy(2))
+    assert engine.stats().kv_offload_used_bytes > 0
+    engine._kv.reset_prefix_cache()  # what load_weights does
+    engine.step()  # the stats snapshot is taken at a step boundary
+    assert engine.stats().kv_offload_used_bytes == 0
+
+
+@pytest.mark.parametrize("gib", [-1.0, float("nan")])
+def test_negative_offload_size_is_refused_with_what_to_do(gib: float) -> None:
+    with pytest.raises(
+        ValueError, match=r"kv_offload_gib must be >= 0 .* 0 turns CPU KV offload off"
+    ):
+        EngineConfig(kv_offload_gib=gib)
+
+
+def test_offload_without_prefix_caching_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs prefix_caching"):
+        EngineConfig(kv_offload_gib=1.0, prefix_caching=False)

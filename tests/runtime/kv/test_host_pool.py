@@ -1,0 +1,95 @@
+"""The host KV tier: bounded in bytes, least recently used out first, bytes kept exactly (any
+storage dtype), and every entry and exit announced with medium CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loom_runtime.kv.errors import KVConfigError
+from loom_runtime.kv.host_pool import HostKVPool
+from loom_runtime.wire.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, EventBuffer
+
+SHAPE = (2, 2, 4, 3)  # layers, k|v, block_size, width: 48 elements a block
+
+
+def h(i: int) -> bytes:
+    return i.to_bytes(8, "big")
+
+
+def block(i: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.arange(48, dtype=torch.float64).add(i * 100).reshape(SHAPE).to(dtype)
+
+
+def pool(blocks: int, events: EventBuffer | None = None) -> HostKVPool:
+    return HostKVPool(blocks * 48 * 4, SHAPE, torch.float32, block_size=4, events=events)
+
+
+def test_the_pool_never_holds_more_bytes_than_its_capacity_and_drops_the_oldest() -> None:
+    p = pool(3)
+    for i in range(5):
+        p.store([(h(i), block(i))])
+        assert p.stats().used_bytes <= p.stats().capacity_bytes == 3 * 48 * 4
+    assert [h(i) in p for i in range(5)] == [False, False, True, True, True]
+    assert p.stats().evicted_blocks == 2 and p.stats().stored_blocks == 5
+
+
+def test_a_touched_or_reloaded_block_is_evicted_last() -> None:
+    p = pool(3)
+    p.store([(h(i), block(i)) for i in range(3)])
+    p.touch([h(0)])
+    p.load(h(1), torch.empty(SHAPE))
+    p.store([(h(3), block(3))])
+    assert h(2) not in p and all(h(i) in p for i in (0, 1, 3))
+
+
+def test_storing_a_held_hash_again_copies_nothing_and_announces_nothing() -> None:
+    events = EventBuffer()
+    p = pool(2, events)
+    assert p.store([(h(0), block(0))]) == 1
+    assert p.store([(h(0), block(9))]) == 0
+    assert torch.equal(p.block(h(0)), block(0))
+    assert len(events.take()) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.float64])
+def test_loaded_bytes_equal_stored_bytes(dtype: torch.dtype) -> None:
+    p = HostKVPool(4 * 48 * dtype.itemsize, SHAPE, dtype, block_size=4)
+    p.store([(h(1), block(1, dtype))])
+    out = torch.zeros(SHAPE, dtype=dtype)
+    p.load(h(1), out)
+    assert torch.equal(out, block(1, dtype))
+
+
+def test_lookup_counts_the_held_run_from_the_first_hash() -> None:
+    p = pool(4)
+    p.store([(h(i), block(i)) for i in (0, 1, 3)])
+    assert p.lookup([h(0), h(1), h(2), h(3)]) == 2
+    assert p.lookup([h(2), h(3)]) == 0
+
+
+def test_events_carry_medium_cpu_like_vllm_offload() -> None:
+    events = EventBuffer()
+    p = pool(2, events)
+    p.store([(h(0), block(0)), (h(1), block(1))])
+    p.store([(h(2), block(2))])
+    stored, stored2, removed = events.take()
+    assert isinstance(stored, BlockStored) and stored.block_hashes == (h(0), h(1))
+    assert stored.medium == MEDIUM_CPU and stored.parent_block_hash is None
+    assert stored.token_ids == () and stored.block_size == 4
+    assert isinstance(stored2, BlockStored) and stored2.block_hashes == (h(2),)
+    assert isinstance(removed, BlockRemoved) and removed.block_hashes == (h(0),)
+    assert removed.medium == MEDIUM_CPU
+
+
+def test_a_capacity_below_one_block_is_refused_with_what_to_do() -> None:
+    with pytest.raises(KVConfigError, match=r"cannot hold one KV block of 192 bytes; raise"):
+        HostKVPool(100, SHAPE, torch.float32, block_size=4)
+
+
+def test_clear_drops_every_block_and_frees_its_slots() -> None:
+    p = pool(2)
+    p.store([(h(0), block(0)), (h(1), block(1))])
+    assert p.clear() == 2 and len(p) == 0 and p.stats().used_bytes == 0
+    assert p.store([(h(2), block(2)), (h(3), block(3))]) == 2
+    assert p.stats().evicted_blocks == 0
