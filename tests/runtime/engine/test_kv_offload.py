@@ -9,11 +9,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from loom_router.core.kv_events import decode_batch, index_key
+from loom_router.core.prefix_index import PrefixIndex
 from loom_runtime.engine.ar_decode import CompletedRequest
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.models.loader import LoadedModel
+from loom_runtime.wire.kv_event_codec import encode_batch
 from loom_runtime.wire.kv_events import (
     MEDIUM_CPU,
     MEDIUM_GPU,
@@ -115,3 +118,23 @@ def test_negative_offload_size_is_refused_with_what_to_do(gib: float) -> None:
 def test_offload_without_prefix_caching_is_refused() -> None:
     with pytest.raises(ValueError, match="needs prefix_caching"):
         EngineConfig(kv_offload_gib=1.0, prefix_caching=False)
+
+
+def test_the_routers_index_sees_offloaded_prefixes_as_host_blocks(
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+) -> None:
+    """The engine's events, over vLLM's wire, into the router's precise index: the prompt whose
+    blocks went to the host tier is matched in full, and the offloaded run is host blocks."""
+    events = EventBuffer()
+    engine = small_engine(tiny64, gib=0.01, events=events)
+    first = prompt(81, 1)
+    engine.generate(first, greedy(2))
+    engine.generate(prompt(100, 2), greedy(2))  # evicts most of first's blocks to the host
+    index = PrefixIndex(hasher=engine._kv.hasher)
+    index.apply_batch("w", decode_batch(encode_batch(0.0, events.take(), 0)))
+    keys = [index_key(x) for x in engine._kv.hasher.hash_blocks(first[:80])]
+    on_device = len(engine._kv.pool.lookup(engine._kv.hasher.hash_blocks(first[:80])))
+    assert 0 < on_device < len(keys)
+    assert index.match(["w"], keys) == {"w": len(keys)}
+    assert index.host_blocks(["w"], keys) == {"w": len(keys) - on_device}
+    assert not index.stats().hash_problems
