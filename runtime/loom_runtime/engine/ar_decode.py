@@ -290,6 +290,17 @@ class ARDecodeLoop:
             state.scheduled_time = state.ctx.clock()
         return True
 
+    def reloaded(self, state: ARDecodeState, copied: bool) -> None:
+        """Its host-tier prefix was copied in (`copied`; else it failed and is recomputed):
+        the prefix cache holds it, and computation starts after it."""
+        if copied:
+            self.kv.finish_reload(state.table, state.tokens)
+        else:
+            self.kv.abandon_reload(state.table)
+        state.num_computed = state.table.num_cached_tokens
+        if state.num_preemptions == 0:  # its first admission: these count as cached tokens
+            state.num_cached_tokens = state.num_computed
+
     def running_view(
         self, state: ARDecodeState, plan: WorkPlan[TokenResult], exact_free: bool
     ) -> RunningSeq:

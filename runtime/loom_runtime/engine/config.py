@@ -32,6 +32,9 @@ class EngineConfig:
     # keeps cached blocks the device pool evicts, reloaded on a later prefix hit instead of
     # recomputed (docs/kv-offload.md). 0: off. Needs prefix_caching.
     kv_offload_gib: float = 0.0
+    # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
+    # on (the request waits, holding its blocks); False: inside the step that admits it.
+    kv_reload_async: bool = True
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
     model_name: str = "loom"

@@ -21,6 +21,7 @@ from loom_runtime.engine.co_scheduler import CoScheduler
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
+from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
 from loom_runtime.engine.step_thread import StepThread
@@ -97,7 +98,7 @@ class Engine:
             else None
         )
         hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
-        self._kv = KVAllocator(self._pool, hasher, self._offload)
+        self._kv = KVAllocator(self._pool, hasher, self._offload, config.kv_reload_async)
         self._runner = ModelRunner(loaded.model, cache)
         self._loop = ARDecodeLoop(
             self._kv,
@@ -110,12 +111,18 @@ class Engine:
         if disagg is not None and connector is not None:
             connector.bind(cache.data, self._wake, config.kv_fp8)
             remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
+        self._reloads = (
+            HostReloads(self._loop, self._offload, config.max_num_seqs, self._wake)
+            if self._offload is not None and config.kv_reload_async
+            else None
+        )
         self._scheduler = BatchScheduler(
             self._loop,
             {TOKEN_FORWARD: TokenForward(self._runner)},
             (config.max_num_batched_tokens, config.max_num_seqs),
             self._emit,
             remote,
+            self._reloads,
         )
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
@@ -184,6 +191,8 @@ class Engine:
             logger.warning("shutdown: requests still in flight after %.1fs", timeout)
         if not self._thread.stop(deadline - time.monotonic()):
             logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
+        if self._reloads is not None:
+            self._reloads.close(max(0.0, deadline - time.monotonic()))
 
     # --- requests -----------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ reload is the offload's copy).
 With a host tier (CPU KV offload), a prompt's prefix hit is the device-resident run of blocks
 followed by the run the host tier holds after it; admission allocates device blocks for the
 host run, reloads their bytes and registers them in the prefix cache, and the prompt's
-computation starts after both runs.
+computation starts after both runs. With `async_reload` admission only begins the reload
+(`table.reload`); the caller runs its copy (on any thread) and then calls `finish_reload`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ class KVAllocator:
     """The scheduler's view of KV memory. Every method is all-or-nothing on shortfall."""
 
     def __init__(
-        self, pool: BlockPool, hasher: PrefixHasher, host: KVOffload | None = None
+        self,
+        pool: BlockPool,
+        hasher: PrefixHasher,
+        host: KVOffload | None = None,
+        async_reload: bool = False,
     ) -> None:
         if pool.block_size != hasher.block_size:
             raise KVConfigError(
@@ -36,6 +41,7 @@ class KVAllocator:
         self.hasher = hasher
         self.block_size = pool.block_size
         self.host = host
+        self.async_reload = async_reload
         if host is not None:
             pool.on_evict = host.offload
         self._queries = 0
@@ -111,12 +117,34 @@ class KVAllocator:
         table.hashes = list(hashes[:hits])
         table.num_committed = hits
         self._hits += hits * self.block_size
-        if host_hashes and self.host is not None:
-            reloaded = self.host.reload(host_hashes, new_ids)
-            self._register(table, token_ids, host_hashes[:reloaded])
-        table.num_cached_tokens = table.num_committed * self.block_size
+        table.num_cached_tokens = hits * self.block_size
         self._queries += len(token_ids)
+        if host_hashes and self.host is not None:
+            table.reload = self.host.begin_reload(host_hashes, new_ids)
+            if not table.reload.num_blocks:
+                table.reload = None
+            elif not self.async_reload:
+                self.host.copy(table.reload)
+                self.finish_reload(table, token_ids)
         return True
+
+    def finish_reload(self, table: BlockTable, token_ids: Sequence[int]) -> int:
+        """After the table's reload copied its blocks: they join the prefix cache and count as
+        cached tokens. Returns the tokens reloaded."""
+        job = table.reload
+        if job is None or self.host is None:
+            return 0
+        table.reload = None
+        n = self.host.end_reload(job)
+        self._register(table, token_ids, job.hashes)
+        table.num_cached_tokens = table.num_committed * self.block_size
+        return n * self.block_size
+
+    def abandon_reload(self, table: BlockTable) -> None:
+        """The table's reload failed: its blocks stay held, uncached, to be recomputed."""
+        if table.reload is not None and self.host is not None:
+            self.host.end_reload(table.reload, copied=False)
+        table.reload = None
 
     def grow(self, table: BlockTable, num_tokens: int) -> bool:
         """Enough blocks for `num_tokens` tokens in all; False, changing nothing, on shortfall."""

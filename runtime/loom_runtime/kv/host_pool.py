@@ -36,7 +36,9 @@ class HostKVPool:
     """`capacity_blocks` slots of `block_shape` elements of `dtype` (one device block each).
 
     Single-threaded: the step thread owns it. The slab is pinned when `pin_memory` (a CUDA
-    device), so copies to and from the device can be queued without blocking the host.
+    device), so copies to and from the device can be queued without blocking the host. A block
+    `pin`ned for a reload on another thread is never evicted (its slot is not overwritten) until
+    it is unpinned; `slot_view` hands that thread the slot's memory.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class HostKVPool:
         )
         self._slots: OrderedDict[BlockHash, int] = OrderedDict()  # first = evicted first
         self._free = list(range(self.capacity_blocks - 1, -1, -1))
+        self._pins: dict[BlockHash, int] = {}
         self._stored = 0
         self._evicted = 0
 
@@ -101,7 +104,10 @@ class HostKVPool:
             if self._free:
                 slot = self._free.pop()
             else:
-                old, slot = self._slots.popitem(last=False)
+                old = next((o for o in self._slots if o not in self._pins), None)
+                if old is None:  # every block is being reloaded: this one is not kept
+                    continue
+                slot = self._slots.pop(old)
                 evicted.append(old)
             self._slab[slot].copy_(data.reshape(self._slab.shape[1:]), non_blocking=True)
             self._slots[h] = slot
@@ -122,15 +128,23 @@ class HostKVPool:
             self._events.emit(BlockRemoved(tuple(evicted), medium=MEDIUM_CPU))
         return len(stored)
 
-    def load(self, block_hash: BlockHash, out: torch.Tensor) -> None:
-        """Copy a held block's bytes into `out` (one device block) and touch it; KeyError if
-        the tier does not hold it."""
-        slot = self._slots[block_hash]
-        self._slots.move_to_end(block_hash)
-        out.copy_(self._slab[slot].reshape(out.shape), non_blocking=True)
+    def pin(self, hashes: Sequence[BlockHash]) -> None:
+        """Keep these held blocks (and their slots) until `unpin`; KeyError if one is not held."""
+        for h in hashes:
+            if h not in self._slots:
+                raise KeyError(h)
+            self._pins[h] = self._pins.get(h, 0) + 1
 
-    def block(self, block_hash: BlockHash) -> torch.Tensor:
-        """The held bytes of one block (a view of the slab; for tests and tools)."""
+    def unpin(self, hashes: Sequence[BlockHash]) -> None:
+        for h in hashes:
+            left = self._pins[h] - 1
+            if left:
+                self._pins[h] = left
+            else:
+                del self._pins[h]
+
+    def slot_view(self, block_hash: BlockHash) -> torch.Tensor:
+        """The slab memory of a held block, for a copy on another thread (pin it first)."""
         return self._slab[self._slots[block_hash]]
 
     def clear(self) -> int:

@@ -4,6 +4,7 @@ bytes recompute writes; the tier's blocks are announced with medium CPU."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -12,9 +13,11 @@ import torch
 from loom_router.core.kv_events import decode_batch, index_key
 from loom_router.core.prefix_index import PrefixIndex
 from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.types import SamplingParams
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.kv.offload import ReloadJob
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.wire.kv_event_codec import encode_batch
 from loom_runtime.wire.kv_events import (
@@ -33,8 +36,11 @@ Greedy = Callable[..., SamplingParams]
 SMALL = {"dtype": torch.float64, "max_model_len": 128, "num_blocks": 8, "block_size": 16}
 
 
-def small_engine(model: LoadedModel, gib: float, events: EventBuffer | None = None) -> Engine:
-    return Engine(model, EngineConfig(kv_offload_gib=gib, **SMALL), events)  # type: ignore[arg-type]
+def small_engine(
+    model: LoadedModel, gib: float, events: EventBuffer | None = None, async_reload: bool = True
+) -> Engine:
+    config = EngineConfig(kv_offload_gib=gib, kv_reload_async=async_reload, **SMALL)  # type: ignore[arg-type]
+    return Engine(model, config, events)
 
 
 def turns(engine: Engine, first: tuple[int, ...], other: tuple[int, ...], sampling: SamplingParams
@@ -52,11 +58,12 @@ def prefix_rows(engine: Engine, prompt: tuple[int, ...]) -> torch.Tensor:
     return engine._runner.cache.data[torch.tensor(ids)].clone()
 
 
+@pytest.mark.parametrize("async_reload", [True, False], ids=["copy-thread", "in-step"])
 def test_offload_hit_reload_equals_recompute(
-    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy, async_reload: bool
 ) -> None:
     first, other = prompt(81, 1), prompt(100, 2)
-    offload = small_engine(tiny64, gib=0.01)
+    offload = small_engine(tiny64, gib=0.01, async_reload=async_reload)
     recompute = small_engine(tiny64, gib=0.0)
     got = turns(offload, first, other, greedy(8))
     want = turns(recompute, first, other, greedy(8))
@@ -138,3 +145,74 @@ def test_the_routers_index_sees_offloaded_prefixes_as_host_blocks(
     assert index.match(["w"], keys) == {"w": len(keys)}
     assert index.host_blocks(["w"], keys) == {"w": len(keys) - on_device}
     assert not index.stats().hash_problems
+
+
+class Gate:
+    """Holds the engine's reload copies until opened (what a slow host-to-device copy looks like
+    to the step loop)."""
+
+    def __init__(self, engine: Engine) -> None:
+        offload = engine._offload
+        assert offload is not None
+        self.opened = threading.Event()
+        self.copy = offload.copy
+        offload.copy = self  # type: ignore[method-assign]
+
+    def __call__(self, job: ReloadJob) -> None:
+        assert self.opened.wait(30), "the test never opened the gate"
+        self.copy(job)
+
+
+def step_until(engine: Engine, done: Callable[[], bool], steps: int = 2000) -> None:
+    for _ in range(steps):
+        if done():
+            return
+        engine.step()
+    raise AssertionError(f"not done after {steps} steps")
+
+
+def test_the_step_loop_runs_other_requests_while_a_prefix_reloads(
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+) -> None:
+    engine = small_engine(tiny64, gib=0.01)
+    first = prompt(65, 1)
+    alone = engine.generate(first, greedy(8))
+    engine.generate(prompt(100, 2), greedy(8))  # evicts first's tail to the host tier
+    gate = Gate(engine)
+    other = EngineRequest("other", prompt(5, 3), greedy(20))
+    again = EngineRequest("again", first, greedy(8))
+    got = {r.request_id: OutputCollector(r) for r in (other, again)}
+    for r in (other, again):
+        engine.add_request(r, got[r.request_id])
+    step_until(engine, lambda: len(got["other"].outputs) >= 5)
+    assert not got["again"].outputs  # still waiting for its prefix, holding its blocks
+    gate.opened.set()
+    step_until(engine, lambda: all(c.done.is_set() for c in got.values()))
+    assert got["again"].result().output_token_ids == alone.output_token_ids
+    assert got["again"].result().num_cached_tokens == 64
+    assert engine.stats().kv_reload_tokens == 48
+    engine._pool.assert_whole()
+
+
+def test_a_request_aborted_while_reloading_finishes_after_its_copy(
+    tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
+) -> None:
+    engine = small_engine(tiny64, gib=0.01)
+    first = prompt(65, 1)
+    engine.generate(first, greedy(8))
+    engine.generate(prompt(100, 2), greedy(8))
+    gate = Gate(engine)
+    req = EngineRequest("again", first, greedy(8))
+    out = OutputCollector(req)
+    engine.add_request(req, out)
+    engine.step()  # admitted: its blocks are being written
+    engine.abort("again")
+    for _ in range(3):
+        engine.step()
+    assert not out.done.is_set()  # its blocks are still being written: not freed yet
+    gate.opened.set()
+    step_until(engine, out.done.is_set)
+    assert out.result().finish_reason == "abort"
+    engine._pool.assert_whole()
+    assert engine._offload is not None and not engine._offload.host._pins
+    engine.shutdown()

@@ -34,13 +34,25 @@ def test_the_pool_never_holds_more_bytes_than_its_capacity_and_drops_the_oldest(
     assert p.stats().evicted_blocks == 2 and p.stats().stored_blocks == 5
 
 
-def test_a_touched_or_reloaded_block_is_evicted_last() -> None:
+def test_a_touched_block_is_evicted_last() -> None:
     p = pool(3)
     p.store([(h(i), block(i)) for i in range(3)])
-    p.touch([h(0)])
-    p.load(h(1), torch.empty(SHAPE))
+    p.touch([h(0), h(1)])
     p.store([(h(3), block(3))])
     assert h(2) not in p and all(h(i) in p for i in (0, 1, 3))
+
+
+def test_a_pinned_block_is_never_evicted_and_its_slot_never_overwritten() -> None:
+    p = pool(2)
+    p.store([(h(0), block(0)), (h(1), block(1))])
+    p.pin([h(0), h(1)])
+    assert p.store([(h(2), block(2))]) == 0  # no room: not kept, nothing overwritten
+    assert torch.equal(p.slot_view(h(0)), block(0)) and h(2) not in p
+    p.unpin([h(0)])
+    p.store([(h(2), block(2))])
+    assert h(0) not in p and h(1) in p and h(2) in p
+    with pytest.raises(KeyError):
+        p.pin([h(0)])
 
 
 def test_storing_a_held_hash_again_copies_nothing_and_announces_nothing() -> None:
@@ -48,17 +60,15 @@ def test_storing_a_held_hash_again_copies_nothing_and_announces_nothing() -> Non
     p = pool(2, events)
     assert p.store([(h(0), block(0))]) == 1
     assert p.store([(h(0), block(9))]) == 0
-    assert torch.equal(p.block(h(0)), block(0))
+    assert torch.equal(p.slot_view(h(0)), block(0))
     assert len(events.take()) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.float64])
-def test_loaded_bytes_equal_stored_bytes(dtype: torch.dtype) -> None:
+def test_held_bytes_equal_stored_bytes(dtype: torch.dtype) -> None:
     p = HostKVPool(4 * 48 * dtype.itemsize, SHAPE, dtype, block_size=4)
     p.store([(h(1), block(1, dtype))])
-    out = torch.zeros(SHAPE, dtype=dtype)
-    p.load(h(1), out)
-    assert torch.equal(out, block(1, dtype))
+    assert torch.equal(p.slot_view(h(1)), block(1, dtype))
 
 
 def test_lookup_counts_the_held_run_from_the_first_hash() -> None:
