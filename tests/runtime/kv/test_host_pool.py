@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from loom_runtime.kv.errors import KVConfigError
 from loom_runtime.kv.host_pool import HostKVPool
@@ -103,3 +106,72 @@ def test_clear_drops_every_block_and_frees_its_slots() -> None:
     assert p.clear() == 2 and len(p) == 0 and p.stats().used_bytes == 0
     assert p.store([(h(2), block(2)), (h(3), block(3))]) == 2
     assert p.stats().evicted_blocks == 0
+
+
+class HostPoolMachine(RuleBasedStateMachine):
+    """Random stores, touches, pins and clears against a model: an LRU list of at most
+    `CAPACITY` hashes in which pinned hashes never fall out, every held block's bytes intact."""
+
+    CAPACITY = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = pool(self.CAPACITY)
+        self.lru: list[int] = []  # the model: oldest first
+        self.pins: dict[int, int] = {}
+
+    @rule(i=st.integers(0, 7))
+    def store(self, i: int) -> None:
+        self.pool.store([(h(i), block(i))])
+        if i in self.lru:
+            self.lru.remove(i)
+            self.lru.append(i)
+            return
+        if len(self.lru) == self.CAPACITY:
+            victim = next((o for o in self.lru if o not in self.pins), None)
+            if victim is None:
+                return
+            self.lru.remove(victim)
+        self.lru.append(i)
+
+    @rule(i=st.integers(0, 7))
+    def touch(self, i: int) -> None:
+        self.pool.touch([h(i)])
+        if i in self.lru:
+            self.lru.remove(i)
+            self.lru.append(i)
+
+    @precondition(lambda self: len(self.lru) > 0)
+    @rule(data=st.data())
+    def pin(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from(self.lru))
+        self.pool.pin([h(i)])
+        self.pins[i] = self.pins.get(i, 0) + 1
+
+    @precondition(lambda self: len(self.pins) > 0)
+    @rule(data=st.data())
+    def unpin(self, data: st.DataObject) -> None:
+        i = data.draw(st.sampled_from(sorted(self.pins)))
+        self.pool.unpin([h(i)])
+        self.pins[i] -= 1
+        if not self.pins[i]:
+            del self.pins[i]
+
+    @precondition(lambda self: not self.pins)  # weight syncs happen with nothing in flight
+    @rule()
+    def clear(self) -> None:
+        self.pool.clear()
+        self.lru.clear()
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        assert [i for i in range(8) if h(i) in self.pool] == sorted(self.lru)
+        assert self.pool.lookup([h(i) for i in self.lru]) == len(self.lru)
+        stats = self.pool.stats()
+        assert stats.used_bytes == len(self.lru) * 48 * 4 <= stats.capacity_bytes
+        for i in self.lru:
+            assert torch.equal(self.pool.slot_view(h(i)), block(i))
+
+
+TestHostPoolMachine = HostPoolMachine.TestCase
+TestHostPoolMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
