@@ -85,7 +85,8 @@ def runtime_flags(
     """The flags after `loom runtime --card CARD --host HOST` (the token goes in the env).
     `version` None: the worker reports the card's weightsVersion (on Kubernetes the card is the
     ConfigMap's, so a version change never changes the pod template)."""
-    engine = role_settings(deployment, role).engine
+    settings = role_settings(deployment, role)
+    engine = settings.engine
     argv = ["--role", role, "--port", str(ports.http), "--control-port", str(ports.control)]
     if diffusion_steps(model) is not None:  # no KV cache: no events, blocks or sequences
         return argv + ([] if version is None else ["--weights-version", version])
@@ -100,6 +101,8 @@ def runtime_flags(
     dtype = worker_dtype(model, deployment, role)
     if dtype is not None:
         argv += ["--dtype", dtype]
+    if settings.kv_offload is not None:
+        argv += ["--kv-offload-gib", f"{settings.kv_offload.host_gib:g}"]
     if role != "aggregated":
         argv += ["--on-transfer-failure", deployment.spec.failover.on_transfer_failure]
         if kv_connector is not None:

@@ -90,6 +90,10 @@ class ApproxIndex:
                 counts[endpoint_id] = depth
         return counts
 
+    def host_blocks(self, endpoint_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]:
+        """The approximate index knows no tiers: every match counts as device-resident."""
+        return dict.fromkeys(endpoint_ids, 0)
+
     def remove_endpoint(self, endpoint_id: str) -> None:
         with self._lock:
             self._blocks.pop(endpoint_id, None)

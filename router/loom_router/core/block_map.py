@@ -106,6 +106,11 @@ class BlockMap:
             del self._names[slot]
             self._free.append(slot)
 
+    def tiers(self, endpoint_id: str, key: int) -> int:
+        """The tier bits the endpoint holds the block in (0: it does not hold it)."""
+        slot = self._slots.get(endpoint_id)
+        return 0 if slot is None else self._entries.get(key << SLOT_BITS | slot, 0)
+
     def match(self, endpoint_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]:
         """Consecutive blocks from the first key that each endpoint holds (0 when none)."""
         counts = dict.fromkeys(endpoint_ids, 0)

@@ -93,3 +93,12 @@ class WithInFlight:
         held = self.cached.match(ids, keys)
         coming = self.in_flight.match(ids, keys, self.now)
         return {e: max(held.get(e, 0), coming.get(e, 0)) for e in ids}
+
+    def host_blocks(self, endpoint_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]:
+        """The cached index's host blocks, except where a prompt on its way covers the match
+        (its run reloads them onto the device)."""
+        ids = list(endpoint_ids)
+        held = self.cached.match(ids, keys)
+        host = self.cached.host_blocks(ids, keys)
+        coming = self.in_flight.match(ids, keys, self.now)
+        return {e: 0 if coming.get(e, 0) >= held.get(e, 0) else host.get(e, 0) for e in ids}

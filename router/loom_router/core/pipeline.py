@@ -48,6 +48,10 @@ class PrefixLookup(Protocol):
 
     def match(self, endpoint_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]: ...
 
+    def host_blocks(self, endpoint_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]:
+        """Of each match, the blocks only a host tier holds (reloaded, not device hits)."""
+        ...
+
 
 class SessionLookup(Protocol):
     def lookup(self, token: str | None) -> str | None: ...
@@ -178,11 +182,14 @@ class EndpointPicker:
     ) -> _Ranking:
         ids = tuple(e.id for e in candidates)
         matched = inputs.prefix.match(ids, keys) if keys else dict.fromkeys(ids, 0)
+        host = inputs.prefix.host_blocks(ids, keys) if keys else {}
         spots = hot_spots({i: inputs.load.load(i) for i in ids}, self.settings.spill_margin)
         blocks, sticky_now, spilled = strip_locality(
             matched, sticky if sticky in ids else None, spots
         )
-        ctx = ScoringContext(ids, inputs.load, blocks, len(keys), sticky_now)
+        ctx = ScoringContext(
+            ids, inputs.load, blocks, len(keys), sticky_now, host, self.settings.host_hit_weight
+        )
         columns = tuple(_clamped(ids, f(ctx)) for f in self._fns)
         totals = [0.0] * len(ids)
         for weight, column in zip(self._weights, columns, strict=True):

@@ -59,6 +59,10 @@ class PrefixIndex:
     An entry is held per tier (medium, dp rank, KV group) and leaves when its last tier removes
     it. Storing refreshes an entry's LRU position; matching does not. Thread-safe (one lock):
     the subscriber may feed it from another thread than the one that routes.
+
+    A tier whose medium is not GPU (vLLM's and Loom's CPU KV offload: medium "CPU") is a host
+    tier: `host_blocks` says how much of a match only a host tier holds (an engine reloads it
+    instead of recomputing it, which costs a copy; the prefix scorer discounts it).
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class PrefixIndex:
         self._verify_every = verify_every
         self._lock = threading.Lock()
         self._tiers: dict[tuple[str, int, int], int] = {}
+        self._host_bits = 0  # bits of the tiers whose medium is not GPU
         self._last_seq: dict[str, int] = {}
         self._pending: dict[str, tuple[int, int]] = {}
         self._stored_events: dict[str, int] = {}
@@ -127,6 +132,24 @@ class PrefixIndex:
         """Consecutive blocks from the first key that each endpoint holds (0 when none)."""
         with self._lock:
             return self._blocks.match(endpoint_ids, keys)
+
+    def host_blocks(self, endpoint_ids: Iterable[str], keys: Sequence[int]) -> dict[str, int]:
+        """Of each endpoint's `match`, the blocks after its device-resident run (held in a host
+        tier only: the engine reloads them); 0 when it never reported a host tier."""
+        with self._lock:
+            ids = list(endpoint_ids)
+            if not self._host_bits:
+                return dict.fromkeys(ids, 0)
+            matched = self._blocks.match(ids, keys)
+            device = ~self._host_bits
+            out: dict[str, int] = {}
+            for endpoint_id in ids:
+                total = matched.get(endpoint_id, 0)
+                run = 0
+                while run < total and self._blocks.tiers(endpoint_id, keys[run]) & device:
+                    run += 1
+                out[endpoint_id] = total - run
+            return out
 
     def blocks_of(self, endpoint_id: str) -> int:
         with self._lock:
@@ -201,10 +224,13 @@ class PrefixIndex:
         """Check the hashes of some events; store nothing from an endpoint that cannot match.
 
         Checked: every event until one passes, every event while the endpoint is flagged, then
-        one in `verify_every`. A wrong block size is seen in every event.
+        one in `verify_every`. A wrong block size is seen in every event that carries tokens (a
+        host tier's stores carry none, and vLLM's may say block size 0).
         """
         if self._hasher is None:
             return True
+        if not event.token_ids:  # a host tier's store (vLLM's CPU offload): no tokens to check
+            return endpoint_id not in self._problems
         seen = self._stored_events.get(endpoint_id, 0)
         self._stored_events[endpoint_id] = seen + 1
         flagged = endpoint_id in self._problems
@@ -229,4 +255,6 @@ class PrefixIndex:
             index = min(len(self._tiers), _MAX_TIER_BITS)
             if len(self._tiers) < _MAX_TIER_BITS:
                 self._tiers[tier] = index
+            if medium != MEDIUM_GPU:
+                self._host_bits |= 1 << index
         return 1 << index

@@ -74,6 +74,10 @@ class RouterSettings:
     """A failed remote prefill: decode prefills locally (recompute) or the request fails."""
     stale_after_s: float = 2.0
     """A scrape older than this counts as unknown load (llm-d: 2 s)."""
+    host_hit_weight: float = 0.5
+    """Precise: what a prompt block an endpoint holds only in its host KV tier (KV events with
+    medium CPU) counts for in the prefix score, against 1 for a device-resident block: the
+    engine reloads it, cheaper than recomputing, dearer than a hit. 0..1."""
     max_index_entries: int = 1_000_000
     """Precise index: (endpoint, block) entries kept in all; about 0.3 KiB each."""
     approx_blocks_per_endpoint: int = 31_250
@@ -104,6 +108,8 @@ class RouterSettings:
             problems.append("min_uncached_tokens and migration_limit must be >= 0")
         if self.in_flight_prefix_s < 0:
             problems.append(f"in_flight_prefix_s must be >= 0, got {self.in_flight_prefix_s}")
+        if not 0 <= self.host_hit_weight <= 1:
+            problems.append(f"host_hit_weight must be in [0, 1], got {self.host_hit_weight}")
         if not 0 <= self.spill_margin <= 10:
             problems.append(f"spill_margin must be in [0, 10], got {self.spill_margin}")
         if self.prefix_scorer not in ("precise", "approximate"):

@@ -290,6 +290,25 @@ class ARDecodeLoop:
             state.scheduled_time = state.ctx.clock()
         return True
 
+    def reload_now(self, state: ARDecodeState) -> None:
+        """Copy a just-admitted state's host-tier prefix on this thread, if it has one (a P/D
+        decode's admission: its pull starts after the prefix, so it cannot wait)."""
+        job = state.table.reload
+        if job is not None and self.kv.host is not None:
+            self.kv.host.copy(job)
+            self.reloaded(state, copied=True)
+
+    def reloaded(self, state: ARDecodeState, copied: bool) -> None:
+        """Its host-tier prefix was copied in (`copied`; else it failed and is recomputed):
+        the prefix cache holds it, and computation starts after it."""
+        if copied:
+            self.kv.finish_reload(state.table, state.tokens)
+        else:
+            self.kv.abandon_reload(state.table)
+        state.num_computed = state.table.num_cached_tokens
+        if state.num_preemptions == 0:  # its first admission: these count as cached tokens
+            state.num_cached_tokens = state.num_computed
+
     def running_view(
         self, state: ARDecodeState, plan: WorkPlan[TokenResult], exact_free: bool
     ) -> RunningSeq:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
+from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
 from loom_runtime.engine.token_forward import TokenResult
@@ -24,6 +25,7 @@ from loom_runtime.loop.execute import execute_plans
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[RequestOutput], None]
+_RELOAD_WAIT_S = 0.01  # a step with only reloads in flight waits this long for one to land
 Batch = list[tuple[ARDecodeState, WorkPlan[TokenResult]]]
 
 
@@ -45,7 +47,8 @@ class BatchScheduler:
     `executors` maps a plan shape to the executor that runs all of a step's plans of that shape
     (the AR-decode loop's plans are TOKEN_FORWARD: one forward, one sample). `emit` receives
     each RequestOutput (increments, then one final) on the calling thread. `remote` (P/D
-    workers only) leases finished prefills and pulls remote prompts first.
+    workers only) leases finished prefills and pulls remote prompts first. `reloads` (CPU KV
+    offload, asynchronous) holds admitted requests while their host-tier prefix is copied in.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class BatchScheduler:
         limits: tuple[int, int],  # (max_num_batched_tokens, max_num_seqs)
         emit: Emit,
         remote: RemoteKV | None = None,
+        reloads: HostReloads | None = None,
     ) -> None:
         self.loop = loop
         self.executors = executors
@@ -65,10 +69,21 @@ class BatchScheduler:
         self.running: list[ARDecodeState] = []  # admission order, oldest first
         self.counters = StepCounters()
         self.remote = remote
+        self.reloads = reloads
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or (self.remote and self.remote.has_work))
+        return bool(
+            self.waiting
+            or self.running
+            or (self.remote and self.remote.has_work)
+            or (self.reloads and self.reloads.reloading)
+        )
+
+    def _busy_slots(self) -> int:
+        """Sequence slots held outside the running set (pulling or reloading KV)."""
+        pulling = len(self.remote.pulling) if self.remote is not None else 0
+        return pulling + (len(self.reloads) if self.reloads is not None else 0)
 
     def add(self, state: ARDecodeState) -> None:
         if self.remote is not None and self.remote.wants(state):
@@ -85,20 +100,28 @@ class BatchScheduler:
         if self.remote is not None:
             for state in self.remote.abort(request_ids):
                 self._finish(state)
+        if self.reloads is not None:
+            self.reloads.abort(request_ids)
 
     def abort_all(self) -> None:
         remote = self.remote.request_ids if self.remote is not None else set()
-        self.abort({s.request_id for s in [*self.running, *self.waiting]} | remote)
+        reloading = set(self.reloads.reloading) if self.reloads is not None else set()
+        self.abort({s.request_id for s in [*self.running, *self.waiting]} | remote | reloading)
 
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> bool:
         """schedule -> execute -> advance, once; False when nothing could be scheduled."""
+        if self.reloads is not None:
+            self._reload_step(self.reloads)
         if self.remote is not None:
             self._remote_step(self.remote)
         batch = self._schedule_batch()
         if not batch:
-            return False
+            if self.reloads is None or not self.reloads.reloading:
+                return False
+            self.reloads.wait(_RELOAD_WAIT_S)  # only copies in flight: let them land
+            return True
         try:
             results = execute_plans([plan for _, plan in batch], self.executors)
         except Exception:
@@ -110,12 +133,21 @@ class BatchScheduler:
         self._advance(batch, results)
         return True
 
+    def _reload_step(self, reloads: HostReloads) -> None:
+        """Requests whose host-tier prefix is copied in resume (before the schedule, so they
+        run in this step)."""
+        progress = reloads.progress()
+        self.running.extend(progress.ready)
+        for state in progress.failed:
+            self._finish(state)
+
     def _remote_step(self, remote: RemoteKV) -> None:
         """Free pulled/expired leases, fold in finished pulls and start new ones (before the
         schedule, so a just-pulled request runs its last prompt token in this step)."""
         remote.reap()
         free = self.kv.pool.num_free - self._growth(self._next_plans())
-        progress = remote.progress(free, self.max_num_seqs - len(self.running))
+        reloading = len(self.reloads) if self.reloads is not None else 0
+        progress = remote.progress(free, self.max_num_seqs - len(self.running) - reloading)
         if progress.admitted_prompt_tokens:
             self._count(num_prompt_tokens=progress.admitted_prompt_tokens)
         self.running.extend(progress.ready)
@@ -153,7 +185,7 @@ class BatchScheduler:
             for s in self.running
             if s.request_id in plans
         ]
-        max_seqs = self.max_num_seqs - (len(self.remote.pulling) if self.remote else 0)
+        max_seqs = self.max_num_seqs - self._busy_slots()
         candidates = min(len(self.waiting), max_seqs - len(self.running))
         waiting: list[WaitingSeq] = [
             self.loop.admission_view(self.waiting[i]) for i in range(max(0, candidates))
@@ -173,6 +205,10 @@ class BatchScheduler:
                 state = self.waiting[0]
                 if state.request_id != chunk.request_id or not self._admit(state):
                     break  # the views went stale; admit the rest next step
+                if self.reloads is not None and self.reloads.wants(state):
+                    self.running.remove(state)  # it runs once its prefix is copied in
+                    self.reloads.add(state)
+                    continue
                 plan = self.loop.next(state)
                 if isinstance(plan, Done):
                     continue

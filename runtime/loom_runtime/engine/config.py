@@ -28,6 +28,13 @@ class EngineConfig:
     # values with an fp32 scale per group of this format (docs/fp8-kv.md); compute stays `dtype`.
     kv_fp8: Fp8Format | None = None
     prefix_caching: bool = True
+    # CPU KV offload (a role's kvOffload.hostGiB, `--kv-offload-gib`): GiB of host memory that
+    # keeps cached blocks the device pool evicts, reloaded on a later prefix hit instead of
+    # recomputed (docs/kv-offload.md). 0: off. Needs prefix_caching.
+    kv_offload_gib: float = 0.0
+    # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
+    # on (the request waits, holding its blocks); False: inside the step that admits it.
+    kv_reload_async: bool = True
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
     model_name: str = "loom"
@@ -53,8 +60,22 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if not self.kv_offload_gib >= 0:  # also refuses NaN
+            raise ValueError(
+                f"EngineConfig.kv_offload_gib must be >= 0 (GiB of host memory for offloaded KV "
+                f"blocks; 0 turns CPU KV offload off), got {self.kv_offload_gib}"
+            )
+        if self.kv_offload_gib > 0 and not self.prefix_caching:
+            raise ValueError(
+                "EngineConfig.kv_offload_gib needs prefix_caching: offloaded blocks are found "
+                "again by their prefix hash; enable prefix caching or set kv_offload_gib 0"
+            )
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
+
+    @property
+    def kv_offload_bytes(self) -> int:
+        return int(self.kv_offload_gib * (1 << 30))
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         if self.max_model_len is None:

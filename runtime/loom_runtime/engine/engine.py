@@ -21,6 +21,7 @@ from loom_runtime.engine.co_scheduler import CoScheduler
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
+from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
 from loom_runtime.engine.step_thread import StepThread
@@ -36,6 +37,7 @@ from loom_runtime.engine.validate import validate_request
 from loom_runtime.errors import AdmissionError, InvalidRequestError, TransferError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
+from loom_runtime.kv.offload import KVOffload
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
 from loom_runtime.wire.kv_events import KVEventSink
@@ -90,7 +92,13 @@ class Engine:
         self._kv_cache_bytes = cache.data.nbytes
         self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)
-        self._kv = KVAllocator(self._pool, PrefixHasher(bs, seed=config.prefix_hash_seed))
+        self._offload = (
+            KVOffload(cache.data, config.kv_offload_bytes, bs, events)
+            if config.kv_offload_bytes > 0
+            else None
+        )
+        hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
+        self._kv = KVAllocator(self._pool, hasher, self._offload, config.kv_reload_async)
         self._runner = ModelRunner(loaded.model, cache)
         self._loop = ARDecodeLoop(
             self._kv,
@@ -103,12 +111,18 @@ class Engine:
         if disagg is not None and connector is not None:
             connector.bind(cache.data, self._wake, config.kv_fp8)
             remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
+        self._reloads = (
+            HostReloads(self._loop, self._offload, config.max_num_seqs, self._wake)
+            if self._offload is not None and config.kv_reload_async
+            else None
+        )
         self._scheduler = BatchScheduler(
             self._loop,
             {TOKEN_FORWARD: TokenForward(self._runner)},
             (config.max_num_batched_tokens, config.max_num_seqs),
             self._emit,
             remote,
+            self._reloads,
         )
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
@@ -178,6 +192,8 @@ class Engine:
             logger.warning("shutdown: requests still in flight after %.1fs", timeout)
         if not self._thread.stop(deadline - time.monotonic()):
             logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
+        if self._reloads is not None:
+            self._reloads.close(max(0.0, deadline - time.monotonic()))
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -406,4 +422,18 @@ class Engine:
             kv_pulled_bytes=t.kv_pulled_bytes if t is not None else 0,
             kv_cache_bytes=self._kv_cache_bytes,
             kv_bytes_per_token=self._kv_bytes_per_token,
+            **self._offload_stats(),
         )
+
+    def _offload_stats(self) -> dict[str, int]:
+        """The CPU KV offload fields of EngineStats (none when offload is off)."""
+        if self._offload is None:
+            return {}
+        o = self._offload.stats()
+        return {
+            "kv_offload_capacity_bytes": o.host.capacity_bytes,
+            "kv_offload_used_bytes": o.host.used_bytes,
+            "kv_offloaded_blocks": o.offloaded_blocks,
+            "kv_reload_tokens": o.reload_tokens,
+            "kv_reload_bytes": o.reload_bytes,
+        }

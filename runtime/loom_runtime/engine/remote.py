@@ -182,6 +182,7 @@ class RemoteKV:
             cost = self.loop.admission_view(state).admit_blocks
             if cost > free_blocks or not self.loop.admit(state):
                 return  # FIFO: wait for blocks
+            self.loop.reload_now(state)  # host-tier hits (CPU KV offload) are local hits too
             self.waiting.popleft()
             free_blocks, slots = free_blocks - cost, slots - 1
             out.admitted_prompt_tokens += state.num_prompt_tokens

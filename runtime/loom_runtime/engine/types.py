@@ -142,3 +142,8 @@ class EngineStats:
     last_drain_seconds: float = 0.0  # how long the latest completed drain took
     kv_cache_bytes: int = 0  # bytes of this rank's KV pool (every block, used or free)
     kv_bytes_per_token: int = 0  # KV bytes one cached token costs on this rank, all layers
+    kv_offload_capacity_bytes: int = 0  # CPU KV offload: bytes of the host tier (0: off)
+    kv_offload_used_bytes: int = 0  # of those, bytes holding blocks now
+    kv_offloaded_blocks: int = 0  # evicted device blocks copied to the host tier (counter)
+    kv_reload_tokens: int = 0  # prompt tokens reloaded from the host tier, not recomputed
+    kv_reload_bytes: int = 0  # bytes copied back from the host tier (counter)

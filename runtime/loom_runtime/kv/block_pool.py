@@ -7,13 +7,15 @@ Every block id is in exactly one state:
 - EVICTABLE: ref 0, cached (has a hash), in the LRU (least recently released first);
 - USED: ref > 0, cached or not.
 No block is reserved: ids 0..num_blocks-1 are all allocatable (there is no null block).
-`allocate` takes FREE blocks first and only then evicts EVICTABLE ones, oldest first.
+`allocate` takes FREE blocks first and only then evicts EVICTABLE ones, oldest first; with an
+`on_evict` hook (CPU KV offload) the evicted (block id, hash) pairs are handed to it first,
+while their bytes are still intact.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from loom_runtime.kv.errors import BlockStateError, KVConfigError, OutOfBlocksError
@@ -28,6 +30,8 @@ from loom_runtime.wire.prefix_hash import BlockHash
 
 KV_CACHE_SPEC_KIND = "full_attention"  # what vLLM reports for a single full-attention group
 
+OnEvict = Callable[[Sequence[tuple[int, BlockHash]]], None]
+
 
 class BlockPool:
     """Block states of one worker's paged KV cache. Single-threaded: the step thread owns it."""
@@ -38,6 +42,7 @@ class BlockPool:
         block_size: int,
         events: KVEventSink | None = None,
         medium: str = MEDIUM_GPU,
+        on_evict: OnEvict | None = None,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise KVConfigError(
@@ -47,6 +52,7 @@ class BlockPool:
         self.block_size = block_size
         self._events = events
         self._medium = medium
+        self.on_evict = on_evict
         self._ref = [0] * num_blocks
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
@@ -96,17 +102,20 @@ class BlockPool:
         if n > self.num_free:
             raise OutOfBlocksError(n, self.num_free)
         out: list[int] = []
-        evicted: list[BlockHash] = []
+        evicted: list[tuple[int, BlockHash]] = []
         while len(out) < n:
             if self._free:
                 block_id = self._free.popleft()
             else:
                 block_id, _ = self._lru.popitem(last=False)
-                evicted.append(self._uncache(block_id))
+                evicted.append((block_id, self._uncache(block_id)))
             self._ref[block_id] = 1
             out.append(block_id)
         if evicted:
-            self._emit(BlockRemoved(tuple(evicted), medium=self._medium, group_idx=0))
+            if self.on_evict is not None:
+                self.on_evict(evicted)
+            hashes = tuple(h for _, h in evicted)
+            self._emit(BlockRemoved(hashes, medium=self._medium, group_idx=0))
         return out
 
     def acquire(self, block_ids: Iterable[int]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loom_runtime.kv.offload import ReloadJob
 from loom_runtime.wire.prefix_hash import BlockHash
 
 
@@ -25,6 +26,7 @@ class BlockTable:
     num_cached_tokens: int = 0  # prompt tokens that were prefix-cache hits at admission
     cache_salt: str | None = None
     lora_name: str | None = None
+    reload: ReloadJob | None = None  # host-tier hits still being copied in (async reload)
 
     @property
     def num_blocks(self) -> int:
@@ -49,3 +51,4 @@ class BlockTable:
         self.hashes = []
         self.num_committed = 0
         self.num_cached_tokens = 0
+        self.reload = None

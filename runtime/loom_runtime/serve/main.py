@@ -69,6 +69,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kv-events-replay-port", type=int, help="ZMQ ROUTER port for KV replay")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--num-blocks", type=int, help="KV blocks (default: sized from max-num-seqs)")
+    p.add_argument(
+        "--kv-offload-gib",
+        type=float,
+        default=0.0,
+        help="host memory (GiB) keeping KV blocks evicted from the device, reloaded on a later "
+        "prefix hit (a role's kvOffload.hostGiB; default 0: off)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=64, help="running requests (default 64)")
     p.add_argument("--max-model-len", type=int, help="prompt + output tokens (default: model's)")
     p.add_argument("--weights-version", help="reported version (default: the card's)")
@@ -168,6 +175,7 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         engine = EngineConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
+            kv_offload_gib=args.kv_offload_gib,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             dtype=DTYPES[args.dtype],

@@ -120,6 +120,29 @@ class _EngineCollector(Collector):
         yield counter("loom:kv_transfer_failures", "KV pulls that failed.", s.kv_transfer_failures)
         yield counter("loom:kv_pulled_tokens", "Prompt tokens pulled.", s.kv_pulled_tokens)
         yield counter("loom:kv_pulled_bytes", "KV bytes pulled from prefills.", s.kv_pulled_bytes)
+        yield gauge(
+            "loom:kv_offload_capacity_bytes",
+            "Bytes of the host KV tier (CPU KV offload; 0 when off).",
+            s.kv_offload_capacity_bytes,
+        )
+        yield gauge(
+            "loom:kv_offload_used_bytes",
+            "Host KV tier bytes holding blocks.",
+            s.kv_offload_used_bytes,
+        )
+        yield counter(
+            "loom:kv_offloaded_blocks",
+            "Evicted device KV blocks copied to the host tier.",
+            s.kv_offloaded_blocks,
+        )
+        yield counter(
+            "loom:kv_reload_tokens",
+            "Prompt tokens reloaded from the host KV tier instead of recomputed.",
+            s.kv_reload_tokens,
+        )
+        yield counter(
+            "loom:kv_reload_bytes", "Bytes copied back from the host KV tier.", s.kv_reload_bytes
+        )
         yield counter("loom:drains", "Drains completed (admission closed until idle).", s.drains)
         yield counter("loom:drain_seconds", "Seconds the completed drains took.", s.drain_seconds)
         yield gauge("loom:last_drain_seconds", "The latest drain's duration.", s.last_drain_seconds)

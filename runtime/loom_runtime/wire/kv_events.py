@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 MEDIUM_GPU = "GPU"
 """vLLM's medium name for the accelerator-resident tier (used whatever the device)."""
 
+MEDIUM_CPU = "CPU"
+"""vLLM's medium name for the host-memory tier (its CPU KV offload; Loom's kv/host_pool.py)."""
+
 
 @dataclass(frozen=True)
 class BlockStored:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from loom_operator.api import load_documents
+from loom_operator.api.roles import KvOffload
 from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
@@ -58,3 +59,17 @@ def test_the_pods_router_json_is_the_same_document() -> None:
     model, deployment = cards("tiny-video.yaml")
     data = cards_config_map(model, deployment)["data"]
     assert json.loads(data["router.json"])["diffusion"] == {"default_steps": 8}
+
+
+def test_a_role_with_kv_offload_passes_its_host_gib_to_the_worker() -> None:
+    model, deployment = cards("tiny-aggregated.yaml")
+    assert "--kv-offload-gib" not in runtime_flags(model, deployment, "aggregated", PORTS, None)
+    roles = deployment.spec.roles
+    assert roles.aggregated is not None
+    role = roles.aggregated.model_copy(update={"kv_offload": KvOffload(hostGiB=2.5)})
+    offloading = deployment.model_copy(
+        update={"spec": deployment.spec.model_copy(
+            update={"roles": roles.model_copy(update={"aggregated": role})})}
+    )  # fmt: skip
+    argv = runtime_flags(model, offloading, "aggregated", PORTS, None)
+    assert argv[argv.index("--kv-offload-gib") + 1] == "2.5"

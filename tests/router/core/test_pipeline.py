@@ -14,8 +14,8 @@ from loom_router.core.prefix_index import PrefixIndex
 from loom_router.core.request import RequestFeatures, features_from_text, features_from_tokens
 from loom_router.core.settings import RouterSettings
 from loom_router.core.state import RouterState
-from loom_router.errors import NoEndpointError
-from loom_runtime.wire.kv_events import BlockStored
+from loom_router.errors import NoEndpointError, RouterConfigError
+from loom_runtime.wire.kv_events import BlockRemoved, BlockStored
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
 EndpointFactory = Callable[..., Endpoint]
@@ -313,3 +313,38 @@ def test_decision_explains_the_chosen_and_the_best_others(endpoint: EndpointFact
     assert totals == sorted(totals, reverse=True)
     names = [n for n, _ in decision.scores[0].parts]
     assert names == ["prefix", "queue", "kv_utilization", "in_flight", "session"]
+
+
+def offload(index: PrefixIndex, endpoint_id: str, tokens: Sequence[int]) -> None:
+    """The engine evicted the prompt's blocks from its device pool into its host KV tier."""
+    hashes = tuple(HASHER.hash_blocks(tokens))
+    events = (
+        BlockStored(hashes, None, (), BS, medium="CPU"),
+        BlockRemoved(hashes, medium="GPU"),
+    )
+    index.apply_batch(endpoint_id, DecodedBatch(0.0, events, 0))
+
+
+def test_host_tier_hits_score_discounted_by_host_hit_weight(endpoint: EndpointFactory) -> None:
+    snap = EndpointSnapshot(tuple(endpoint(i, role="aggregated") for i in ("gpu", "cpu", "none")))
+    index = PrefixIndex(hasher=HASHER)
+    cache(index, "gpu", SYSTEM)
+    cache(index, "cpu", SYSTEM)
+    offload(index, "cpu", SYSTEM)  # all 64 blocks went to its host tier
+    inputs = RoutingInputs(snap, load_view(idle(["gpu", "cpu", "none"])), index)
+    decision = EndpointPicker(RouterSettings(host_hit_weight=0.5)).pick(
+        request("r", SYSTEM), inputs, random.Random(0)
+    )
+    prefix = {s.endpoint_id: dict(s.parts)["prefix"] for s in decision.scores}
+    assert prefix == {"gpu": 1.0, "cpu": 0.5, "none": 0.0}
+    assert decision.endpoint.id == "gpu"
+    # Counted in full, a host hit is as good as a device hit.
+    full = EndpointPicker(RouterSettings(host_hit_weight=1.0)).pick(
+        request("r", SYSTEM), inputs, random.Random(0)
+    )
+    assert {s.endpoint_id: dict(s.parts)["prefix"] for s in full.scores}["cpu"] == 1.0
+
+
+def test_host_hit_weight_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(RouterConfigError, match=r"host_hit_weight must be in \[0, 1\]"):
+        RouterSettings(host_hit_weight=1.5)

@@ -198,3 +198,40 @@ def test_events_with_another_block_size_are_flagged() -> None:
     feed(index, "a", hashed_event(other, list(range(16)), 8))
     assert "block size 8" in index.stats().hash_problems["a"]
     assert index.stats().entries == 0
+
+
+def offloaded(keys: list[int]) -> BlockStored:
+    """A host tier's store as vLLM's CPU offload (and Loom's) sends it: no parent, no tokens."""
+    return BlockStored(tuple(h(k) for k in keys), None, (), BS, medium="CPU")
+
+
+def test_host_blocks_are_the_run_after_the_device_resident_one() -> None:
+    index = PrefixIndex()
+    feed(index, "a", stored([1, 2, 3, 4]))
+    feed(index, "a", offloaded([3, 4]), removed([3, 4]))  # evicted to the host tier
+    feed(index, "b", stored([1, 2, 3, 4]))
+    feed(index, "c", offloaded([1, 2]))  # everything only in host memory
+    keys = [1, 2, 3, 4]
+    assert index.match(["a", "b", "c"], keys) == {"a": 4, "b": 4, "c": 2}
+    assert index.host_blocks(["a", "b", "c"], keys) == {"a": 2, "b": 0, "c": 2}
+    feed(index, "a", removed([4], medium="CPU"))  # the host tier dropped it: gone for good
+    assert index.match(["a"], keys) == {"a": 3}
+    assert index.host_blocks(["a"], keys) == {"a": 1}
+
+
+def test_without_host_tiers_no_block_is_a_host_block() -> None:
+    index = PrefixIndex()
+    feed(index, "a", stored([1, 2]))
+    assert index.host_blocks(["a", "z"], [1, 2]) == {"a": 0, "z": 0}
+
+
+def test_a_host_tiers_tokenless_stores_are_not_hash_checked() -> None:
+    router = PrefixHasher(BS, seed="0")
+    index = PrefixIndex(hasher=router)
+    tokens = list(range(8))
+    keys = [index_key(x) for x in router.hash_blocks(tokens)]
+    placeholder = BlockStored(tuple(router.hash_blocks(tokens)), None, (), 0, medium="CPU")
+    feed(index, "a", placeholder)  # newer vLLM says block size 0 in these
+    assert not index.stats().hash_problems
+    assert index.match(["a"], keys) == {"a": 2}
+    assert index.host_blocks(["a"], keys) == {"a": 2}

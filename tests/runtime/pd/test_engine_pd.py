@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from loom_runtime.engine.ar_decode import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
@@ -55,10 +56,12 @@ class Workers:
         policy: str = "recompute",
         num_blocks: int | None = None,
         kv_fp8: Fp8Format | None = None,
+        kv_offload_gib: float = 0.0,
     ) -> tuple[Engine, KVConnector | None]:
         config = EngineConfig(
             dtype=torch.float64,
             kv_fp8=kv_fp8,
+            kv_offload_gib=kv_offload_gib,
             block_size=block_size,
             max_model_len=1024,
             num_blocks=num_blocks or 2048 // block_size,
@@ -273,4 +276,34 @@ def test_aborting_a_request_that_waits_for_blocks_releases_the_remote_lease(
     wait_for(lambda: whole(prefill), "the prefill lease to be released by the abort")
     assert prefill.stats().kv_expired == 0
     assert hog_out.wait(time.monotonic() + 120)
+    wait_for(lambda: whole(decode), "the decode's pool to be whole")
+
+
+def test_a_decode_with_kv_offload_reloads_its_local_prefix_and_pulls_the_rest(
+    workers: Workers,
+) -> None:
+    """A decode's own prefix cache spills into its host tier; a later pull of the same prompt
+    reloads that prefix and pulls only what follows, with the aggregated tokens."""
+    aggregated, _ = workers.engine()
+    prefill, _ = workers.engine("prefill")
+    decode, _ = workers.engine("decode", num_blocks=64, kv_offload_gib=0.05)
+    first, other = prompt(300, seed=5), prompt(900, seed=6)
+
+    def pd(rid: str, tokens: tuple[int, ...]) -> CompletedRequest:
+        answer = run(prefill, f"{rid}-p", tokens, 1, KVTransferParams.for_prefill())
+        params = answer.outputs[-1].kv_transfer_params
+        assert params is not None
+        return run(
+            decode, rid, tokens, MAX_TOKENS, KVTransferParams.parse(params.to_dict())
+        ).result()
+
+    expected = run(aggregated, "a", first, MAX_TOKENS).result().output_token_ids
+    assert pd("d1", first).output_token_ids == expected
+    pd("d2", other)  # fills the decode's 64 blocks: most of first's go to the host tier
+    pulled_before = decode.stats().kv_pulled_tokens
+    again = pd("d3", first)
+    assert again.output_token_ids == expected
+    reloaded = decode.stats().kv_reload_tokens
+    assert 0 < reloaded <= again.num_cached_tokens
+    assert decode.stats().kv_pulled_tokens - pulled_before == 299 - again.num_cached_tokens
     wait_for(lambda: whole(decode), "the decode's pool to be whole")

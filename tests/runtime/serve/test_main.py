@@ -145,3 +145,14 @@ def test_run_exits_2_with_a_message_for_bad_pd_flags(
 ) -> None:
     assert main.run(_args(_card(tmp_path), "--role", "decode", "--kv-lease-seconds", "-1")) == 2
     assert "--kv-lease-seconds" in capsys.readouterr().err
+
+
+def test_kv_offload_gib_becomes_the_engines_host_tier(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.kv_offload_gib == 0.0
+    plan = plan_worker(_args(_card(tmp_path), "--kv-offload-gib", "1.5"), {})
+    assert plan.engine.kv_offload_bytes == 3 << 29
+
+
+def test_a_negative_kv_offload_size_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"kv_offload_gib must be >= 0"):
+        plan_worker(_args(_card(tmp_path), "--kv-offload-gib", "-2"), {})

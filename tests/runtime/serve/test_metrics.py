@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom_runtime.engine.types import EngineStats, RequestMetrics
@@ -121,3 +123,21 @@ def test_the_worker_phase_follows_admission_and_what_is_left() -> None:
     ]
     for args, phase in cases:
         assert worker_phase(*args) == phase, args
+
+
+def test_the_host_kv_tier_is_exported() -> None:
+    stats = replace(
+        STATS,
+        kv_offload_capacity_bytes=1 << 30,
+        kv_offload_used_bytes=4 << 20,
+        kv_offloaded_blocks=40,
+        kv_reload_tokens=320,
+        kv_reload_bytes=20 << 20,
+    )
+    s = _samples(ServerMetrics("tiny", Snapshot(stats, in_flight=0)))
+    m = (("model_name", "tiny"),)
+    assert s[("loom:kv_offload_capacity_bytes", m)] == 1 << 30
+    assert s[("loom:kv_offload_used_bytes", m)] == 4 << 20
+    assert s[("loom:kv_offloaded_blocks_total", m)] == 40
+    assert s[("loom:kv_reload_tokens_total", m)] == 320
+    assert s[("loom:kv_reload_bytes_total", m)] == 20 << 20

@@ -6,7 +6,7 @@ Owns the contract and the min-max scaling; never weighs scores (the pipeline doe
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loom_router.core.load import LoadView
 
@@ -23,6 +23,10 @@ class ScoringContext:
     """Full blocks in the prompt."""
     session_endpoint: str | None = None
     """Where the request's session went last (after the hot-spot rule), if anywhere."""
+    host_blocks: Mapping[str, int] = field(default_factory=dict)
+    """Of `prefix_blocks`, those only a host tier holds (CPU KV offload: reloaded, not hit)."""
+    host_hit_weight: float = 1.0
+    """What a host-tier block counts for against a device-resident one (RouterSettings)."""
 
 
 Scorer = Callable[[ScoringContext], dict[str, float]]

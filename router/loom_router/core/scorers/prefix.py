@@ -1,4 +1,5 @@
-"""Prefix-cache scorer: the longest consecutive cached prefix / the prompt's full blocks.
+"""Prefix-cache scorer: the longest consecutive cached prefix / the prompt's full blocks, a block
+only a host tier holds counting `host_hit_weight` of a device-resident one (it costs a reload).
 
 Owns the formula for both indexes (precise: engine block hashes; approximate: text blocks);
 never looks blocks up itself (the pipeline matches once and shares the result).
@@ -12,7 +13,13 @@ from loom_router.core.scorers.contract import ScoringContext, clamp
 def score(ctx: ScoringContext) -> dict[str, float]:
     if ctx.total_blocks <= 0:
         return dict.fromkeys(ctx.candidates, 0.0)
-    return {c: clamp(ctx.prefix_blocks.get(c, 0) / ctx.total_blocks) for c in ctx.candidates}
+    discount = 1.0 - ctx.host_hit_weight
+    out: dict[str, float] = {}
+    for c in ctx.candidates:
+        blocks = ctx.prefix_blocks.get(c, 0)
+        host = min(ctx.host_blocks.get(c, 0), blocks)  # a hot endpoint's blocks are already 0
+        out[c] = clamp((blocks - discount * host) / ctx.total_blocks)
+    return out
 
 
 approximate_score = score
