@@ -66,6 +66,31 @@ class _Tenant:
         return TenantView(self.name, self.share, self.used_s, self.predicted_s)
 
 
+def condition_for(co: CoScheduler | None) -> threading.Condition:
+    """The condition (and lock) an engine guards its state with: its own, or the co-scheduler's
+    (shared by every engine on that step thread)."""
+    return co.cond if co is not None else threading.Condition(threading.Lock())
+
+
+def step_thread_for(
+    co: CoScheduler | None,
+    cond: threading.Condition,
+    kind: str,
+    name: str,
+    step: Callable[[], bool],
+    has_work: Callable[[], bool],
+    on_error: Callable[[], None],
+    idle_wait_s: float,
+) -> StepThread:
+    """The step thread an engine runs on: its own over `cond` (named loom-`kind`-`name`), or the
+    co-scheduler's, with the engine registered under `name`. Call it last in the engine's
+    constructor: a running shared thread may step the engine at once."""
+    if co is None:
+        return StepThread(f"loom-{kind}-{name}", cond, step, has_work, on_error, idle_wait_s)
+    co.add(name, step, has_work, on_error)
+    return co.thread
+
+
 @dataclass(frozen=True)
 class TenantStats:
     name: str

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from loom_runtime.engine.co_scheduler import CoScheduler
+from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
 from loom_runtime.engine.diffusion_batcher import DiffusionBatcher
 from loom_runtime.engine.diffusion_engine_types import (
     ComponentName,
@@ -32,7 +32,6 @@ from loom_runtime.engine.diffusion_loop import DiffusionLoop, DiffusionState
 from loom_runtime.engine.diffusion_memory import MemoryLedger, MemoryModel
 from loom_runtime.engine.diffusion_types import DENOISE, DiffusionOutput, DiffusionRequest
 from loom_runtime.engine.step_cost import StepCostModel, StepLoad, StepSample
-from loom_runtime.engine.step_thread import StepThread
 from loom_runtime.engine.text_feature_cache import TextFeatureCache
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.loop.contract import LoopContext
@@ -90,7 +89,7 @@ class DiffusionEngine:
         self._batcher = DiffusionBatcher(self._loop, executors, self._emit, config.max_running)
         self._versions = v
         # Shared with callers, guarded by _lock; _cond wakes the step thread and waiters.
-        self._cond = co.cond if co is not None else threading.Condition(threading.Lock())
+        self._cond = condition_for(co)
         self._lock = self._cond  # `with self._lock` takes the condition's lock
         self._ledger = MemoryLedger(config.memory_budget_bytes)
         self._queue: deque[tuple[DiffusionState, int]] = deque()  # accepted, no memory yet
@@ -98,20 +97,12 @@ class DiffusionEngine:
         self._callbacks: dict[str, OnDiffusionOutput] = {}
         self._progress: dict[str, DiffusionProgress] = {}
         self._admission_open = True
-        if co is None:
-            self._thread = StepThread(
-                f"loom-diffusion-{config.model_name}",
-                self._cond,
-                self.step,
-                self._has_work,
-                self._abort_all_now,
-                config.idle_wait_s,
-            )
-        else:
-            self._thread = co.thread
-            co.add(config.model_name, self.step, self._has_work, self._abort_all_now)
         self._denoise_steps = self._finished = self._aborted = 0
         self._step_lock = threading.Lock()  # held around every step and every weight swap
+        self._thread = step_thread_for(
+            co, self._cond, "diffusion", config.model_name,
+            self.step, self._has_work, self._abort_all_now, config.idle_wait_s,
+        )  # fmt: skip
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -17,14 +17,13 @@ from typing import Literal
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.batch_scheduler import BatchScheduler
-from loom_runtime.engine.co_scheduler import CoScheduler
+from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
-from loom_runtime.engine.step_thread import StepThread
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
@@ -126,7 +125,7 @@ class Engine:
         )
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
-        self._cond = co.cond if co is not None else threading.Condition(threading.Lock())
+        self._cond = condition_for(co)
         self._lock = self._cond  # `with self._lock` takes the condition's lock
         self._inbox: deque[ARDecodeState] = deque()
         self._aborts: set[str] = set()
@@ -134,21 +133,13 @@ class Engine:
         self._admission_open = True
         self._drain = DrainClock()  # guarded by _lock
         self._closed = False  # shut down: never reopens
-        if co is None:
-            self._thread = StepThread(
-                f"loom-engine-{config.model_name}",
-                self._cond,
-                self.step,
-                self._has_work,
-                self._abort_all_now,
-                config.idle_wait_s,
-            )
-        else:
-            self._thread = co.thread
-            co.add(config.model_name, self.step, self._has_work, self._abort_all_now)
         self._stats = self._snapshot()
         # Held around every step and every weight swap: the step boundary.
         self._step_lock = threading.Lock()
+        self._thread = step_thread_for(
+            co, self._cond, "engine", config.model_name,
+            self.step, self._has_work, self._abort_all_now, config.idle_wait_s,
+        )  # fmt: skip
 
     @classmethod
     def from_checkpoint(
