@@ -91,9 +91,14 @@ def router_url(cluster: Cluster, namespace: str, name: str) -> str:
 
 
 def ready(cluster: Cluster, namespace: str, name: str, decode: int = 0) -> dict[str, Any] | None:
-    """The card once Ready (and, given `decode`, once that many decode workers are ready)."""
+    """The card once Ready for its current spec (and, given `decode`, once that many decode
+    workers are ready). A Ready judged for an older generation does not count: right after a
+    spec change the status still says what the operator saw before it."""
     got = card(cluster, namespace, name)
+    generation = got["metadata"].get("generation")
     if condition(got, "Ready").get("status") != "True":
+        return None
+    if got["status"].get("observedGeneration") != generation:
         return None
     roles = got["status"].get("roles") or {}
     return got if not decode or roles.get("decode", {}).get("ready") == decode else None

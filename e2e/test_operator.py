@@ -139,7 +139,7 @@ def test_a_decode_pod_deleted_mid_stream_finishes_its_request_and_comes_back(
     cluster: Cluster, operator_ns: str
 ) -> None:
     ns = operator_ns
-    wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
+    wait_for(lambda: ready(cluster, ns, "tiny-pd", decode=1), 300, "tiny-pd Ready, one decode")
     (decode,) = pods(cluster, ns, "loom.dev/deployment=tiny-pd,loom.dev/role=decode")
     client = OpenAI(base_url=router_url(cluster, ns, "tiny-pd"), api_key="unused", timeout=120)
     stream = client.chat.completions.create(
@@ -150,10 +150,19 @@ def test_a_decode_pod_deleted_mid_stream_finishes_its_request_and_comes_back(
     first = next(chunks)
     assert first.choices
     cluster.kubectl("delete", "pod", decode["metadata"]["name"], "-n", ns, "--wait=false")
-    wait_for(
-        lambda: condition(card(cluster, ns, "tiny-pd"), "Degraded").get("reason") == "CapacityLost",
-        60, "Degraded=CapacityLost while the pod drains and is replaced",
-    )  # fmt: skip
+    seen: list[tuple[str, ...]] = []
+
+    def capacity_lost() -> bool:
+        degraded = condition(card(cluster, ns, "tiny-pd"), "Degraded")
+        state = tuple(degraded.get(k, "") for k in ("status", "reason", "message"))
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        return state[1] == "CapacityLost"
+
+    try:
+        wait_for(capacity_lost, 60, "Degraded=CapacityLost while the pod drains and is replaced")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; Degraded was, in turn: {seen}") from None
     rest = [c for c in chunks if c.choices]
     assert rest[-1].choices[0].finish_reason == "length", "the stream did not finish whole"
     assert len(rest) + 1 >= 200

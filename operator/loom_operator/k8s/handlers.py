@@ -285,11 +285,16 @@ async def _fleet_round(
     generation = int(body.metadata.get("generation") or 0)
     by_name = {s["metadata"]["name"]: s for s in sets["items"]}
     base = deployment_status(deployment, generation, by_name, r.pods)
+    # What this daemon wrote last is the newest status it knows; the body's copy can trail it
+    # by a watch event (or a whole re-list), and an old one would forget a lost capacity.
+    previous = written or status
     fresh = with_fleet(
         base, rec.conditions, rec.record, desired.component, desired.weights_version, generation,
-        status,
+        previous,
     )  # fmt: skip
-    fresh["conditions"] = with_transition_times(fresh["conditions"], status.get("conditions") or [])
+    fresh["conditions"] = with_transition_times(
+        fresh["conditions"], previous.get("conditions") or []
+    )
     if fresh != written:  # persisted before acting: a restarted operator resumes from here
         path = object_path("DeploymentCard", namespace, fleet.name, "status")
         await asyncio.to_thread(kube.patch, path, {"status": fresh})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.batch_scheduler import BatchScheduler
@@ -26,16 +27,6 @@ from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.wire.prefix_hash import PrefixHasher
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The tiny model's matmuls gain nothing from intra-op threads, and on a shared 2-core
-    machine two OpenMP threads stall each other (6x slower decode). Restored after each test."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,13 @@ logits jump by far more than the rounding does; docs/fp8-kv.md gives those numbe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from tests.runtime.kv.fp8_reference import ref_round_trip
+from tests.runtime.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.kv.fp8 import Fp8Format
@@ -34,15 +35,6 @@ BLOCK = 16
 # prompts, then over 2x margin).
 LLAMA_BOUND = (0.15, 0.10)  # measured at most 0.067 / 0.046
 SPARSE_BOUND = (0.40, 0.12)  # measured at most 0.171 / 0.051 (routing replayed, within top-k)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """As in the engine and P/D conftests: threads on a shared 2-core machine cost 7x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -4,22 +4,13 @@ one torch thread in this process."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
+from tests.runtime.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.testing.processes import Launcher
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
