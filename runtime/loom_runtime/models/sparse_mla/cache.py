@@ -31,7 +31,11 @@ class SparseMlaCache:
     """Per layer: a latent row + a RoPE key row per token; per full indexer layer: a key row.
 
     Bounded by `capacity` tokens, allocated up front. A forward writes its new tokens' rows
-    at `length`, reads rows 0..length+T-1, and then `advance(T)` commits them.
+    at `length`, reads rows 0..length+T-1, and then `advance(T)` commits them; `truncate`
+    drops rows a speculative step wrote for tokens that were rejected.
+
+    `layers` are the layer numbers it holds: the trunk's by default, or the MTP layers' (numbered
+    after the trunk's; each runs its own indexer).
     """
 
     def __init__(
@@ -40,15 +44,19 @@ class SparseMlaCache:
         capacity: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        layers: range | None = None,
     ) -> None:
-        layers = config.num_hidden_layers
+        layers = range(config.num_hidden_layers) if layers is None else layers
         self.capacity = capacity
         self.length = 0
-        self.latent = torch.zeros(layers, capacity, config.kv_lora_rank, dtype=dtype, device=device)
+        self._row = {layer: row for row, layer in enumerate(layers)}
+        n = len(layers)
+        self.latent = torch.zeros(n, capacity, config.kv_lora_rank, dtype=dtype, device=device)
         self.rope_keys = torch.zeros(
-            layers, capacity, config.qk_rope_head_dim, dtype=dtype, device=device
+            n, capacity, config.qk_rope_head_dim, dtype=dtype, device=device
         )
-        full = config.full_indexer_layers
+        trunk = set(config.full_indexer_layers)
+        full = [layer for layer in layers if layer in trunk or layer >= config.num_hidden_layers]
         self._index_slot = {layer: slot for slot, layer in enumerate(full)}
         self.index_keys = torch.zeros(
             len(full), capacity, config.index_head_dim, dtype=dtype, device=device
@@ -76,14 +84,15 @@ class SparseMlaCache:
     ) -> LayerRows:
         """Store the new tokens' rows of `layer`; the rows of the whole context, new ones last."""
         start, end = self.length, self.length + latent.shape[0]
-        self.latent[layer, start:end] = latent
-        self.rope_keys[layer, start:end] = rope_keys
+        row = self._row[layer]
+        self.latent[row, start:end] = latent
+        self.rope_keys[row, start:end] = rope_keys
         slot = self._index_slot.get(layer)
         if slot is not None and index_keys is not None:
             self.index_keys[slot, start:end] = index_keys
         return LayerRows(
-            latent=self.latent[layer, :end],
-            rope_keys=self.rope_keys[layer, :end],
+            latent=self.latent[row, :end],
+            rope_keys=self.rope_keys[row, :end],
             index_keys=None if slot is None else self.index_keys[slot, :end],
         )
 
@@ -91,3 +100,10 @@ class SparseMlaCache:
         """Commit the rows of the forward that just wrote `new_tokens` tokens."""
         self.check_room(new_tokens)
         self.length += new_tokens
+
+    def truncate(self, length: int) -> None:
+        """Forget every row from token `length` on (rejected speculative tokens); the rows stay
+        allocated and the next forward overwrites them."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a {self.length}-token cache to {length} tokens")
+        self.length = length

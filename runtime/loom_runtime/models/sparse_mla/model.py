@@ -60,6 +60,12 @@ class SparseMlaForCausalLM:
         """An empty cache for one sequence of up to `capacity` tokens, in the model's dtype."""
         return SparseMlaCache(self.config, capacity, self.dtype, self.device)
 
+    def new_mtp_cache(self, capacity: int) -> SparseMlaCache:
+        """An empty cache of the MTP layers' rows for one sequence of up to `capacity` tokens."""
+        first = self.config.num_hidden_layers
+        layers = range(first, first + len(self.mtp))
+        return SparseMlaCache(self.config, capacity, self.dtype, self.device, layers)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: SparseMlaCache) -> torch.Tensor:
         """Logits [T, vocab] of T new tokens ([T] int64) that follow the cache's tokens.
@@ -92,7 +98,16 @@ class SparseMlaForCausalLM:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and head over trunk outputs [T, hidden] -> float32 (or float64) logits."""
-        logits = F.linear(rms_norm(hidden, self.final_norm, self.config.rms_norm_eps), self.lm_head)
+        return self.head(self.normed(hidden))
+
+    def normed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed trunk outputs: what the head reads and what an MTP layer drafts from."""
+        return rms_norm(hidden, self.final_norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-normed states -> float32 (or float64) logits."""
+        logits = F.linear(normed, self.lm_head)
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def targets(self) -> dict[str, torch.Tensor]:
