@@ -154,7 +154,7 @@ def test_a_decode_pod_deleted_mid_stream_finishes_its_request_and_comes_back(
 
     def capacity_lost() -> bool:
         degraded = condition(card(cluster, ns, "tiny-pd"), "Degraded")
-        state = tuple(degraded.get(k, "") for k in ("status", "reason", "message"))
+        state = tuple(str(degraded.get(k, "")) for k in ("status", "reason", "message"))
         if not seen or seen[-1] != state:
             seen.append(state)
         return state[1] == "CapacityLost"
