@@ -165,7 +165,8 @@ class HiSparseKVCache:
         self.spec = spec
         s = spec.latent
         self.device = torch.device(device)
-        self.host = LatentKVCache(spec.host_spec, host_device)
+        pinned = self.device.type == "cuda" and torch.device(host_device).type == "cpu"
+        self.host = LatentKVCache(spec.host_spec, host_device, pin_memory=pinned)
         self.data = torch.zeros(
             s.num_blocks,
             len(s.index_layers) * s.block_size * s.stored_index_width,

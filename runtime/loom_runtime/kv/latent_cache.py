@@ -75,12 +75,19 @@ class LatentKVCache:
 
     transferable = False  # the P/D connector moves [blocks, layers, 2, ...] head caches only
 
-    def __init__(self, spec: LatentKVCacheSpec, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, spec: LatentKVCacheSpec, device: torch.device | str = "cpu", pin_memory: bool = False
+    ) -> None:
+        """`pin_memory`: page-locked host memory (a host tier feeding a CUDA device)."""
         self.spec = spec
         s = spec
         attn = s.num_layers * s.block_size * s.stored_row_width
         self.data = torch.zeros(
-            s.num_blocks, s.block_size * s.elements_per_token, dtype=s.storage_dtype, device=device
+            s.num_blocks,
+            s.block_size * s.elements_per_token,
+            dtype=s.storage_dtype,
+            device=device,
+            pin_memory=pin_memory,
         )
         self.rows = self.data[:, :attn].view(s.num_blocks, s.num_layers, s.block_size, -1)
         self.index_rows = self.data[:, attn:].view(
