@@ -145,7 +145,25 @@ def test_a_shared_prefix_is_served_from_the_host_pool_with_identical_tokens(
     assert b.output_token_ids == one_sequence(model, second, 6)
 
 
-def test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool(sparse64: LoadedModel) -> None:
+def run_counting_peak(
+    engine: Engine, reqs: list[EngineRequest]
+) -> tuple[dict[str, tuple[int, ...]], int]:
+    """Every request's tokens, and the most requests that ran in one step."""
+    got = {r.request_id: OutputCollector(r) for r in reqs}
+    for r in reqs:
+        engine.add_request(r, got[r.request_id])
+    peak = 0
+    for _ in range(10_000):
+        if all(c.done.is_set() for c in got.values()):
+            return {k: c.result().output_token_ids for k, c in got.items()}, peak
+        engine.step()
+        peak = max(peak, engine.stats().num_running)
+    raise AssertionError("requests did not finish within 10000 steps")
+
+
+def test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool(
+    sparse64: LoadedModel, prompt: Prompt
+) -> None:
     budget = 40 * 16 * (4 * 40 + 2 * 16) * 8  # 40 all-on-device float64 blocks
     plain = Engine(
         sparse64, EngineConfig(dtype=torch.float64, kv_cache_bytes=budget, max_model_len=512)
@@ -168,6 +186,12 @@ def test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool(sparse64: Load
     # the device keeps 150 blocks' indexer keys and four hot buffers, within the same budget
     assert s.kv_cache_bytes == spec.device_bytes == 150 * 16 * 2 * 16 * 8 + 4 * 4 * 65 * 40 * 8
     assert spec.device_bytes <= budget
+    # four requests of 20 blocks each: the plain pool runs two at a time, HiSparse all four
+    reqs = [EngineRequest(f"b{i}", prompt(300, 700 + i), greedy(8)) for i in range(4)]
+    plain_tokens, plain_peak = run_counting_peak(plain, reqs)
+    hi_tokens, hi_peak = run_counting_peak(hisparse, reqs)
+    assert (plain_peak, hi_peak) == (2, 4)
+    assert hi_tokens == plain_tokens
     with pytest.raises(ValueError, match="over the budget"):
         Engine(
             sparse64,
