@@ -7,6 +7,7 @@ models or settings it cannot serve are refused."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCacheSpec
 from loom_runtime.models.loader import LoadedModel, load_model
@@ -143,6 +145,29 @@ def test_a_shared_prefix_is_served_from_the_host_pool_with_identical_tokens(
     model = inner(sparse64)
     assert a.output_token_ids == one_sequence(model, first, 6)
     assert b.output_token_ids == one_sequence(model, second, 6)
+
+
+def fp8_config(fp8: Fp8Format, **tiers: Any) -> EngineConfig:
+    return EngineConfig(
+        dtype=torch.float64, max_model_len=512, max_num_batched_tokens=96, kv_fp8=fp8, **tiers
+    )
+
+
+def test_fp8_rows_give_the_all_on_device_fp8_tokens(sparse64: LoadedModel, prompt: Prompt) -> None:
+    """Packed rows cross as stored; a row read in its own step is rounded as a later read is."""
+    fp8 = Fp8Format(16)
+    plain = Engine(sparse64, fp8_config(fp8, num_blocks=60))
+    hisparse = Engine(
+        sparse64,
+        fp8_config(
+            fp8, hisparse_host_pool_gib=pool_gib(sparse64, 60), hisparse_hot_slots=INDEX_TOPK + 1
+        ),
+    )
+    reqs = [EngineRequest(f"f{i}", prompt(n, 900 + i), greedy(16)) for i, n in enumerate([9, 200])]
+    assert run_all(hisparse, reqs) == run_all(plain, reqs)
+    s = hisparse.stats()
+    assert s.hisparse_hot_misses > 0
+    assert s.hisparse_h2d_bytes == s.hisparse_hot_misses * (32 + 2 * 4 + 8 * 2)  # packed rows
 
 
 def run_counting_peak(
