@@ -103,6 +103,8 @@ def runtime_flags(
         argv += ["--dtype", dtype]
     if settings.kv_offload is not None:
         argv += ["--kv-offload-gib", f"{settings.kv_offload.host_gib:g}"]
+    if settings.hi_sparse is not None:  # offloadGiB: the native runtime has none beside it yet
+        argv += ["--hisparse-host-pool-gib", f"{settings.hi_sparse.host_pool_gib:g}"]
     if role != "aggregated":
         argv += ["--on-transfer-failure", deployment.spec.failover.on_transfer_failure]
         if kv_connector is not None:

@@ -120,8 +120,12 @@ class ARDecodeLoop:
         new_decoder: Callable[[Sequence[int], bool], TextDecoder],
         eos_token_ids: Sequence[int] = (),
         prefix_caching: bool = True,
+        on_free: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_free(request_id)` runs whenever a state's blocks are freed (finish, abort,
+        preemption): per-request device state kept beside the blocks goes with them."""
         self.kv = kv
+        self.on_free = on_free
         self.new_decoder = new_decoder
         self.eos_token_ids = frozenset(eos_token_ids)
         self.prefix_caching = prefix_caching
@@ -166,7 +170,7 @@ class ARDecodeLoop:
 
     def finalize(self, state: ARDecodeState) -> CompletedRequest:
         """Release the blocks and stamp the end; the state must not be run again."""
-        self.kv.free(state.table)
+        self._free(state)
         if state.finish_reason is None:
             state.finish_reason = "abort"
         if state.finished_time is None:
@@ -330,9 +334,14 @@ class ARDecodeLoop:
 
     def preempt(self, state: ARDecodeState) -> None:
         """Free its blocks; its output so far is kept and recomputed as prompt on readmission."""
-        self.kv.free(state.table)
+        self._free(state)
         state.num_computed = 0
         state.num_preemptions += 1
+
+    def _free(self, state: ARDecodeState) -> None:
+        self.kv.free(state.table)
+        if self.on_free is not None:
+            self.on_free(state.request_id)
 
     def _prompt_hashes(self, state: ARDecodeState) -> list[BlockHash]:
         # At least one token must be computed to produce logits: hash below len(tokens).

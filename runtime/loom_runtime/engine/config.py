@@ -35,6 +35,13 @@ class EngineConfig:
     # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
     # on (the request waits, holding its blocks); False: inside the step that admits it.
     kv_reload_async: bool = True
+    # Hybrid HiSparse decode (a decode role's hiSparse.hostPoolGiB, `--hisparse-host-pool-gib`;
+    # sparse-mla only): GiB of host memory holding every KV block's latent + RoPE rows; the
+    # device keeps only the indexer keys and a hot buffer per running request, so the host pool,
+    # not device memory, bounds how many blocks (and requests) fit (docs/hisparse.md). 0: off.
+    hisparse_host_pool_gib: float = 0.0
+    # Rows per layer in a request's hot buffer; None: 2 × the indexer's top-k + 1.
+    hisparse_hot_slots: int | None = None
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
     model_name: str = "loom"
@@ -70,12 +77,35 @@ class EngineConfig:
                 "EngineConfig.kv_offload_gib needs prefix_caching: offloaded blocks are found "
                 "again by their prefix hash; enable prefix caching or set kv_offload_gib 0"
             )
+        if not self.hisparse_host_pool_gib >= 0:
+            raise ValueError(
+                f"EngineConfig.hisparse_host_pool_gib must be >= 0 (GiB of host memory for the "
+                f"HiSparse host pool; 0 turns HiSparse off), got {self.hisparse_host_pool_gib}"
+            )
+        if self.hisparse_host_pool_gib > 0 and self.kv_offload_gib > 0:
+            raise ValueError(
+                "EngineConfig: CPU KV offload (kv_offload_gib) and HiSparse "
+                "(hisparse_host_pool_gib) cannot be combined yet: the offload copies device "
+                "blocks, which under HiSparse hold only indexer keys; set one of them to 0"
+            )
+        if self.hisparse_hot_slots is not None and self.hisparse_hot_slots < 1:
+            raise ValueError(
+                f"EngineConfig.hisparse_hot_slots must be >= 1, got {self.hisparse_hot_slots}"
+            )
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
 
     @property
     def kv_offload_bytes(self) -> int:
         return int(self.kv_offload_gib * (1 << 30))
+
+    @property
+    def hisparse(self) -> bool:
+        return self.hisparse_host_pool_gib > 0
+
+    @property
+    def hisparse_host_pool_bytes(self) -> int:
+        return int(self.hisparse_host_pool_gib * (1 << 30))
 
     def resolve_max_model_len(self, max_position_embeddings: int) -> int:
         if self.max_model_len is None:

@@ -21,6 +21,7 @@ from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_th
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
+from loom_runtime.engine.hisparse import hisparse_cache, hisparse_stats
 from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
@@ -36,6 +37,8 @@ from loom_runtime.engine.validate import validate_request
 from loom_runtime.errors import AdmissionError, InvalidRequestError, TransferError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
+from loom_runtime.kv.cache import KVStore
+from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
@@ -79,16 +82,28 @@ class Engine:
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
         per_block = mc.kv_spec(bs, 1, config.dtype, config.kv_fp8).bytes_per_block
-        self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
-        spec = mc.kv_spec(bs, self.num_blocks, config.dtype, config.kv_fp8)
-        cache = spec.allocate(loaded.model.device)
+        cache: KVStore
+        self._hisparse: HiSparseKVCache | None
+        if config.hisparse:
+            cache = self._hisparse = hisparse_cache(
+                mc, config, self.max_model_len, loaded.model.device
+            )
+            self.num_blocks = cache.spec.num_blocks
+        else:
+            self._hisparse = None
+            self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
+            spec = mc.kv_spec(bs, self.num_blocks, config.dtype, config.kv_fp8)
+            cache = spec.allocate(loaded.model.device)
         if disagg is not None and not cache.transferable:
             raise TransferError(
                 f"P/D serving moves [blocks, layers, 2, block, heads, dim] KV caches only; the "
                 f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
                 "serve it with an aggregated role"
             )
-        self._kv_cache_bytes = cache.data.nbytes
+        # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
+        self._kv_cache_bytes = (
+            cache.data.nbytes if self._hisparse is None else self._hisparse.spec.device_bytes
+        )
         self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)
         self._offload = (
@@ -104,6 +119,7 @@ class Engine:
             new_decoder=loaded.tokenizer.incremental_decoder,
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.prefix_caching,
+            on_free=None if self._hisparse is None else self._hisparse.release,
         )
         self.disagg = disagg
         remote = None
@@ -414,6 +430,7 @@ class Engine:
             kv_cache_bytes=self._kv_cache_bytes,
             kv_bytes_per_token=self._kv_bytes_per_token,
             **self._offload_stats(),
+            **({} if self._hisparse is None else hisparse_stats(self._hisparse)),
         )
 
     def _offload_stats(self) -> dict[str, int]:

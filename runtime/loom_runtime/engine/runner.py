@@ -113,6 +113,7 @@ class ModelRunner:
             block_tables=tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
+            request_ids=tuple(w.request_id for w in works),
         )
 
     @torch.inference_mode()

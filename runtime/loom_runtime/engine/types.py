@@ -147,3 +147,10 @@ class EngineStats:
     kv_offloaded_blocks: int = 0  # evicted device blocks copied to the host tier (counter)
     kv_reload_tokens: int = 0  # prompt tokens reloaded from the host tier, not recomputed
     kv_reload_bytes: int = 0  # bytes copied back from the host tier (counter)
+    hisparse_host_pool_bytes: int = 0  # HiSparse: bytes of the host pool of latent rows (0: off)
+    hisparse_hot_hits: int = 0  # decode-selected rows found in a hot buffer (counter)
+    hisparse_hot_misses: int = 0  # decode-selected rows copied in from the host pool (counter)
+    hisparse_resident_rows: int = 0  # decode-selected rows computed in the same step (counter)
+    hisparse_h2d_bytes: int = 0  # bytes of those misses' host -> device copies (counter)
+    hisparse_prefill_h2d_bytes: int = 0  # prefill chunks' one-step host -> device bytes (counter)
+    hisparse_hot_requests: int = 0  # requests holding a hot buffer now

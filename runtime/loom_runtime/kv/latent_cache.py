@@ -75,12 +75,19 @@ class LatentKVCache:
 
     transferable = False  # the P/D connector moves [blocks, layers, 2, ...] head caches only
 
-    def __init__(self, spec: LatentKVCacheSpec, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, spec: LatentKVCacheSpec, device: torch.device | str = "cpu", pin_memory: bool = False
+    ) -> None:
+        """`pin_memory`: page-locked host memory (a host tier feeding a CUDA device)."""
         self.spec = spec
         s = spec
         attn = s.num_layers * s.block_size * s.stored_row_width
         self.data = torch.zeros(
-            s.num_blocks, s.block_size * s.elements_per_token, dtype=s.storage_dtype, device=device
+            s.num_blocks,
+            s.block_size * s.elements_per_token,
+            dtype=s.storage_dtype,
+            device=device,
+            pin_memory=pin_memory,
         )
         self.rows = self.data[:, :attn].view(s.num_blocks, s.num_layers, s.block_size, -1)
         self.index_rows = self.data[:, attn:].view(
@@ -99,11 +106,7 @@ class LatentKVCache:
         (int64 [N]) in one layer: block 0's tokens, then block 1's, ... (copies)."""
         s = self.spec
         rows = self.rows[:, layer].index_select(0, blocks).reshape(-1, s.stored_row_width)
-        if s.fp8 is None:
-            latent, rope = rows[:, : s.latent_dim], rows[:, s.latent_dim :]
-        else:
-            packed_latent, packed_rope = unpack_mla(rows, s.latent_dim, s.rope_dim, s.fp8)
-            latent, rope = packed_latent.to(s.dtype), packed_rope.to(s.dtype)
+        latent, rope = self.decode_rows(rows)
         slot = self._index_slot.get(layer)
         keys = None
         if slot is not None:
@@ -112,6 +115,21 @@ class LatentKVCache:
             if s.fp8 is not None:
                 keys = unpack(keys, s.index_dim, s.fp8).to(s.dtype)
         return latent, rope, keys
+
+    def stored_rows(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """The latent + RoPE rows of tokens at flat slots (int64 [N]) of `layer` exactly as
+        stored ([N, stored_row_width]: packed bytes when fp8), a copy: what a tier moves."""
+        bs = self.spec.block_size
+        return self.rows[slots // bs, layer, slots % bs]
+
+    def decode_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(latent [N, latent_dim], RoPE [N, rope_dim]) in `dtype` of stored rows [N, width]
+        (on any device: a tier decodes rows where they arrived)."""
+        s = self.spec
+        if s.fp8 is None:
+            return rows[:, : s.latent_dim], rows[:, s.latent_dim :]
+        latent, rope = unpack_mla(rows, s.latent_dim, s.rope_dim, s.fp8)
+        return latent.to(s.dtype), rope.to(s.dtype)
 
     def write(
         self,

@@ -25,6 +25,7 @@ class ForwardBatch:
     block_tables: list[list[int]]  # [B][ceil(context_lens[i] / block_size)] physical block ids
     slot_mapping: torch.Tensor  # [T] int64 flat KV slot to write each token's K/V
     logits_indices: torch.Tensor  # [N] int64 rows of T whose logits the caller wants
+    request_ids: tuple[str, ...] = ()  # [B] whose sequence each is (per-request device state)
 
     @property
     def num_seqs(self) -> int:

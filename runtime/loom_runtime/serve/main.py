@@ -76,6 +76,19 @@ def add_parser(sub: Any) -> None:
         help="host memory (GiB) keeping KV blocks evicted from the device, reloaded on a later "
         "prefix hit (a role's kvOffload.hostGiB; default 0: off)",
     )
+    p.add_argument(
+        "--hisparse-host-pool-gib",
+        type=float,
+        default=0.0,
+        help="Hybrid HiSparse decode (sparse-mla): host memory (GiB) holding the KV's latent "
+        "rows; the device keeps indexer keys and per-request hot buffers (a decode role's "
+        "hiSparse.hostPoolGiB; default 0: off)",
+    )
+    p.add_argument(
+        "--hisparse-hot-slots",
+        type=int,
+        help="rows per layer in a request's HiSparse hot buffer (default 2 x top-k + 1)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=64, help="running requests (default 64)")
     p.add_argument("--max-model-len", type=int, help="prompt + output tokens (default: model's)")
     p.add_argument("--weights-version", help="reported version (default: the card's)")
@@ -176,6 +189,8 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
             block_size=args.block_size,
             num_blocks=args.num_blocks,
             kv_offload_gib=args.kv_offload_gib,
+            hisparse_host_pool_gib=args.hisparse_host_pool_gib,
+            hisparse_hot_slots=args.hisparse_hot_slots,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             dtype=DTYPES[args.dtype],

@@ -78,6 +78,46 @@ def model_families(
     return gauge, counter
 
 
+def _hisparse_metrics(
+    s: EngineStats,
+    gauge: Callable[[str, str, float], GaugeMetricFamily],
+    counter: Callable[[str, str, float], CounterMetricFamily],
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Hybrid HiSparse decode's figures (all 0 when it is off; docs/hisparse.md)."""
+    looked_up = s.hisparse_hot_hits + s.hisparse_hot_misses
+    yield gauge(
+        "loom:hisparse_host_pool_bytes",
+        "Bytes of the HiSparse host pool of latent KV rows (0: HiSparse off).",
+        s.hisparse_host_pool_bytes,
+    )
+    yield gauge(
+        "loom:hisparse_hot_hit_rate",
+        "Fraction of decode-selected earlier rows found in the hot buffer (since start).",
+        s.hisparse_hot_hits / looked_up if looked_up else 0.0,
+    )
+    yield counter(
+        "loom:hisparse_hot_hits", "Decode-selected rows found in a hot buffer.", s.hisparse_hot_hits
+    )
+    yield counter(
+        "loom:hisparse_hot_misses",
+        "Decode-selected rows copied in from the host pool.",
+        s.hisparse_hot_misses,
+    )
+    yield counter(
+        "loom:hisparse_h2d_bytes",
+        "Bytes copied host -> device for decode hot-buffer misses.",
+        s.hisparse_h2d_bytes,
+    )
+    yield counter(
+        "loom:hisparse_prefill_h2d_bytes",
+        "Bytes copied host -> device for one prefill step each (not kept).",
+        s.hisparse_prefill_h2d_bytes,
+    )
+    yield gauge(
+        "loom:hisparse_hot_requests", "Requests holding a hot buffer.", s.hisparse_hot_requests
+    )
+
+
 class _EngineCollector(Collector):
     """Reads one EngineStats snapshot per scrape: gauges and the engine's own counters."""
 
@@ -143,6 +183,7 @@ class _EngineCollector(Collector):
         yield counter(
             "loom:kv_reload_bytes", "Bytes copied back from the host KV tier.", s.kv_reload_bytes
         )
+        yield from _hisparse_metrics(s, gauge, counter)
         yield counter("loom:drains", "Drains completed (admission closed until idle).", s.drains)
         yield counter("loom:drain_seconds", "Seconds the completed drains took.", s.drain_seconds)
         yield gauge("loom:last_drain_seconds", "The latest drain's duration.", s.last_drain_seconds)

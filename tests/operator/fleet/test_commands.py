@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from loom_operator.api import load_documents
-from loom_operator.api.roles import KvOffload
+from loom_operator.api.roles import HiSparse, KvOffload
 from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
@@ -73,3 +73,18 @@ def test_a_role_with_kv_offload_passes_its_host_gib_to_the_worker() -> None:
     )  # fmt: skip
     argv = runtime_flags(model, offloading, "aggregated", PORTS, None)
     assert argv[argv.index("--kv-offload-gib") + 1] == "2.5"
+
+
+def test_a_decode_role_with_hisparse_passes_its_host_pool_to_the_worker() -> None:
+    model, deployment = cards("tiny-pd.yaml")
+    assert "--hisparse-host-pool-gib" not in runtime_flags(model, deployment, "decode", PORTS, None)
+    roles = deployment.spec.roles
+    assert roles.decode is not None
+    role = roles.decode.model_copy(update={"hi_sparse": HiSparse(hostPoolGiB=48, offloadGiB=16)})
+    hisparse = deployment.model_copy(
+        update={"spec": deployment.spec.model_copy(
+            update={"roles": roles.model_copy(update={"decode": role})})}
+    )  # fmt: skip
+    argv = runtime_flags(model, hisparse, "decode", PORTS, None)
+    assert argv[argv.index("--hisparse-host-pool-gib") + 1] == "48"
+    assert "--kv-offload-gib" not in argv  # offloadGiB is not served natively yet

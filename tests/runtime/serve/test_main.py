@@ -156,3 +156,12 @@ def test_kv_offload_gib_becomes_the_engines_host_tier(tmp_path: Path) -> None:
 def test_a_negative_kv_offload_size_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"kv_offload_gib must be >= 0"):
         plan_worker(_args(_card(tmp_path), "--kv-offload-gib", "-2"), {})
+
+
+def test_hisparse_flags_become_the_engines_host_pool(tmp_path: Path) -> None:
+    assert not plan_worker(_args(_card(tmp_path)), {}).engine.hisparse
+    argv = ("--hisparse-host-pool-gib", "0.5", "--hisparse-hot-slots", "33")
+    engine = plan_worker(_args(_card(tmp_path), *argv), {}).engine
+    assert engine.hisparse_host_pool_bytes == 1 << 29 and engine.hisparse_hot_slots == 33
+    with pytest.raises(UsageError, match="cannot be combined yet"):
+        plan_worker(_args(_card(tmp_path), *argv, "--kv-offload-gib", "1"), {})

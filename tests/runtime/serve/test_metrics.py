@@ -141,3 +141,26 @@ def test_the_host_kv_tier_is_exported() -> None:
     assert s[("loom:kv_offloaded_blocks_total", m)] == 40
     assert s[("loom:kv_reload_tokens_total", m)] == 320
     assert s[("loom:kv_reload_bytes_total", m)] == 20 << 20
+
+
+def test_hisparse_tiers_are_exported_with_the_hot_buffer_hit_rate() -> None:
+    stats = replace(
+        STATS,
+        hisparse_host_pool_bytes=48 << 30,
+        hisparse_hot_hits=30,
+        hisparse_hot_misses=90,
+        hisparse_h2d_bytes=90 * 656,
+        hisparse_prefill_h2d_bytes=4096,
+        hisparse_hot_requests=2,
+    )
+    s = _samples(ServerMetrics("tiny", Snapshot(stats, in_flight=0)))
+    m = (("model_name", "tiny"),)
+    assert s[("loom:hisparse_host_pool_bytes", m)] == 48 << 30
+    assert s[("loom:hisparse_hot_hit_rate", m)] == 0.25
+    assert s[("loom:hisparse_hot_hits_total", m)] == 30
+    assert s[("loom:hisparse_hot_misses_total", m)] == 90
+    assert s[("loom:hisparse_h2d_bytes_total", m)] == 90 * 656
+    assert s[("loom:hisparse_prefill_h2d_bytes_total", m)] == 4096
+    assert s[("loom:hisparse_hot_requests", m)] == 2
+    off = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=0)))
+    assert off[("loom:hisparse_hot_hit_rate", m)] == 0.0  # nothing looked up: no division

@@ -1,6 +1,7 @@
 """A live `loom runtime` worker on the tiny sparse-mla checkpoint: `/v1/completions` returns the
 one-sequence forward's greedy tokens (prompt of 100 ids > index_topk 64), and /metrics reports
-the planner's KV bytes per token for the sparse-mla shape, with fp32 KV and with a card's fp8 KV."""
+the planner's KV bytes per token for the sparse-mla shape, with fp32 KV and with a card's fp8 KV;
+a HiSparse worker serves the same tokens and reports its tiers."""
 
 from __future__ import annotations
 
@@ -89,3 +90,24 @@ def test_an_fp8_kv_card_serves_and_reports_the_planners_fp8_bytes(
         status, answer, _ = fp8_worker.post("/v1/completions", body)
         assert status == 200, answer
         assert len(answer["choices"][0]["token_ids"]) == NEW_TOKENS
+
+
+def test_a_hisparse_worker_serves_the_same_tokens_and_reports_its_tiers(
+    launch: Any, sparse_dir: Path
+) -> None:
+    host_block = 16 * 4 * (32 + 8) * 4  # float32 latent + RoPE rows of 4 layers
+    with launch(sparse_dir, "--hisparse-host-pool-gib", "0.001") as hi:  # 104 blocks fit
+        body = {"model": hi.model, "prompt": PROMPT, "max_tokens": NEW_TOKENS,
+                "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+        status, answer, _ = hi.post("/v1/completions", body)
+        assert status == 200, answer
+        want = one_sequence_tokens(load_sparse_mla(sparse_dir, dtype=torch.float32))
+        assert answer["choices"][0]["token_ids"] == want
+        assert hi.metric("loom:hisparse_host_pool_bytes") == 96 * host_block  # --num-blocks 96
+        misses = hi.metric("loom:hisparse_hot_misses_total")
+        assert misses > 0 and hi.metric("loom:hisparse_h2d_bytes_total") == misses * 40 * 4
+        assert 0 <= hi.metric("loom:hisparse_hot_hit_rate") < 1
+        assert hi.metric("loom:hisparse_hot_requests") == 0
+        # the device keeps keys and 8 hot buffers (--max-num-seqs 8) of 2 x 64 + 1 rows per layer
+        device = 96 * 16 * 2 * 16 * 4 + 8 * 4 * (2 * INDEX_TOPK + 1) * 40 * 4
+        assert hi.metric("loom:kv_cache_bytes") == device < 96 * 16 * 768

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 import torch
 
 from loom_runtime.kv.cache import KVStore
+from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.hisparse_hooks import HiSparseHooks
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 from loom_runtime.models.sparse_mla.paged_hooks import PagedHooks
 
@@ -37,9 +39,17 @@ class SparseMlaCausalLM:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVStore) -> torch.Tensor:
         """Logits [len(batch.logits_indices), vocab]; writes every token's rows first."""
-        if not isinstance(kv, LatentKVCache):
-            raise TypeError(f"sparse-mla runs over a LatentKVCache, not {type(kv).__name__}")
-        hooks = PagedHooks(kv, batch)
+        hooks: PagedHooks | HiSparseHooks
+        if isinstance(kv, LatentKVCache):
+            hooks = PagedHooks(kv, batch)
+        elif isinstance(kv, HiSparseKVCache):
+            if len(batch.request_ids) != batch.num_seqs:
+                raise ValueError("a HiSparse forward needs the request id of every sequence")
+            hooks = HiSparseHooks(kv, batch, [kv.hot_rows(r) for r in batch.request_ids])
+        else:
+            raise TypeError(
+                f"sparse-mla runs over a LatentKVCache or HiSparseKVCache, not {type(kv).__name__}"
+            )
         hidden = self.model.hidden_states(batch.input_ids, batch.positions, hooks)
         return self.model.logits(hidden.index_select(0, batch.logits_indices))
 

@@ -7,6 +7,8 @@ blocks or decides what runs (the engine's scheduler and runner do).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -26,18 +28,7 @@ class PagedHooks(LocalCompute):
     def __init__(self, kv: LatentKVCache, batch: ForwardBatch) -> None:
         self.kv = kv
         self.batch = batch
-        bs = kv.spec.block_size
-        device = kv.data.device
-        blocks = [b for table in batch.block_tables for b in table]
-        self._blocks = torch.tensor(blocks, dtype=torch.long, device=device)
-        keep: list[int] = []
-        self.starts: list[int] = []
-        base = 0
-        for table, length in zip(batch.block_tables, batch.context_lens, strict=True):
-            self.starts.append(len(keep))
-            keep.extend(range(base, base + length))
-            base += len(table) * bs
-        self._keep = torch.tensor(keep, dtype=torch.long, device=device)
+        self.packing = ContextPacking.of(batch, kv.spec.block_size, kv.data.device)
 
     def rows(
         self,
@@ -47,11 +38,12 @@ class PagedHooks(LocalCompute):
         index_keys: torch.Tensor | None,
     ) -> LayerRows:
         self.kv.write(layer, self.batch.slot_mapping, latent, rope_keys, index_keys)
-        lat, rope, keys = self.kv.gather(layer, self._blocks)
+        lat, rope, keys = self.kv.gather(layer, self.packing.blocks)
+        keep = self.packing.keep
         return LayerRows(
-            latent=lat.index_select(0, self._keep),
-            rope_keys=rope.index_select(0, self._keep),
-            index_keys=None if keys is None else keys.index_select(0, self._keep),
+            latent=lat.index_select(0, keep),
+            rope_keys=rope.index_select(0, keep),
+            index_keys=None if keys is None else keys.index_select(0, keep),
         )
 
     def select(
@@ -63,23 +55,66 @@ class PagedHooks(LocalCompute):
         rows: LayerRows,
         positions: torch.Tensor,
     ) -> Selection:
-        """Each sequence's queries pick their top-k among that sequence's keys only; the
-        selections are padded (valid False) to the widest and offset into the packed rows."""
-        keys = rows.indexer_keys()
-        qs = self.batch.query_start
-        parts: list[Selection] = []
-        for i, (start, length) in enumerate(zip(self.starts, self.batch.context_lens, strict=True)):
-            q = slice(qs[i], qs[i + 1])
-            sel = indexer.select(
-                h[q],
-                q_resid[q],
-                PairTables(cos=rope.cos[q], sin=rope.sin[q]),
-                keys[start : start + length],
-                positions[q],
-            )
-            parts.append(Selection(indices=sel.indices + start, valid=sel.valid))
-        width = max(p.indices.shape[1] for p in parts)
-        return Selection(
-            indices=torch.cat([F.pad(p.indices, (0, width - p.indices.shape[1])) for p in parts]),
-            valid=torch.cat([F.pad(p.valid, (0, width - p.valid.shape[1])) for p in parts]),
+        return select_per_sequence(
+            indexer, self.batch, self.packing.starts, h, q_resid, rope, rows.indexer_keys(),
+            positions,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ContextPacking:
+    """Where each sequence's context rows sit once its blocks are gathered and packed end to
+    end: `blocks` to gather (every table's, in order), `keep` the gathered rows that are real
+    tokens (a last block's tail is not), `starts[i]` sequence i's first packed row."""
+
+    blocks: torch.Tensor  # int64 [sum of table lengths]
+    keep: torch.Tensor  # int64 [sum of context_lens]
+    starts: list[int]
+
+    @classmethod
+    def of(cls, batch: ForwardBatch, block_size: int, device: torch.device) -> ContextPacking:
+        blocks = [b for table in batch.block_tables for b in table]
+        keep: list[int] = []
+        starts: list[int] = []
+        base = 0
+        for table, length in zip(batch.block_tables, batch.context_lens, strict=True):
+            starts.append(len(keep))
+            keep.extend(range(base, base + length))
+            base += len(table) * block_size
+        return cls(
+            blocks=torch.tensor(blocks, dtype=torch.long, device=device),
+            keep=torch.tensor(keep, dtype=torch.long, device=device),
+            starts=starts,
         )
+
+
+def select_per_sequence(
+    indexer: Indexer,
+    batch: ForwardBatch,
+    starts: list[int],
+    h: torch.Tensor,
+    q_resid: torch.Tensor,
+    rope: PairTables,
+    keys: torch.Tensor,
+    positions: torch.Tensor,
+) -> Selection:
+    """Each sequence's queries pick their top-k among that sequence's keys only (packed keys
+    `keys`, sequence i's at `starts[i]`); the selections are padded (valid False) to the widest
+    and offset into the packed rows."""
+    qs = batch.query_start
+    parts: list[Selection] = []
+    for i, (start, length) in enumerate(zip(starts, batch.context_lens, strict=True)):
+        q = slice(qs[i], qs[i + 1])
+        sel = indexer.select(
+            h[q],
+            q_resid[q],
+            PairTables(cos=rope.cos[q], sin=rope.sin[q]),
+            keys[start : start + length],
+            positions[q],
+        )
+        parts.append(Selection(indices=sel.indices + start, valid=sel.valid))
+    width = max(p.indices.shape[1] for p in parts)
+    return Selection(
+        indices=torch.cat([F.pad(p.indices, (0, width - p.indices.shape[1])) for p in parts]),
+        valid=torch.cat([F.pad(p.valid, (0, width - p.valid.shape[1])) for p in parts]),
+    )
