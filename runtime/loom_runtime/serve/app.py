@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import grpc
 from aiohttp import web
@@ -111,6 +111,39 @@ def build_http_app(
     return app
 
 
+class Servers:
+    """A worker's HTTP site and gRPC control server: started together; stopped in order —
+    admission closed and in-flight requests drained (bounded), then control, then HTTP."""
+
+    def __init__(self, settings: ServeSettings, resolve_source: Callable[[str], Path]) -> None:
+        self.settings = settings
+        self._resolve_source = resolve_source
+        self._runner: web.AppRunner | None = None
+        self._control: grpc.aio.Server | None = None
+
+    async def start(
+        self,
+        app: web.Application,
+        control: ControlledEngine,
+        model_name: str,
+        healthy: Callable[[], bool],
+    ) -> None:
+        s = self.settings
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, s.host, s.port).start()
+        self._control = await start_control(control, s, model_name, self._resolve_source, healthy)
+
+    async def stop(self, pause: Callable[[Literal["wait", "abort"], float], bool]) -> None:
+        drained = await asyncio.to_thread(pause, "wait", self.settings.shutdown_drain_s)
+        if not drained:
+            logger.warning("shutdown: requests still in flight; they will be aborted")
+        if self._control is not None:
+            await self._control.stop(grace=1.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
 class Worker:
     """The running servers of one worker; `stop()` drains and closes them in order."""
 
@@ -120,21 +153,14 @@ class Worker:
         self.engine = engine
         self.settings = settings
         self.metrics = ServerMetrics(engine.config.model_name, engine)
-        self._resolve_source = resolve_source
-        self._runner: web.AppRunner | None = None
-        self._control: grpc.aio.Server | None = None
+        self._servers = Servers(settings, resolve_source)
 
     async def start(self) -> None:
         s = self.settings
         mailbox = Mailbox(asyncio.get_running_loop())
         app = build_http_app(self.engine, s, self.metrics, mailbox)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, s.host, s.port).start()
-        self._control = await start_control(
-            self.engine, s, self.engine.config.model_name, self._resolve_source,
-            self.engine.step_thread_alive,
-        )  # fmt: skip
+        name = self.engine.config.model_name
+        await self._servers.start(app, self.engine, name, self.engine.step_thread_alive)
         logger.info(
             "serving",
             extra={"host": s.host, "port": s.port, "control_port": s.control_port, "role": s.role},
@@ -142,13 +168,7 @@ class Worker:
 
     async def stop(self) -> None:
         """Close admission, let in-flight requests finish (bounded), then close the servers."""
-        drained = await asyncio.to_thread(self.engine.pause, "wait", self.settings.shutdown_drain_s)
-        if not drained:
-            logger.warning("shutdown: requests still in flight; they will be aborted")
-        if self._control is not None:
-            await self._control.stop(grace=1.0)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._servers.stop(self.engine.pause)
 
 
 async def start_control(

@@ -6,19 +6,17 @@ Owns wiring; never runs engine steps (the engine's own thread does), never decid
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from aiohttp import web
 
 from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.serve import diffusion_api, probes
-from loom_runtime.serve.app import ServeSettings, error_middleware, start_control
+from loom_runtime.serve.app import Servers, ServeSettings, error_middleware
 from loom_runtime.serve.diffusion_control import DiffusionControl
 from loom_runtime.serve.diffusion_metrics import DiffusionMetrics
 from loom_runtime.serve.diffusion_protocol import PromptSettings
@@ -82,30 +80,17 @@ class DiffusionWorker:
         self.control, self.engine = control, control.engine
         self.settings, self.jobs = settings, jobs
         self.metrics = DiffusionMetrics(self.engine.config.model_name, self.engine)
-        self._resolve_source = resolve_source
-        self._runner: web.AppRunner | None = None
-        self._control: grpc.aio.Server | None = None
+        self._servers = Servers(settings, resolve_source)
 
     async def start(self) -> None:
         s = self.settings
         app = build_diffusion_app(self.engine, s, self.jobs, self.metrics)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, s.host, s.port).start()
-        self._control = await start_control(
-            self.control, s, self.engine.config.model_name, self._resolve_source,
-            self.engine.step_thread_alive,
-        )  # fmt: skip
+        name = self.engine.config.model_name
+        await self._servers.start(app, self.control, name, self.engine.step_thread_alive)
         logger.info(
             "serving diffusion",
             extra={"host": s.host, "port": s.port, "control_port": s.control_port},
         )
 
     async def stop(self) -> None:
-        drained = await asyncio.to_thread(self.engine.pause, "wait", self.settings.shutdown_drain_s)
-        if not drained:
-            logger.warning("shutdown: diffusion requests still in flight; they will be aborted")
-        if self._control is not None:
-            await self._control.stop(grace=1.0)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._servers.stop(self.engine.pause)

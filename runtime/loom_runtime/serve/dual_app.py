@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
-import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -26,7 +25,7 @@ from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineStats
 from loom_runtime.serve import diffusion_api, openai_api, probes
-from loom_runtime.serve.app import ServeSettings, api_context, error_middleware, start_control
+from loom_runtime.serve.app import Servers, ServeSettings, api_context, error_middleware
 from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.diffusion_app import JobSettings, diffusion_context
 from loom_runtime.serve.diffusion_metrics import DiffusionMetrics
@@ -167,30 +166,15 @@ class DualWorker:
         self.control = DualControl(llm, dit)
         text = ServerMetrics(llm.config.model_name, llm)
         self.metrics = DualMetrics(text, DiffusionMetrics(dit.config.model_name, dit), co)
-        self._resolve_source = resolve_source
-        self._runner: web.AppRunner | None = None
-        self._control: grpc.aio.Server | None = None
+        self._servers = Servers(settings, resolve_source)
 
     async def start(self) -> None:
         s = self.settings
         mailbox = Mailbox(asyncio.get_running_loop())
         app = build_dual_app(self.llm, self.dit, s, self.jobs, self.metrics, mailbox)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, s.host, s.port).start()
-        self._control = await start_control(
-            self.control, s, self.llm.config.model_name, self._resolve_source,
-            self.llm.step_thread_alive,
-        )  # fmt: skip
+        name = self.llm.config.model_name
+        await self._servers.start(app, self.control, name, self.llm.step_thread_alive)
         logger.info("serving an LLM and a diffusion model", extra={"host": s.host, "port": s.port})
 
     async def stop(self) -> None:
-        drained = await asyncio.to_thread(
-            self.control.pause, "wait", self.settings.shutdown_drain_s
-        )
-        if not drained:
-            logger.warning("shutdown: requests still in flight; they will be aborted")
-        if self._control is not None:
-            await self._control.stop(grace=1.0)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._servers.stop(self.control.pause)
