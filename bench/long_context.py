@@ -41,7 +41,7 @@ CACHE = ROOT / ".cache" / "bench"
 
 # (trace, device pool, precision phase: prompt tokens, decode tokens), full and --quick.
 FULL = (
-    TraceShape(groups=4, users=2, turns=4, system_tokens=768, user_tokens=64, rate=1.0,
+    TraceShape(groups=4, users=3, turns=5, system_tokens=768, user_tokens=64, rate=1.0,
                think_s=1.0),
     PoolShape(num_blocks=96, block_size=16, max_model_len=1280, host_gib=0.25, output_tokens=16),
     (512, 64),

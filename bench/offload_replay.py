@@ -143,4 +143,9 @@ def summarize(pairs: list[tuple[Replay, Replay]]) -> dict[str, object]:
         "ttft_p50_ratio_on_vs_off": on["ttft_p50_s"] / off["ttft_p50_s"],
         "ttft_p90_ratio_on_vs_off": on["ttft_p90_s"] / off["ttft_p90_s"],
         "greedy_outputs_equal": all(a.outputs == b.outputs for a, b in pairs),
-    }
+        "per_round_ttft_p50_p90_s": [
+            {name: (statistics.median(x.ttft_s), percentile(x.ttft_s, 0.9))
+             for name, x in (("off", a), ("on", b))}
+            for a, b in pairs
+        ],
+    }  # fmt: skip
