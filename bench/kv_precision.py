@@ -41,7 +41,8 @@ class PrecisionRun:
     allocated_bytes_per_token: int  # the engine's KV pool bytes / the tokens it holds
     reported_bytes_per_token: int  # what the engine reports (loom:kv_bytes_per_token)
     planner_bytes_per_token: int  # kv_bytes_per_token of the planner's shape of the model
-    decode_tok_s: float  # median over the rounds, one request at a time
+    decode_tok_s: float  # output tokens after the first / their wall time; median of rounds
+    decode_tok_s_itl_p50: float  # 1 / the median inter-token latency (robust to slow spells)
     outputs: tuple[tuple[int, ...], ...]  # greedy tokens per round (for the record)
 
     @property
@@ -70,13 +71,15 @@ def planner_shape(loaded: LoadedModel, kv: KVDtype) -> ModelShape:
 
 def decode_tok_s(
     engine: Engine, prompt: tuple[int, ...], tokens: int
-) -> tuple[float, tuple[int, ...]]:
-    """Output tokens per second after the first one, of one greedy request alone."""
+) -> tuple[float, float, tuple[int, ...]]:
+    """Of one greedy request alone: output tokens per second after the first one, the same from
+    the median inter-token latency, and the tokens."""
     greedy = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     done = engine.generate(prompt, greedy)
     m = done.metrics
     assert m.first_token_time is not None and m.last_token_time is not None
-    return (tokens - 1) / (m.last_token_time - m.first_token_time), done.output_token_ids
+    wall = (tokens - 1) / (m.last_token_time - m.first_token_time)
+    return wall, 1 / statistics.median(m.inter_token_latencies), done.output_token_ids
 
 
 def engine_for(loaded: LoadedModel, kv: KVDtype) -> Engine:
@@ -100,14 +103,16 @@ def measure(
     (a slow spell of a shared machine then lands on both)."""
     engines = {kv: engine_for(loaded, kv) for kv in PRECISIONS}
     speeds: dict[KVDtype, list[float]] = {kv: [] for kv in PRECISIONS}
+    itl: dict[KVDtype, list[float]] = {kv: [] for kv in PRECISIONS}
     outputs: dict[KVDtype, list[tuple[int, ...]]] = {kv: [] for kv in PRECISIONS}
     try:
         for r in range(rounds):
             rng = random.Random(1000 + r)  # fresh prompts: no prefix hit between rounds
             prompt = tuple(rng.randrange(10, 4000) for _ in range(prompt_tokens))
             for kv in PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]:
-                speed, out = decode_tok_s(engines[kv], prompt, tokens)
+                speed, steady, out = decode_tok_s(engines[kv], prompt, tokens)
                 speeds[kv].append(speed)
+                itl[kv].append(steady)
                 outputs[kv].append(out)
     finally:
         for engine in engines.values():
@@ -118,10 +123,11 @@ def measure(
         run = PrecisionRun(
             name, kv, stats.kv_cache_bytes // (engine.num_blocks * BLOCK),
             stats.kv_bytes_per_token, kv_bytes_per_token(planner_shape(loaded, kv)),
-            statistics.median(speeds[kv]), tuple(outputs[kv]),
+            statistics.median(speeds[kv]), statistics.median(itl[kv]), tuple(outputs[kv]),
         )  # fmt: skip
         print(f"  {name} {kv}: {run.allocated_bytes_per_token} B/token (planner "
-              f"{run.planner_bytes_per_token}), decode {run.decode_tok_s:.1f} tok/s",
+              f"{run.planner_bytes_per_token}), decode {run.decode_tok_s:.1f} tok/s "
+              f"({run.decode_tok_s_itl_p50:.1f} from the median inter-token latency)",
               file=sys.stderr)  # fmt: skip
         runs.append(run)
     return runs

@@ -87,8 +87,9 @@ def offload_table(s: dict[str, Any]) -> str:
 
 def precision_table(runs: list[PrecisionRun]) -> str:
     rows = [
-        "| model | KV | bytes/token (runtime) | planner | equal | decode tok/s | vs fp32 |",
-        "|---|---|---:|---:|:---:|---:|---:|",
+        "| model | KV | bytes/token (runtime) | planner | equal | decode tok/s | vs fp32 "
+        "| tok/s by median ITL | vs fp32 |",
+        "|---|---|---:|---:|:---:|---:|---:|---:|---:|",
     ]
     fp32 = {r.model: r for r in runs if r.kv == "fp32"}
     for r in runs:
@@ -96,7 +97,9 @@ def precision_table(runs: list[PrecisionRun]) -> str:
         rows.append(
             f"| {r.model} | {r.kv} | {r.allocated_bytes_per_token} | "
             f"{r.planner_bytes_per_token} | {'yes' if r.matches_planner else 'NO'} | "
-            f"{r.decode_tok_s:.1f} | {r.decode_tok_s / base.decode_tok_s:.2f}× |"
+            f"{r.decode_tok_s:.1f} | {r.decode_tok_s / base.decode_tok_s:.2f}× | "
+            f"{r.decode_tok_s_itl_p50:.1f} | "
+            f"{r.decode_tok_s_itl_p50 / base.decode_tok_s_itl_p50:.2f}× |"
         )
     return "\n".join(rows)
 
@@ -111,6 +114,7 @@ def precision_doc(runs: list[PrecisionRun]) -> list[dict[str, Any]]:
             "matches_planner": r.matches_planner,
             "bytes_ratio_vs_fp32": r.allocated_bytes_per_token / base.allocated_bytes_per_token,
             "decode_ratio_vs_fp32": r.decode_tok_s / base.decode_tok_s,
+            "decode_itl_ratio_vs_fp32": r.decode_tok_s_itl_p50 / base.decode_tok_s_itl_p50,
         })  # fmt: skip
     return out
 
