@@ -66,11 +66,13 @@ def replay(
         kv_offload_gib=pool.host_gib if offload else 0.0,
     )
     engine = Engine(loaded, config)
-    engine.start()
     greedy = SamplingParams(max_tokens=pool.output_tokens, temperature=0.0, ignore_eos=True)
+    # Warm up (first-call costs out of the first TTFT) on this thread, whose steps leave the
+    # stats current; then the step thread.
+    engine.generate((5, 6, 7), greedy)
+    warm = engine.stats()
+    engine.start()
     try:
-        engine.generate((5, 6, 7), greedy)  # warm up: first-call costs out of the first TTFT
-        warm = engine.stats()
         contexts = [list(systems[s.group]) for s in sessions]
         ttfts, outputs, cached, prompts = [], [], 0, 0
         for index, turn in turn_order(sessions):
@@ -83,9 +85,9 @@ def replay(
             cached += done.num_cached_tokens
             prompts += len(prompt)
             contexts[index] = prompt + list(done.output_token_ids)
-        stats = engine.stats()
     finally:
         engine.shutdown()
+    stats = engine.stats()  # the step thread has stopped: taken after its last step
     host = stats.kv_reload_tokens - warm.kv_reload_tokens
     return Replay(
         offload, tuple(ttfts), tuple(outputs), prompts, cached - host, host,
