@@ -1,21 +1,21 @@
 """Routing policies compared on a multi-turn agentic workload against local tiny-model workers.
 
-The workload (the llm-d benchmark's shape, scaled to a CPU): groups of users share a long system
-prompt; each user runs a session whose context grows every turn (system prompt + every earlier
-user message and answer + the new message); sessions start as a Poisson process and think
-between turns. The same seeded workload is replayed, one fresh set of workers per policy (empty
-caches), through the real router under: random, round-robin, load-only (prefix weight 0, no
-session affinity), approximate-prefix, precise-prefix (the card's defaults for one router
-replica: KV events, plus prompts just routed counted as cached for 10 s, inFlightPrefixSeconds)
-and precise-events-only (inFlightPrefixSeconds 0: what replicas > 1 run by default, deciding
-from KV events alone). Reported per policy: output tok/s, client TTFT p50/p90, prefix-cache
-hit rate (cached prompt tokens the workers reported / prompt tokens) and the hit rate of an
-oracle that knows every cache (at each request, the longest prefix any worker held at its
-arrival, read from all workers' KV events; a policy that follows a prompt to where it is still
-being prefilled can beat it). Each policy runs `--rounds` times, the order rotated every
-round, and the median of each number is reported
-(a shared machine has slow spells; rotation spreads them over the policies). Targets:
-precise ≥ 90 % of its oracle, and precise TTFT p90 ≤ 0.5 × round-robin's. Usage:
+The workload (the llm-d benchmark's shape, scaled to a CPU; built by `bench/agentic_trace.py`):
+groups of users share a long system prompt; each user runs a session whose context grows every
+turn (system prompt + every earlier user message and answer + the new message); sessions start
+as a Poisson process and think between turns. The same seeded workload is replayed, one fresh
+set of workers per policy (empty caches), through the real router under: random, round-robin,
+load-only (prefix weight 0, no session affinity), approximate-prefix, precise-prefix (the card's
+defaults for one router replica: KV events, plus prompts just routed counted as cached for 10 s,
+inFlightPrefixSeconds) and precise-events-only (inFlightPrefixSeconds 0: what replicas > 1 run
+by default, deciding from KV events alone). Reported per policy: output tok/s, client TTFT
+p50/p90, prefix-cache hit rate (cached prompt tokens the workers reported / prompt tokens) and
+the hit rate of an oracle that knows every cache (at each request, the longest prefix any worker
+held at its arrival, read from all workers' KV events; a policy that follows a prompt to where
+it is still being prefilled can beat it). Each policy runs `--rounds` times, the order rotated
+every round, and the median of each number is reported (a shared machine has slow spells;
+rotation spreads them over the policies). Targets: precise ≥ 90 % of its oracle, and precise
+TTFT p90 ≤ 0.5 × round-robin's. Usage:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/routing.py --out bench/results/routing.json
 """
@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import platform
-import random
 import signal
 import statistics
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from agentic_trace import Session, TraceShape, workload
 
 from loom_operator.testing.router import router_command
 from loom_router.core.endpoints import Endpoint, EndpointSnapshot
@@ -66,15 +66,6 @@ POLICIES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 
 
 @dataclass(frozen=True)
-class Session:
-    group: int
-    user: int
-    start_s: float
-    messages: tuple[tuple[int, ...], ...]
-    thinks: tuple[float, ...]
-
-
-@dataclass(frozen=True)
 class Sample:
     policy: str
     session: int
@@ -87,25 +78,6 @@ class Sample:
     start_s: float
     end_s: float
     endpoint: str
-
-
-def _ids(rng: random.Random, n: int) -> tuple[int, ...]:
-    return tuple(rng.randrange(10, 4000) for _ in range(n))
-
-
-def workload(args: argparse.Namespace) -> tuple[list[tuple[int, ...]], list[Session]]:
-    rng = random.Random(args.seed)
-    systems = [_ids(rng, args.system_tokens) for _ in range(args.groups)]
-    sessions = []
-    at = 0.0
-    order = [(g, u) for g in range(args.groups) for u in range(args.users)]
-    rng.shuffle(order)
-    for group, user in order:
-        at += rng.expovariate(args.rate)
-        messages = tuple(_ids(rng, args.user_tokens) for _ in range(args.turns))
-        thinks = tuple(rng.expovariate(1 / args.think_s) for _ in range(args.turns))
-        sessions.append(Session(group, user, at, messages, thinks))
-    return systems, sessions
 
 
 class Oracle:
@@ -387,7 +359,7 @@ def main() -> int:
     checkpoint = args.tmp / "tiny"
     if not (checkpoint / "config.json").is_file():
         init_tiny(checkpoint, seed=0)
-    systems, sessions = workload(args)
+    systems, sessions = workload(TraceShape.from_args(args))
     policies = args.policies.split(",")
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     for round_ in range(args.rounds):
