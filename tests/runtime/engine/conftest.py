@@ -25,8 +25,17 @@ from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.loop.contract import LoopContext, WorkPlan
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.wire.prefix_hash import PrefixHasher
+
+
+@pytest.fixture(scope="module")
+def sparse64(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The tiny sparse-mla checkpoint in float64 (one per module: engines mutate nothing in it,
+    but a module's tests stay independent of another's)."""
+    root = init_tiny_sparse_mla(tmp_path_factory.mktemp("engine-sparse") / "tiny")
+    return load_model(root, dtype=torch.float64)
 
 
 @pytest.fixture(scope="session")

@@ -6,61 +6,27 @@ models or settings it cannot serve are refused."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from tests.runtime.engine.sparse_mla_helpers import (
+    Prompt,
+    greedy,
+    inner,
+    one_sequence,
+    run_all,
+)
 
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.engine.types import EngineRequest
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCacheSpec
-from loom_runtime.models.loader import LoadedModel, load_model
-from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
-from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
-from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
-
-Prompt = Callable[[int, int], tuple[int, ...]]
-
-
-@pytest.fixture(scope="module")
-def sparse64(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    root = init_tiny_sparse_mla(tmp_path_factory.mktemp("engine-hisparse") / "tiny")
-    return load_model(root, dtype=torch.float64)
-
-
-def inner(loaded: LoadedModel) -> SparseMlaForCausalLM:
-    assert isinstance(loaded.model, SparseMlaCausalLM)
-    return loaded.model.model
-
-
-def one_sequence(model: SparseMlaForCausalLM, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    cache = model.new_cache(len(prompt) + n)
-    logits = model.forward(torch.tensor(prompt), cache)
-    out: list[int] = []
-    for _ in range(n):
-        out.append(int(logits[-1].argmax()))
-        logits = model.forward(torch.tensor(out[-1:]), cache)
-    return tuple(out)
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-
-
-def run_all(engine: Engine, reqs: list[EngineRequest]) -> dict[str, tuple[int, ...]]:
-    got = {r.request_id: OutputCollector(r) for r in reqs}
-    for r in reqs:
-        engine.add_request(r, got[r.request_id])
-    for _ in range(10_000):
-        if all(c.done.is_set() for c in got.values()):
-            return {k: c.result().output_token_ids for k, c in got.items()}
-        engine.step()
-    raise AssertionError("requests did not finish within 10000 steps")
+from loom_runtime.models.loader import LoadedModel
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
 
 
 def pool_gib(loaded: LoadedModel, blocks: int) -> float:

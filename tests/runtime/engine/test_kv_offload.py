@@ -19,8 +19,7 @@ from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.offload import ReloadJob
-from loom_runtime.models.loader import LoadedModel, load_model
-from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
+from loom_runtime.models.loader import LoadedModel
 from loom_runtime.wire.kv_event_codec import encode_batch
 from loom_runtime.wire.kv_events import (
     MEDIUM_CPU,
@@ -67,12 +66,6 @@ def prefix_rows(engine: Engine, prompt: tuple[int, ...]) -> torch.Tensor:
     ids = kv.pool.lookup(hashes)
     assert len(ids) == len(hashes), "the prompt's blocks should be device-resident after its run"
     return engine._runner.cache.data[torch.tensor(ids)].clone()
-
-
-@pytest.fixture(scope="module")
-def sparse64(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    root = init_tiny_sparse_mla(tmp_path_factory.mktemp("offload-sparse") / "tiny")
-    return load_model(root, dtype=torch.float64)
 
 
 @pytest.mark.parametrize(
