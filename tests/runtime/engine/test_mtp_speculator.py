@@ -136,3 +136,18 @@ def test_a_checkpoint_without_mtp_layers_and_a_bad_draft_count_are_refused(
     bare = SparseMlaForCausalLM(replace(loaded.config, num_nextn_predict_layers=0))
     with pytest.raises(ValueError, match="no MTP layer"):
         MtpDrafter(bare, CAPACITY)
+
+
+def test_sampled_speculation_is_reproducible_from_its_seed(
+    loaded: LoadedSparseMla, prompt: list[int]
+) -> None:
+    def sampled(seed: int) -> tuple[int, ...]:
+        spec = MtpSpeculator(loaded.model, 3, CAPACITY)
+        gen = torch.Generator().manual_seed(seed)
+        return spec.generate(prompt[:96], 16, temperature=0.8, gen=gen).token_ids
+
+    first = sampled(0)
+    assert len(first) == 16 and all(0 <= t < loaded.config.vocab_size for t in first)
+    assert sampled(0) == first
+    with pytest.raises(ValueError, match="needs a generator"):
+        MtpSpeculator(loaded.model, 3, CAPACITY).generate(prompt, 4, temperature=0.8)
