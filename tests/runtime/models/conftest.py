@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from tests.runtime.models.paged_batch import paged_batch
 
 from loom_runtime.kv.cache import PagedKVCache
-from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.causal_lm import CausalLM
 from loom_runtime.models.tiny import init_tiny
 
@@ -93,33 +93,8 @@ class PagedSequences:
 
     def step(self, chunks: Sequence[tuple[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
         """Run one forward over (sequence, new token ids) chunks; logits of every new token."""
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        for seq, tokens in chunks:
-            start = self.lengths.get(seq, 0)
-            end = start + len(tokens)
-            table = self.tables.setdefault(seq, [])
-            while len(table) * self.block_size < end:
-                table.append(self.free.pop())
-            for pos in range(start, end):
-                slots.append(
-                    table[pos // self.block_size] * self.block_size + pos % self.block_size
-                )
-            positions.extend(range(start, end))
-            ids.extend(tokens)
-            query_start.append(len(ids))
-            self.lengths[seq] = end
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            positions=torch.tensor(positions, dtype=torch.long),
-            query_start=query_start,
-            context_lens=[self.lengths[seq] for seq, _ in chunks],
-            block_tables=[list(self.tables[seq]) for seq, _ in chunks],
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
-            logits_indices=torch.arange(len(ids)),
-        )
+        batch = paged_batch(chunks, self.tables, self.lengths, self.free, self.block_size, False)
+        query_start = batch.query_start
         logits = self.model.forward(batch, self.kv)
         return {
             seq: logits[query_start[i] : query_start[i + 1]] for i, (seq, _) in enumerate(chunks)

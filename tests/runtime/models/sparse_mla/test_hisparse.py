@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from tests.runtime.models.paged_batch import paged_batch
 
 from loom_runtime.kv.cache import KVStore
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache, HiSparseSpec, default_hot_slots
 from loom_runtime.kv.latent_cache import LatentKVCache
-from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
 from loom_runtime.models.sparse_mla.loader import LoadedSparseMla
 from loom_runtime.models.tiny_tokenizer import corpus_text
@@ -38,31 +38,7 @@ class Driver:
 
     def step(self, chunks: Sequence[tuple[str, Sequence[int]]]) -> torch.Tensor:
         """One forward over (sequence, new tokens); the last token's logits per sequence."""
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        starts = [0]
-        for seq, tokens in chunks:
-            start = self.lengths.get(seq, 0)
-            end = start + len(tokens)
-            table = self.tables.setdefault(seq, [])
-            while len(table) * BLOCK < end:
-                table.append(self.free.pop())
-            slots.extend(table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, end))
-            positions.extend(range(start, end))
-            ids.extend(tokens)
-            starts.append(len(ids))
-            self.lengths[seq] = end
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long),
-            positions=torch.tensor(positions, dtype=torch.long),
-            query_start=starts,
-            context_lens=[self.lengths[seq] for seq, _ in chunks],
-            block_tables=[list(self.tables[seq]) for seq, _ in chunks],
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
-            logits_indices=torch.tensor(starts[1:]) - 1,
-            request_ids=tuple(seq for seq, _ in chunks),
-        )
+        batch = paged_batch(chunks, self.tables, self.lengths, self.free, BLOCK, True)
         return self.lm.forward(batch, self.kv)
 
 
