@@ -29,21 +29,14 @@ of pods are not counted. Usage (writes bench/results/operator_scale.json):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import contextvars
-import functools
-import inspect
 import json
-import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,37 +45,22 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # e2e (the harness) is imported from the repository root
 
-from e2e.cluster import control_plane, kwok  # noqa: E402
-from e2e.providers import Cluster, node_ready  # noqa: E402
-from e2e.tools import ensure_tools  # noqa: E402
+from e2e.cluster import control_plane  # noqa: E402
+from e2e.providers import Cluster  # noqa: E402
+from operator_probe import OperatorProcess, handler_stats  # noqa: E402
+from scale_cluster import (  # noqa: E402
+    condition,
+    delete_cards,
+    drop_namespace,
+    make_namespace,
+    say,
+    start_cluster,
+    wait,
+)
 
-from loom_operator.k8s.kube import APPLY, RESOURCES, Kube, object_path  # noqa: E402
+from loom_operator.k8s.kube import Kube, object_path  # noqa: E402
 
 STATE = ROOT / ".cache" / "e2e" / "operator-scale"
-GPU_NODES, ROUTER_NODES = 100, 3
-GPU_NODE = {"nvidia.com/gpu": "8", "cpu": "128", "memory": "2Ti"}
-ROUTER_NODE = {"cpu": "64", "memory": "256Gi"}
-PLURALS = {plural for _, plural in RESOURCES.values()} | {"leases", "events"}
-ROUNDS = {"_fleet_round": "fleet_round"}
-"""Functions of loom_operator.k8s.handlers that a daemon calls once per round, timed as such."""
-START = time.monotonic()
-_TALLY: contextvars.ContextVar[Counter[str] | None] = contextvars.ContextVar("tally", default=None)
-
-
-def say(text: str) -> None:
-    print(f"[{time.monotonic() - START:7.1f}s] {text}", flush=True)
-
-
-def wait(probe: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
-    """Polls `probe` until it returns something truthy other than a string (a string says what
-    is still missing, and goes into the error when `timeout` passes)."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last and not isinstance(last, str):
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} ({last})")
 
 
 def glm_docs() -> list[dict[str, Any]]:
@@ -106,229 +84,6 @@ def big_card() -> dict[str, Any]:
     card["spec"]["roles"]["prefill"]["replicas"] = 8
     card["spec"]["roles"]["decode"]["replicas"] = 64
     return card
-
-
-# --- the operator, in a child process ----------------------------------------------------------
-
-
-def verb(method: str, path: str, content_type: str) -> str:
-    if method == "GET":
-        return "list" if path.rstrip("/").rsplit("/", 1)[-1] in PLURALS else "get"
-    if method == "PATCH":
-        return "apply" if content_type == APPLY else "patch"
-    return {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method)
-
-
-class Recorder:
-    """In the child: one record per handler call (seconds, requests by verb, error), and the
-    operator's Kube client, whose `call` it wraps once to tally requests to the call in hand."""
-
-    def __init__(self) -> None:
-        self.lock, self.records = threading.Lock(), list[dict[str, Any]]()
-        self.kube: Kube | None = None
-
-    def _found(self, kube: Kube) -> None:
-        if self.kube is not None:
-            return
-        self.kube, inner = kube, kube.call
-
-        def call(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-            if (tally := _TALLY.get()) is not None:
-                tally[verb(method, path, kwargs.get("content_type", "application/json"))] += 1
-            return inner(method, path, *args, **kwargs)
-
-        kube.call = call  # type: ignore[method-assign]
-
-    @contextlib.contextmanager
-    def _record(
-        self, handler: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Iterator[None]:
-        if (kube := getattr(kwargs.get("memo"), "kube", None)) is not None:
-            self._found(kube)
-        body = next((a for a in args if hasattr(a, "metadata")), kwargs.get("body"))
-        tally: Counter[str] = Counter()
-        token, began, error = _TALLY.set(tally), time.monotonic(), ""
-        try:
-            yield
-        except BaseException as exc:
-            error = repr(exc)[:300]
-            raise
-        finally:
-            _TALLY.reset(token)
-            card, seconds = body and str(body.metadata.name), time.monotonic() - began
-            record = {"handler": handler, "card": card, "s": seconds, "requests": dict(tally),
-                      "error": error}  # fmt: skip
-            with self.lock:
-                self.records.append(record)
-
-    def timed(self, handler: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
-                with self._record(handler, args, kwargs):
-                    return await fn(*args, **kwargs)
-
-            return run_async
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with self._record(handler, args, kwargs):
-                return fn(*args, **kwargs)
-
-        return run
-
-    def instrument(self, handlers: Any) -> None:
-        """Every change and timer handler, and each round of a daemon (a daemon never returns:
-        what it does outside its rounds shows only in the client's totals)."""
-        import kopf
-
-        for name, label in ROUNDS.items():
-            if hasattr(handlers, name):
-                setattr(handlers, name, self.timed(label, getattr(handlers, name)))
-        registry = kopf.get_default_registry()
-        for part in (registry._changing, registry._spawning):
-            for h in part.get_all_handlers():
-                if type(h).__name__ != "DaemonHandler":
-                    object.__setattr__(h, "fn", self.timed(str(h.id).split("/")[0], h.fn))
-
-    def serve(self, conn: Connection) -> None:
-        """Answers each request with the records since the last one and the client's totals."""
-        with contextlib.suppress(EOFError):
-            while conn.recv():
-                with self.lock:
-                    batch, self.records = self.records, []
-                totals: dict[str, int] = dict(self.kube.requests) if self.kube else {}
-                conn.send({"records": batch, "totals": totals})
-
-
-def operator_main(conn: Connection, kubeconfig: str, namespace: str, log: str) -> None:
-    """The child: `loom operator` with its handlers timed, its output in `log`."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    from loom_operator.cli import main
-    from loom_operator.k8s import handlers  # the import registers the handlers with kopf
-
-    recorder = Recorder()
-    recorder.instrument(handlers)
-    threading.Thread(target=recorder.serve, args=(conn,), daemon=True).start()
-    sys.exit(main(["operator", "--kubeconfig", kubeconfig, "--namespace", namespace,
-                   "--kv-connector", "tcp"]))  # fmt: skip
-
-
-class OperatorProcess:
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
-        # kopf logs in through the kubernetes library, which reads $KUBECONFIG when imported:
-        # before `loom operator --kubeconfig` sets it. The child inherits it from here.
-        os.environ["KUBECONFIG"] = str(kubeconfig)
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.log, self.records = log, list[dict[str, Any]]()
-        self.proc = ctx.Process(target=operator_main, daemon=True,
-                                args=(child, str(kubeconfig), namespace, str(log)))  # fmt: skip
-        self.proc.start()
-
-    def stats(self) -> dict[str, int]:
-        """Collects the new handler records; the client's request totals by method."""
-        if not self.proc.is_alive():
-            raise RuntimeError(f"the operator exited ({self.proc.exitcode}); see {self.log}")
-        self.conn.send("stats")
-        if not self.conn.poll(30):
-            raise TimeoutError(f"the operator did not report its stats in 30 s; see {self.log}")
-        out = self.conn.recv()
-        self.records += out["records"]
-        return dict(out["totals"])
-
-    def memory_mib(self) -> dict[str, float]:
-        """VmRSS (now) and VmHWM (the peak) of the operator process."""
-        out = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = round(int(value.split()[0]) / 1024, 1)
-        return out
-
-    def stop(self, timeout: float = 20.0) -> float | None:
-        """SIGTERM; the seconds it took to exit, or None when it was killed after `timeout`."""
-        t0 = time.monotonic()
-        self.proc.terminate()
-        self.proc.join(timeout)
-        if not self.proc.is_alive():
-            return time.monotonic() - t0
-        say(f"the operator did not exit {timeout:.0f} s after SIGTERM; killing it")
-        self.proc.kill()
-        self.proc.join(10)
-        return None
-
-
-# --- the cluster -------------------------------------------------------------------------------
-
-
-def start_cluster(root: Path) -> Cluster:
-    say(f"starting the control plane under {root.relative_to(ROOT)}")
-    state = control_plane.up(root)
-    cluster = Cluster("local", Path(state.kubeconfig), ensure_tools(), False, root)
-    say(f"registering {GPU_NODES} kwok nodes of 8 GPUs and {ROUTER_NODES} for the routers")
-    nodes = cluster.add_fake_nodes(GPU_NODES, GPU_NODE)
-    for name in kwok.add_nodes(cluster.kube, ROUTER_NODES, ROUTER_NODE, prefix="kwok-router"):
-        cluster.kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
-        nodes.append(name)
-
-    def ready() -> bool | str:
-        items = cluster.kube.get("/api/v1/nodes")["items"]
-        up = sum(1 for n in items if n["metadata"]["name"] in nodes and node_ready(n))
-        return up == len(nodes) or f"{up}/{len(nodes)} Ready"
-
-    wait(ready, 180, f"the kwok nodes to be Ready (see {root / 'logs' / 'kwok.log'})")
-    say("installing the CRDs")
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-    return cluster
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == kind), {})
-
-
-def make_namespace(kube: Kube, namespace: str) -> None:
-    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                       "metadata": {"name": namespace}})  # fmt: skip
-    path = f"/api/v1/namespaces/{namespace}/serviceaccounts"
-    wait(lambda: kube.get(path)["items"], 60, f"the default ServiceAccount of {namespace}", 0.25)
-
-
-def delete_cards(kube: Kube, namespace: str, timeout: float) -> float | None:
-    """Deletes the DeploymentCards while the operator runs (its daemons hold a finalizer): the
-    seconds until they are gone, or None if it never let go (their finalizers are then cut)."""
-    say(f"deleting the DeploymentCards of {namespace}")
-    path, t0 = object_path("DeploymentCard", namespace), time.monotonic()
-    kube.delete(path)
-    try:
-        wait(lambda: not kube.get(path)["items"], timeout, "the operator to release the cards")
-        return time.monotonic() - t0
-    except TimeoutError as exc:
-        say(f"{exc}; removing their finalizers")
-        for card in kube.get(path)["items"]:
-            name = object_path("DeploymentCard", namespace, card["metadata"]["name"])
-            kube.patch(name, {"metadata": {"finalizers": None}})
-        return None
-
-
-def drop_namespace(kube: Kube, namespace: str, timeout: float) -> None:
-    say(f"deleting namespace {namespace}")
-    kube.delete(f"/api/v1/namespaces/{namespace}")
-
-    def gone() -> bool | str:
-        names = [n["metadata"]["name"] for n in kube.get("/api/v1/namespaces")["items"]]
-        pods = kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
-        if pods:  # kwok waits out each pod's grace period (a worker's: its drain timeout)
-            kube.delete(f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
-        return namespace not in names or f"{len(pods)} pods left"
-
-    wait(gone, timeout, f"namespace {namespace} to be deleted", 2.0)
 
 
 # --- one scale ---------------------------------------------------------------------------------
@@ -374,23 +129,6 @@ def wait_converged(
     return at
 
 
-def handler_stats(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for handler in sorted({r["handler"] for r in records}):
-        mine = [r for r in records if r["handler"] == handler]
-        s, verbs = sorted(r["s"] for r in mine), Counter[str]()
-        for r in mine:
-            verbs.update(r["requests"])
-        errors = [r["error"] for r in mine if r["error"]]
-        out[handler] = {
-            "calls": len(mine), "p50_s": round(statistics.median(s), 4),
-            "p90_s": round(s[int(0.9 * (len(s) - 1))], 4), "max_s": round(s[-1], 4),
-            "requests_per_call": {v: round(n / len(mine), 2) for v, n in sorted(verbs.items())},
-            "errors": len(errors), "first_error": errors[0] if errors else None,
-        }  # fmt: skip
-    return out
-
-
 def minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] > before.get(k, 0)}
 
@@ -424,7 +162,8 @@ def run_scale(
         try:
             release_s = delete_cards(kube, namespace, min(args.timeout_s, 180.0))
         finally:
-            stop_s = op.stop()
+            if (stop_s := op.stop()) is None:
+                say("the operator did not exit 20 s after SIGTERM; it was killed")
     drop_namespace(kube, namespace, args.timeout_s)
     window = args.steady_s * len(cards)
     return {
