@@ -32,3 +32,8 @@ class TransferError(LoomError):
 
 class CheckpointError(LoomError):
     """A checkpoint directory is missing files or does not match its config."""
+
+
+class WorkerLostError(LoomError):
+    """The worker cannot go on (its rank processes are gone): its step thread aborts what was
+    in flight and stops, its health check fails, and the fleet replaces it (HTTP 503 meanwhile)."""

@@ -105,12 +105,28 @@ def runtime_flags(
         argv += ["--kv-offload-gib", f"{settings.kv_offload.host_gib:g}"]
     if settings.hi_sparse is not None:  # offloadGiB: the native runtime has none beside it yet
         argv += ["--hisparse-host-pool-gib", f"{settings.hi_sparse.host_pool_gib:g}"]
+    argv += parallel_flags(settings)
     if role != "aggregated":
         argv += ["--on-transfer-failure", deployment.spec.failover.on_transfer_failure]
         if kv_connector is not None:
             argv += ["--kv-connector", kv_connector]
     if ports.kv_side is not None:
         argv += ["--kv-side-port", str(ports.kv_side)]
+    return argv
+
+
+PARALLEL_FLAGS = (("dp", "--dp"), ("tp", "--tp"), ("pcp", "--pcp"), ("dcp", "--dcp"),
+                  ("ep", "--ep"), ("cp_kv_interleave", "--dcp-interleave"))  # fmt: skip
+
+
+def parallel_flags(settings: Role) -> list[str]:
+    """The role's parallelism as runtime flags, each only when it is not 1 (the runtime
+    starts the ranks and refuses what it cannot split: docs/parallel.md)."""
+    par = settings.parallelism
+    argv: list[str] = []
+    for name, flag in PARALLEL_FLAGS:
+        if (value := getattr(par, name)) != 1:
+            argv += [flag, str(value)]
     return argv
 
 

@@ -5,11 +5,15 @@ A frozen record built once (from a card or the CLI); never read from the environ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.parallel.layout import ParallelLayout
+
+DCP_BACKENDS = ("ag_rs", "a2a")  # vLLM's --dcp-comm-backend choices
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,14 @@ class EngineConfig:
     hisparse_host_pool_gib: float = 0.0
     # Rows per layer in a request's hot buffer; None: 2 × the indexer's top-k + 1.
     hisparse_hot_slots: int | None = None
+    # Ranks inside the engine (a role's `parallelism`, `--pcp/--dcp/--ep/--dcp-interleave`;
+    # sparse-mla only): the forward runs on layout.world rank processes (PCP, DCP, EP) that the
+    # engine drives step by step (engine/ranked_runner.py, docs/parallel.md). One replica per
+    # worker (dp 1) and no tp. The ranks keep each request's rows themselves, so a parallel
+    # engine caches no prefixes (use_prefix_cache) and has no offload, HiSparse or P/D.
+    parallel: ParallelLayout = field(default_factory=ParallelLayout)
+    dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
+    collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
     model_name: str = "loom"
@@ -92,8 +104,48 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.hisparse_hot_slots must be >= 1, got {self.hisparse_hot_slots}"
             )
+        self._check_parallel()
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
+
+    def _check_parallel(self) -> None:
+        layout = self.parallel
+        if self.dcp_backend not in DCP_BACKENDS:
+            raise ValueError(
+                f"EngineConfig.dcp_backend must be one of {DCP_BACKENDS}, got {self.dcp_backend!r}"
+            )
+        if not self.collective_timeout_s > 0:
+            raise ValueError(
+                f"EngineConfig.collective_timeout_s must be > 0, got {self.collective_timeout_s}"
+            )
+        if layout.world == 1:
+            return
+        if layout.dp > 1:
+            raise ValueError(
+                f"EngineConfig.parallel {layout.describe()}: one worker serves one replica "
+                "(dp 1); data-parallel attention across the ranks of one worker is not built, "
+                "so run dp replicas as separate workers"
+            )
+        if layout.tp > 1:
+            raise ValueError(
+                f"EngineConfig.parallel {layout.describe()}: tensor parallelism (tp > 1) is not "
+                "built in the native runtime; split sparse-mla with pcp, dcp and ep"
+            )
+        extras = {
+            "kv_offload_gib": self.kv_offload_gib > 0,
+            "hisparse_host_pool_gib": self.hisparse,
+        }
+        if on := [name for name, used in extras.items() if used]:
+            raise ValueError(
+                f"EngineConfig.parallel {layout.describe()}: {', '.join(on)} cannot run on "
+                "ranks yet (the ranks keep each request's rows themselves); set it to 0"
+            )
+
+    @property
+    def use_prefix_cache(self) -> bool:
+        """Prefix caching as asked, and possible: a parallel engine's rows live on its ranks,
+        per request, so it never finds a prefix in its blocks."""
+        return self.prefix_caching and self.parallel.world == 1
 
     @property
     def kv_offload_bytes(self) -> int:

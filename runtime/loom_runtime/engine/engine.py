@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.batch_scheduler import BatchScheduler
 from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
@@ -23,8 +25,9 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.hisparse import hisparse_cache, hisparse_stats
 from loom_runtime.engine.host_reload import HostReloads
+from loom_runtime.engine.ranked_runner import RankedRunner, check_ranks, start_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
-from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
+from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
@@ -66,8 +69,13 @@ class Engine:
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
         co: CoScheduler | None = None,
+        ranks: RankedRunner | None = None,
     ) -> None:
-        """`co`: share one step thread (and lock) with the other engines of this worker."""
+        """`co`: share one step thread (and lock) with the other engines of this worker.
+        `ranks`: the rank processes of a parallel engine (config.parallel; `from_checkpoint`
+        starts them); the engine then schedules and samples here and runs every forward on
+        them, and closes them at shutdown."""
+        check_ranks(loaded.config, config, ranks, disagg)
         if (disagg is None) != (connector is None):
             raise ValueError("a P/D engine needs both its role (disagg) and a KV connector")
         if loaded.model.dtype != config.dtype:
@@ -93,7 +101,8 @@ class Engine:
             self._hisparse = None
             self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
             spec = mc.kv_spec(bs, self.num_blocks, config.dtype, config.kv_fp8)
-            cache = spec.allocate(loaded.model.device)
+            # a parallel engine's rows live on its ranks: its pool only counts blocks
+            cache = spec.allocate(loaded.model.device if ranks is None else torch.device("meta"))
         if disagg is not None and not cache.transferable:
             raise TransferError(
                 f"P/D serving moves [blocks, layers, 2, block, heads, dim] KV caches only; the "
@@ -102,7 +111,11 @@ class Engine:
             )
         # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
         self._kv_cache_bytes = (
-            cache.data.nbytes if self._hisparse is None else self._hisparse.spec.device_bytes
+            0  # on the ranks: EngineStats.ranks
+            if ranks is not None
+            else cache.data.nbytes
+            if self._hisparse is None
+            else self._hisparse.spec.device_bytes
         )
         self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)
@@ -113,13 +126,15 @@ class Engine:
         )
         hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
         self._kv = KVAllocator(self._pool, hasher, self._offload, config.kv_reload_async)
-        self._runner = ModelRunner(loaded.model, cache)
+        self._ranks = ranks
+        self._runner: TokenRunner = ModelRunner(loaded.model, cache) if ranks is None else ranks
+        on_free = self._hisparse.release if self._hisparse is not None else None
         self._loop = ARDecodeLoop(
             self._kv,
             new_decoder=loaded.tokenizer.incremental_decoder,
             eos_token_ids=loaded.tokenizer.eos_token_ids,
-            prefix_caching=config.prefix_caching,
-            on_free=None if self._hisparse is None else self._hisparse.release,
+            prefix_caching=config.use_prefix_cache,
+            on_free=ranks.release if ranks is not None else on_free,
         )
         self.disagg = disagg
         remote = None
@@ -168,7 +183,16 @@ class Engine:
         co: CoScheduler | None = None,
     ) -> Engine:
         loaded = load_model(path, dtype=config.dtype, device=config.device)
-        return cls(loaded, config, events, disagg, connector, co)
+        if config.parallel.world == 1:
+            return cls(loaded, config, events, disagg, connector, co)
+        check_ranks(loaded.config, config, None, disagg, starting=True)
+        max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
+        ranks = start_ranks(str(path), config, max_model_len)
+        try:
+            return cls(loaded, config, events, disagg, connector, co, ranks)
+        except BaseException:
+            ranks.close()
+            raise
 
     @property
     def weights_version(self) -> str:
@@ -201,6 +225,8 @@ class Engine:
             logger.warning("shutdown: step thread did not stop within %.1fs", timeout)
         if self._reloads is not None:
             self._reloads.close(max(0.0, deadline - time.monotonic()))
+        if self._ranks is not None:
+            self._ranks.close(max(1.0, deadline - time.monotonic()))
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -209,6 +235,11 @@ class Engine:
         validate_request(req, self.max_model_len, self.model_config.vocab_size)
         check_transfer_request(req, self.disagg)
         with self._lock:
+            if self._thread.lost is not None:
+                raise AdmissionError(
+                    f"request {req.request_id!r} refused: the worker is lost "
+                    f"({self._thread.lost}); retry on another worker"
+                )
             if not self._admission_open:
                 raise AdmissionError(
                     f"request {req.request_id!r} refused: admission is closed "
@@ -280,6 +311,11 @@ class Engine:
     def load_weights(self, path: str, version: str) -> None:
         """Swap weights in place at a step boundary; needs paused with nothing in flight."""
         self._require_drained(version)
+        if self._ranks is not None:
+            raise AdmissionError(
+                f"load_weights({version!r}): a weight sync of a parallel engine's ranks is not "
+                "built yet; replace the worker instead (the fleet's rolling update does)"
+            )
         tensors = read_weights(path)
         with self._step_lock:
             self._require_drained(version)
@@ -336,6 +372,8 @@ class Engine:
             if aborts:
                 self._scheduler.abort(aborts)
             ran = self._scheduler.step()
+            if self._ranks is not None:
+                self._ranks.flush()  # finished requests leave the ranks now, not at the next step
             with self._lock:
                 self._stats = self._snapshot()
                 self._settle_drain()
@@ -431,6 +469,7 @@ class Engine:
             kv_bytes_per_token=self._kv_bytes_per_token,
             **self._offload_stats(),
             **({} if self._hisparse is None else hisparse_stats(self._hisparse)),
+            ranks=() if self._ranks is None else self._ranks.kv(),
         )
 
     def _offload_stats(self) -> dict[str, int]:

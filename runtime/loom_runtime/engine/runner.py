@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -49,6 +50,14 @@ class TokenWork:
     @property
     def end(self) -> int:
         return self.start + len(self.token_ids)
+
+
+class TokenRunner(Protocol):
+    """What executes a step's token works: ModelRunner here, RankedRunner on a worker's ranks."""
+
+    tokens_run: int
+
+    def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]: ...
 
 
 class ModelRunner:

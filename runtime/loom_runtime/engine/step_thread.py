@@ -11,12 +11,15 @@ import logging
 import threading
 from collections.abc import Callable
 
+from loom_runtime.errors import WorkerLostError
+
 logger = logging.getLogger(__name__)
 
 
 class StepThread:
     """`cond` is the engine's condition (its lock guards what `has_work` reads); `on_error`
-    runs, outside that lock, when a step raises: the engine aborts what was in it."""
+    runs, outside that lock, when a step raises: the engine aborts what was in it. A
+    WorkerLostError also ends the thread (the worker's health check then fails)."""
 
     def __init__(
         self,
@@ -31,6 +34,7 @@ class StepThread:
         self._cond = cond
         self._step, self._has_work, self._on_error = step, has_work, on_error
         self._idle_wait_s = idle_wait_s
+        self.lost: WorkerLostError | None = None  # why the thread stopped for good
         self._stop = False
         self._thread: threading.Thread | None = None
 
@@ -68,6 +72,14 @@ class StepThread:
                     break
             try:
                 ran = self._step()
+            except WorkerLostError as lost:
+                self.lost = lost
+                logger.exception(
+                    "the worker is lost; aborting its requests and stopping",
+                    extra={"step_thread": self.name},
+                )
+                self._on_error()
+                break
             except Exception:
                 logger.exception(
                     "step raised; aborting its requests", extra={"step_thread": self.name}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenWork
+from loom_runtime.engine.runner import TOKEN_FORWARD, TokenRunner, TokenWork
 from loom_runtime.engine.sampler import SampledToken, sample
 from loom_runtime.loop.contract import WorkPlan
 
@@ -32,7 +32,7 @@ class TokenForward:
 
     shape = TOKEN_FORWARD
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: TokenRunner) -> None:
         self.runner = runner
 
     def execute(self, plans: Sequence[WorkPlan[TokenResult]]) -> list[TokenResult]:

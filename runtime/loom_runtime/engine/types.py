@@ -112,6 +112,17 @@ class RequestOutput:
 
 
 @dataclass(frozen=True)
+class RankKVStats:
+    """What one rank of a parallel engine holds (engine/ranked_runner.py)."""
+
+    rank: int
+    kv_bytes_per_token: int  # bytes of one token's rows where a rank keeps them (all layers)
+    kv_tokens: int  # tokens whose rows this rank holds now (a DCP rank: its share)
+    kv_bytes: int  # those rows' bytes, in whole blocks per sequence
+    sequences: int  # live sequences on the rank
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics and the control service."""
 
@@ -154,3 +165,4 @@ class EngineStats:
     hisparse_h2d_bytes: int = 0  # bytes of those misses' host -> device copies (counter)
     hisparse_prefill_h2d_bytes: int = 0  # prefill chunks' one-step host -> device bytes (counter)
     hisparse_hot_requests: int = 0  # requests holding a hot buffer now
+    ranks: tuple[RankKVStats, ...] = ()  # a parallel engine's ranks (none on one rank)

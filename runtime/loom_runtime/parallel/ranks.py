@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from loom_runtime.errors import LoomError
+from loom_runtime.errors import WorkerLostError
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ PARENT_POLL_S = 0.5
 STOP_TIMEOUT_S = 5.0  # between terminate and kill
 
 
-class RankFailure(LoomError):
+class RankFailure(WorkerLostError):
     """A rank of a worker failed; the others were taken down with it."""
 
     def __init__(self, message: str, outcomes: tuple[RankOutcome, ...]) -> None:

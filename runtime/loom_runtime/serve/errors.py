@@ -18,6 +18,7 @@ from loom_runtime.errors import (
     LoomError,
     ModelNotFoundError,
     TransferError,
+    WorkerLostError,
 )
 
 
@@ -83,6 +84,7 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None, grpc.StatusCode],
     (CheckpointError, 400, _INVALID, "invalid_checkpoint", _G.INVALID_ARGUMENT),
     (ControlStateError, 409, _INVALID, "wrong_state", _G.FAILED_PRECONDITION),
     (AdmissionError, 503, _UNAVAILABLE, "admission_closed", _G.UNAVAILABLE),
+    (WorkerLostError, 503, _UNAVAILABLE, "worker_lost", _G.UNAVAILABLE),
     (RequestAbortedError, 503, _UNAVAILABLE, "request_aborted", _G.ABORTED),
     (EngineStalledError, 504, "server_error", "engine_stalled", _G.DEADLINE_EXCEEDED),
     (TransferError, 500, "server_error", "kv_transfer_failed", _G.INTERNAL),

@@ -27,6 +27,8 @@ from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.wan.loader import load_wan
+from loom_runtime.parallel.layout import LayoutError, ParallelLayout
+from loom_runtime.parallel.ranks import RankFailure
 from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
 from loom_runtime.serve.dual_app import DualWorker
@@ -134,6 +136,28 @@ def add_parser(sub: Any) -> None:
         default="recompute",
         help="decode: when a KV pull fails, prefill locally or answer 500",
     )
+    par = p.add_argument_group(
+        "ranks inside the worker (sparse-mla; a role's parallelism: ranks = pcp, one replica)"
+    )
+    par.add_argument("--dp", type=int, default=1, help="data parallel replicas (1 per worker)")
+    par.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (not built: 1)")
+    par.add_argument("--pcp", type=int, default=1, help="prefill context parallel ranks")
+    par.add_argument(
+        "--dcp", type=int, default=1, help="decode context parallel size (divides --pcp)"
+    )
+    par.add_argument("--ep", type=int, default=1, help="expert parallel size (divides --pcp)")
+    par.add_argument(
+        "--dcp-interleave", type=int, default=1,
+        help="DCP: consecutive tokens on one rank before the next (cpKvInterleave; default 1)",
+    )  # fmt: skip
+    par.add_argument(
+        "--dcp-comm-backend", choices=("ag_rs", "a2a"), default="ag_rs",
+        help="how DCP merges partial attention (vLLM's --dcp-comm-backend; default ag_rs)",
+    )  # fmt: skip
+    par.add_argument(
+        "--collective-timeout", type=float, default=60.0,
+        help="seconds a rank waits on a collective or a step before the worker fails (60)",
+    )  # fmt: skip
     diffusion_main.add_arguments(p)
     p.set_defaults(run=run)  # fmt: skip
 
@@ -197,8 +221,18 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
             kv_fp8=kv_fp8_format(card, component),
             weights_version=args.weights_version or component.weights_version,
             model_name=card.name,
+            parallel=ParallelLayout(
+                dp=args.dp,
+                tp=args.tp,
+                pcp=args.pcp,
+                dcp=args.dcp,
+                ep=args.ep,
+                interleave=args.dcp_interleave,
+            ),
+            dcp_backend=args.dcp_comm_backend,
+            collective_timeout_s=args.collective_timeout,
         )
-    except ValueError as exc:
+    except (ValueError, LayoutError) as exc:
         raise UsageError(str(exc)) from None
     serve = ServeSettings(
         host=args.host,
@@ -264,6 +298,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         except (TransferError, OSError) as exc:  # NIXL missing, side port in use
             print(f"loom runtime: cannot set up the KV connector: {exc}", file=sys.stderr)
+            return 2
+        except (LayoutError, RankFailure) as exc:  # a layout the model cannot split, a rank down
+            print(f"loom runtime: cannot start the worker's ranks: {exc}", file=sys.stderr)
             return 2
         # The model, tokenizer and tables live as long as the process: keep them out of every
         # garbage collection (the step loop allocates small objects every step).

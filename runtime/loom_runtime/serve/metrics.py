@@ -118,6 +118,27 @@ def _hisparse_metrics(
     )
 
 
+RANK_GAUGES = (
+    ("loom:rank_kv_tokens", "Tokens whose KV rows this rank holds (a DCP rank: its share).",
+     "kv_tokens"),
+    ("loom:rank_kv_bytes", "Bytes of the KV blocks this rank's rows fill.", "kv_bytes"),
+    ("loom:rank_kv_bytes_per_token",
+     "KV bytes of one token's rows where a rank keeps them (all layers).", "kv_bytes_per_token"),
+    ("loom:rank_sequences", "Live sequences on this rank.", "sequences"),
+)  # fmt: skip
+
+
+def _rank_metrics(s: EngineStats, model_name: str) -> Iterator[GaugeMetricFamily]:
+    """A parallel engine's per-rank KV (none on one rank; docs/parallel.md)."""
+    if not s.ranks:
+        return
+    for name, doc, field in RANK_GAUGES:
+        g = GaugeMetricFamily(name, doc, labels=["model_name", "rank"])
+        for rank in s.ranks:
+            g.add_metric([model_name, str(rank.rank)], getattr(rank, field))
+        yield g
+
+
 class _EngineCollector(Collector):
     """Reads one EngineStats snapshot per scrape: gauges and the engine's own counters."""
 
@@ -184,6 +205,7 @@ class _EngineCollector(Collector):
             "loom:kv_reload_bytes", "Bytes copied back from the host KV tier.", s.kv_reload_bytes
         )
         yield from _hisparse_metrics(s, gauge, counter)
+        yield from _rank_metrics(s, self._model)
         yield counter("loom:drains", "Drains completed (admission closed until idle).", s.drains)
         yield counter("loom:drain_seconds", "Seconds the completed drains took.", s.drain_seconds)
         yield gauge("loom:last_drain_seconds", "The latest drain's duration.", s.last_drain_seconds)

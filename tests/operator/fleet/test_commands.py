@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from loom_operator.api import load_documents
-from loom_operator.api.roles import HiSparse, KvOffload
+from loom_operator.api.roles import HiSparse, KvOffload, Parallelism
 from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
@@ -88,3 +88,21 @@ def test_a_decode_role_with_hisparse_passes_its_host_pool_to_the_worker() -> Non
     argv = runtime_flags(model, hisparse, "decode", PORTS, None)
     assert argv[argv.index("--hisparse-host-pool-gib") + 1] == "48"
     assert "--kv-offload-gib" not in argv  # offloadGiB is not served natively yet
+
+
+def test_a_roles_parallelism_reaches_the_worker_as_rank_flags() -> None:
+    model, deployment = cards("tiny-pd.yaml")
+    assert "--pcp" not in runtime_flags(model, deployment, "prefill", PORTS, None)
+    roles = deployment.spec.roles
+    assert roles.prefill is not None
+    parallel = Parallelism(pcp=2, dcp=2, ep=2, cpKvInterleave=4)
+    role = roles.prefill.model_copy(update={"parallelism": parallel})
+    split = deployment.model_copy(
+        update={"spec": deployment.spec.model_copy(
+            update={"roles": roles.model_copy(update={"prefill": role})})}
+    )  # fmt: skip
+    argv = runtime_flags(model, split, "prefill", PORTS, None)
+    flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    assert {k: flags[k] for k in ("--pcp", "--dcp", "--ep", "--dcp-interleave")} == {
+        "--pcp": "2", "--dcp": "2", "--ep": "2", "--dcp-interleave": "4"}  # fmt: skip
+    assert "--dp" not in argv and "--tp" not in argv  # 1: left to the runtime's default

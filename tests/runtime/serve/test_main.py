@@ -11,6 +11,7 @@ import torch
 from loom_runtime.card import CardError
 from loom_runtime.cli import build_parser
 from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.serve import main
 from loom_runtime.serve.main import UsageError, plan_worker
 
@@ -165,3 +166,28 @@ def test_hisparse_flags_become_the_engines_host_pool(tmp_path: Path) -> None:
     assert engine.hisparse_host_pool_bytes == 1 << 29 and engine.hisparse_hot_slots == 33
     with pytest.raises(UsageError, match="cannot be combined yet"):
         plan_worker(_args(_card(tmp_path), *argv, "--kv-offload-gib", "1"), {})
+
+
+def test_parallel_flags_become_the_engines_layout(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.parallel == ParallelLayout()
+    args = _args(_card(tmp_path), "--pcp", "2", "--dcp", "2", "--ep", "2", "--dcp-interleave",
+                 "4", "--dcp-comm-backend", "a2a", "--collective-timeout", "30")  # fmt: skip
+    engine = plan_worker(args, {}).engine
+    assert engine.parallel == ParallelLayout(pcp=2, dcp=2, ep=2, interleave=4)
+    assert (engine.dcp_backend, engine.collective_timeout_s) == ("a2a", 30.0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--dp", "2", "--ep", "2"), "one replica"),
+        (("--tp", "2"), "tensor parallelism"),
+        (("--pcp", "2", "--dcp", "3"), "dcp"),
+        (("--pcp", "2", "--kv-offload-gib", "1"), "cannot run on ranks"),
+    ],
+)
+def test_parallel_layouts_the_worker_cannot_run_are_usage_errors(
+    tmp_path: Path, flags: tuple[str, ...], says: str
+) -> None:
+    with pytest.raises(UsageError, match=says):
+        plan_worker(_args(_card(tmp_path), *flags), {})

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loom_runtime.engine.types import EngineStats, RequestMetrics
+from loom_runtime.engine.types import EngineStats, RankKVStats, RequestMetrics
 from loom_runtime.serve.metrics import PHASES, ServerMetrics, worker_phase
 
 
@@ -164,3 +164,16 @@ def test_hisparse_tiers_are_exported_with_the_hot_buffer_hit_rate() -> None:
     assert s[("loom:hisparse_hot_requests", m)] == 2
     off = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=0)))
     assert off[("loom:hisparse_hot_hit_rate", m)] == 0.0  # nothing looked up: no division
+
+
+def test_a_parallel_engines_ranks_are_exported_per_rank() -> None:
+    ranks = (RankKVStats(0, 1536, 156, 160 * 1536, 1), RankKVStats(1, 1536, 154, 160 * 1536, 1))
+    s = _samples(ServerMetrics("tiny", Snapshot(replace(STATS, ranks=ranks), in_flight=1)))
+    for r in ranks:
+        labels = (("model_name", "tiny"), ("rank", str(r.rank)))
+        assert s[("loom:rank_kv_tokens", labels)] == r.kv_tokens
+        assert s[("loom:rank_kv_bytes", labels)] == r.kv_bytes
+        assert s[("loom:rank_kv_bytes_per_token", labels)] == 1536
+        assert s[("loom:rank_sequences", labels)] == 1
+    one = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=0)))
+    assert not any(name.startswith("loom:rank_") for name, _ in one)  # one rank: no series

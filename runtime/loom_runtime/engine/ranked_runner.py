@@ -1,0 +1,223 @@
+"""The ranked runner: ModelRunner's interface over the rank processes of a parallel sparse-mla
+worker (PCP, DCP, EP). The engine schedules and samples in its own process as on one rank;
+each step's token works go to every rank over a pipe, every rank runs them in the same order
+(parallel/sparse_mla/rank_server.py), and rank 0 sends back the logits rows.
+
+Owns the rank group's lifetime, the step exchange and its timeout, and the sequences to release
+at the next step; never schedules, samples or touches the engine's block tables. A rank that
+dies, raises or does not answer in time takes the runner down with RankFailure (every rank
+stopped): the worker fails cleanly and the fleet's failover handles its requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import tempfile
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import NoReturn, TypeVar
+
+import torch
+
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.types import RankKVStats
+from loom_runtime.models.causal_lm import DecoderConfig
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.parallel.layout import LayoutError
+from loom_runtime.parallel.ranks import RankConfig, RankFailure, RankGroup
+from loom_runtime.parallel.sparse_mla.rank_server import (
+    RankReady,
+    RankReply,
+    RankServeSpec,
+    RankStep,
+    RankWork,
+    serve_rank,
+)
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0  # joining the groups and loading the checkpoint, on every rank
+FAIL_GRACE_S = 10.0  # after a failure, how long the other ranks get to exit on their own
+Reply = TypeVar("Reply", RankReady, RankReply)
+
+
+class RankedRunner:
+    """Start with the spec; `execute` as ModelRunner; `release` after a request's blocks are
+    freed; `close` at shutdown. Not thread-safe: the engine's step thread is its one caller."""
+
+    def __init__(
+        self,
+        spec: RankServeSpec,
+        config: RankConfig,
+        workdir: Path | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        if config.world != spec.layout.world:
+            raise ValueError(
+                f"RankedRunner: layout {spec.layout.describe()} has {spec.layout.world} ranks, "
+                f"the rank config {config.world}"
+            )
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.device = torch.device("cpu")  # where logits rows arrive
+        self.tokens_run = 0
+        self.forwards = 0
+        self._timeout_s = config.collective_timeout_s
+        self._released: list[str] = []
+        self._dir = tempfile.TemporaryDirectory(prefix="loom-ranks-") if workdir is None else None
+        ctx = mp.get_context("spawn")
+        pipes = [ctx.Pipe() for _ in range(config.world)]
+        self._conns: list[Connection] = [mine for mine, _ in pipes]
+        theirs = tuple(child for _, child in pipes)
+        where = Path(self._dir.name) if self._dir is not None else Path(workdir or ".")
+        self._group = RankGroup(config, serve_rank, (spec, theirs), where)
+        self._group.start()
+        for child in theirs:  # a dead rank's pipe then reads as closed here
+            child.close()
+        ready = [self._receive(r, RankReady, start_timeout_s) for r in range(config.world)]
+        self._kv = [RankKVStats(r.rank, r.kv_bytes_per_token, 0, 0, 0) for r in ready]
+        logger.info(
+            "ranks ready",
+            extra={"layout": spec.layout.describe(), "pids": self._group.pids},
+        )
+
+    @property
+    def world(self) -> int:
+        return len(self._conns)
+
+    @property
+    def pids(self) -> list[int]:
+        return self._group.pids
+
+    def kv(self) -> tuple[RankKVStats, ...]:
+        """Per rank, the KV it held after the last step."""
+        return tuple(self._kv)
+
+    def release(self, request_id: str) -> None:
+        """The request's blocks were freed: its sequences go with the next step."""
+        self._released.append(request_id)
+
+    def flush(self) -> None:
+        """Send the pending releases now (a step of no works), when there are any."""
+        if self._released:
+            self.execute(())
+
+    def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
+        """One step on every rank; per work its logits row ([vocab]) or None."""
+        step = RankStep(
+            works=tuple(RankWork(w.request_id, w.token_ids, w.start, w.want_logits) for w in works),
+            release=tuple(self._released),
+        )
+        self._released = []
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send(step)
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+                self._fail(f"rank {rank} is gone ({type(exc).__name__})")
+        replies = [self._receive(r, RankReply, self._timeout_s) for r in range(self.world)]
+        self._kv = [
+            RankKVStats(kv.rank, kv.kv_bytes_per_token, r.kv_tokens, r.kv_bytes, r.sequences)
+            for kv, r in zip(self._kv, replies, strict=True)
+        ]
+        lead = replies[0]
+        self.tokens_run += sum(len(w.token_ids) for w in works)
+        self.forwards += bool(works)
+        rows = iter(() if lead.logits is None else lead.logits)
+        return [next(rows) if w.want_logits else None for w in works]
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask every rank to stop, then stop whatever is left after `timeout_s`."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        self._group.wait(timeout_s)
+        self._group.stop()
+        for conn in self._conns:
+            conn.close()
+        if self._dir is not None:
+            self._dir.cleanup()
+
+    def _receive(self, rank: int, kind: type[Reply], timeout_s: float) -> Reply:
+        what = "start" if kind is RankReady else "step"
+        conn, proc = self._conns[rank], self._group.processes[rank]
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not conn.poll(max(0.0, min(1.0, deadline - time.monotonic()))):
+                if proc.exitcode is not None:
+                    self._fail(f"rank {rank} exited (code {proc.exitcode}) during the {what}")
+                if time.monotonic() >= deadline:
+                    self._fail(f"rank {rank} did not answer the {what} in {timeout_s:.0f} s")
+            reply = conn.recv()
+        except (EOFError, OSError) as exc:
+            self._fail(f"rank {rank} closed its pipe during the {what} ({type(exc).__name__})")
+        if not isinstance(reply, kind):
+            self._fail(f"rank {rank} answered the {what} with a {type(reply).__name__}")
+        return reply
+
+    def _fail(self, why: str) -> NoReturn:
+        """Every rank goes down (the pipes close: a rank waiting for a step exits; one stuck
+        in a collective with a dead peer times out or is stopped); RankFailure says why, with
+        the first rank's own account when one wrote it."""
+        for conn in self._conns:
+            conn.close()
+        outcomes = self._group.wait(FAIL_GRACE_S)
+        self._group.stop()
+        accounts = [o.error.strip().splitlines()[0] for o in outcomes if o.error]
+        detail = f"; {accounts[0]}" if accounts else ""
+        raise RankFailure(f"the worker's ranks failed: {why}{detail}", outcomes)
+
+
+def start_ranks(checkpoint: str, config: EngineConfig, max_model_len: int) -> RankedRunner:
+    """The ranks of an engine whose config asks for a parallel layout (config.parallel)."""
+    spec = RankServeSpec(
+        checkpoint=checkpoint,
+        layout=config.parallel,
+        dtype=str(config.dtype).removeprefix("torch."),
+        capacity=max_model_len,
+        block_size=config.block_size,
+        dcp_backend=config.dcp_backend,
+    )
+    ranks = RankConfig(
+        world=config.parallel.world,
+        backend="nccl" if config.device.startswith("cuda") else "gloo",
+        collective_timeout_s=config.collective_timeout_s,
+        threads=max(1, torch.get_num_threads() // config.parallel.world),
+    )
+    return RankedRunner(spec, ranks)
+
+
+def check_ranks(
+    model: DecoderConfig,
+    config: EngineConfig,
+    ranks: RankedRunner | None,
+    disagg: object | None,
+    starting: bool = False,
+) -> None:
+    """A parallel engine's settings and its ranks agree; LayoutError says how they do not.
+    `starting`: before the ranks are started (from_checkpoint), so none are given yet."""
+    layout = config.parallel
+    if layout.world == 1:
+        if ranks is not None:
+            raise LayoutError("the engine was given ranks but its config.parallel is one rank")
+        return
+    where = f"parallel {layout.describe()}"
+    if not isinstance(model, SparseMlaConfig):
+        raise LayoutError(
+            f"{where}: ranks inside the engine run the sparse-mla family only (PCP, DCP, EP); "
+            f"the {model.model_type} model has no tensor parallelism in the native runtime yet"
+        )
+    if disagg is not None:
+        raise LayoutError(
+            f"{where}: a P/D role on ranks is not built yet (the KV lives on the ranks, not in "
+            "the pool the connector moves); serve it with an aggregated role"
+        )
+    if not starting and (ranks is None or ranks.world != layout.world):
+        have = "none" if ranks is None else f"{ranks.world}"
+        raise LayoutError(f"{where} needs {layout.world} ranks, the engine was given {have}")
+    if config.prefix_caching and not starting:
+        logger.info("prefix caching is off on ranks: each rank keeps a request's rows itself")

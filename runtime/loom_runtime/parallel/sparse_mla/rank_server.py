@@ -1,0 +1,151 @@
+"""The program every rank of a parallel sparse-mla worker runs under the engine: join the
+layout's groups, load the checkpoint (each rank keeps its EP share of the experts), then run
+the engine's steps as they arrive over its pipe: per scheduled sequence one prefill chunk or
+decode forward on a ParallelSequence, the same calls on every rank, in the same order.
+
+Owns the rank's sequences (one ParallelSequence per request, dropped when the engine releases
+it) and the wire records of a step; never schedules, never samples (the engine does both in
+its own process), never decides which request runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+
+from loom_runtime.models.sparse_mla.loader import load_sparse_mla
+from loom_runtime.parallel.layout import ParallelLayout
+from loom_runtime.parallel.ranks import RankContext
+from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
+from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
+from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence
+
+
+@dataclass(frozen=True)
+class RankServeSpec:
+    """What each rank loads and how it holds sequences."""
+
+    checkpoint: str
+    layout: ParallelLayout
+    dtype: str  # torch dtype name: "float32", "float64", ...
+    capacity: int  # rows a sequence may reach: the engine's max_model_len
+    block_size: int
+    dcp_backend: DcpBackend = "ag_rs"
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """One sequence's share of a step: `token_ids` at positions start.. (start 0: a new
+    sequence, replacing any earlier one of that id, as after a preemption)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    start: int
+    want_logits: bool
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One engine step for the ranks: release these sequences, then run these works."""
+
+    works: tuple[RankWork, ...]
+    release: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RankReply:
+    """A rank's answer to a step. `logits`: the rows of the works that wanted them, in order
+    ([n, vocab]; rank 0 only, None elsewhere). `kv_tokens`/`kv_bytes`: the rows this rank
+    holds for every live sequence, and their bytes in whole blocks."""
+
+    logits: torch.Tensor | None
+    kv_tokens: int
+    kv_bytes: int
+    sequences: int
+
+
+@dataclass(frozen=True)
+class RankReady:
+    """Sent once the rank has joined its groups and loaded its weights."""
+
+    rank: int
+    kv_bytes_per_token: int  # rows of one token this rank holds, in bytes (DCP: a share)
+    expert_bytes: int
+
+
+class RankSequences:
+    """One rank's live sequences and how a step's works run on them."""
+
+    def __init__(self, ctx: RankContext, spec: RankServeSpec) -> None:
+        self.rank = ctx.rank
+        self.spec = spec
+        self.plan = join_groups(
+            spec.layout, ctx.rank, ctx.device, ctx.collective_timeout_s, spec.dcp_backend
+        )
+        dtype = getattr(torch, spec.dtype)
+        self.model = load_sparse_mla(spec.checkpoint, dtype, ctx.device).model
+        self.experts = shard_experts(self.model, self.plan.ep)
+        self.live: dict[str, ParallelSequence] = {}
+
+    def ready(self) -> RankReady:
+        probe = self._new_sequence(1)
+        expert_bytes = sum(e.expert_bytes for e in self.experts.values())
+        return RankReady(self.rank, probe.store.bytes_per_token, expert_bytes)
+
+    def step(self, step: RankStep) -> RankReply:
+        for request_id in step.release:
+            self.live.pop(request_id, None)
+        rows = [row for work in step.works if (row := self._run(work)) is not None]
+        logits = torch.stack(rows) if rows and self.rank == 0 else None
+        stores = [seq.store for seq in self.live.values()]
+        return RankReply(
+            logits=None if logits is None else logits.cpu(),
+            kv_tokens=sum(s.kv_tokens for s in stores),
+            kv_bytes=sum(s.block_bytes(self.spec.block_size) for s in stores),
+            sequences=len(stores),
+        )
+
+    def _run(self, work: RankWork) -> torch.Tensor | None:
+        if work.start == 0:
+            self.live[work.request_id] = self._new_sequence(self.spec.capacity)
+        seq = self.live.get(work.request_id)
+        if seq is None or seq.length != work.start:
+            held = "no sequence" if seq is None else f"{seq.length} tokens"
+            raise RuntimeError(
+                f"rank {self.rank}: request {work.request_id!r} continues at {work.start} but "
+                f"this rank holds {held}: the ranks fell out of step with the engine"
+            )
+        ids = torch.tensor(work.token_ids, dtype=torch.long)
+        if work.start > 0 and len(ids) == 1:
+            logits = seq.decode(ids)
+        else:  # a prompt chunk: split over the PCP group when every chunk gets a token
+            logits = seq.prefill(ids, split=len(ids) >= 2 * self.plan.pcp.size)
+        return logits[-1] if work.want_logits else None
+
+    def _new_sequence(self, capacity: int) -> ParallelSequence:
+        return ParallelSequence(self.model, self.plan, capacity, self.experts, self.spec.block_size)
+
+
+def serve_rank(ctx: RankContext, spec: RankServeSpec, conns: tuple[Connection, ...]) -> int:
+    """A rank's program (parallel/ranks.py): steps from its pipe until the engine closes it
+    or sends None. Returns the number of steps run. A step that raises fails the rank (its
+    account goes to rankN.error); the engine sees its pipe close and takes the worker down."""
+    conn = conns[ctx.rank]
+    for i, other in enumerate(conns):
+        if i != ctx.rank:
+            other.close()
+    with torch.inference_mode():
+        ranks = RankSequences(ctx, spec)
+        conn.send(ranks.ready())
+        steps = 0
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:  # the engine went away
+                return steps
+            if message is None:
+                return steps
+            conn.send(ranks.step(message))
+            steps += 1

@@ -1,0 +1,153 @@
+"""A parallel engine (config.parallel) runs every forward on real gloo rank processes and gives
+the one-rank engine's greedy tokens: PCP2×DCP2 (interleave 1 and 4, ag_rs and a2a) and EP2,
+over concurrent requests of different lengths with chunked prefill and preemption, index
+top-k (64) below the contexts. Each rank's KV equals the planner's per-rank figure, the ranks
+release every finished request, and a rank that dies takes the engine down with RankFailure
+instead of a hang. Settings the ranks cannot serve are refused with a readable error."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
+
+from loom_operator.fleet.capacity import dcp_local_length
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.types import EngineRequest
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
+from loom_runtime.parallel.layout import LayoutError, ParallelLayout
+from loom_runtime.parallel.ranks import RankFailure
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_tiny_sparse_mla(tmp_path_factory.mktemp("ranked-engine") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def loaded(sparse_dir: Path) -> LoadedModel:
+    return load_model(sparse_dir, dtype=torch.float64)
+
+
+def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
+    base: dict[str, object] = dict(
+        dtype=torch.float64,
+        block_size=BLOCK,
+        num_blocks=80,
+        max_model_len=512,
+        max_num_batched_tokens=96,
+        max_num_seqs=8,
+        parallel=layout,
+        collective_timeout_s=60.0,
+    )
+    return EngineConfig(**(base | kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("layout", "backend"),
+    [
+        (ParallelLayout(pcp=2, dcp=2, interleave=1), "ag_rs"),
+        (ParallelLayout(pcp=2, dcp=2, interleave=4), "a2a"),
+        (ParallelLayout(pcp=2, ep=2), "ag_rs"),
+    ],
+    ids=["pcp2-dcp2-i1-ag_rs", "pcp2-dcp2-i4-a2a", "pcp2-ep2"],
+)
+def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
+    sparse_dir: Path, loaded: LoadedModel, prompt: Prompt, layout: ParallelLayout, backend: str
+) -> None:
+    lengths = [5, 40, 70, 130, 260]  # > INDEX_TOPK from 70 on; > 96 (one chunk) from 130 on
+    assert INDEX_TOPK == 64
+    reqs = [EngineRequest(f"r{i}", prompt(n, 300 + i), greedy(8)) for i, n in enumerate(lengths)]
+    engine = Engine.from_checkpoint(sparse_dir, config(layout, dcp_backend=backend))
+    try:
+        got = run_all(engine, reqs)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    for r in reqs:
+        assert got[r.request_id] == one_sequence(inner(loaded), r.prompt_token_ids, 8)
+    assert stats.num_free_blocks == stats.num_blocks
+    assert len(stats.ranks) == layout.world
+    assert all(rank.sequences == 0 and rank.kv_tokens == 0 for rank in stats.ranks)
+
+
+def test_each_rank_holds_its_dcp_share_as_the_planner_predicts(
+    sparse_dir: Path, prompt: Prompt
+) -> None:
+    layout = ParallelLayout(pcp=2, dcp=2, interleave=4)
+    engine = Engine.from_checkpoint(sparse_dir, config(layout))
+    try:
+        req = EngineRequest("long", prompt(301, 5), greedy(50))
+        engine.add_request(req, lambda out: None)
+        while engine.stats().num_generation_tokens < 10:  # the 10th is sampled, not yet fed
+            engine.step()
+        ranks = engine.stats().ranks
+    finally:
+        engine.shutdown()
+    context = 301 + 9  # every token fed to the model has its rows on the ranks
+    for rank in ranks:
+        assert rank.kv_tokens == dcp_local_length(context, 2, 4, rank.rank)
+        blocks = -(-rank.kv_tokens // BLOCK)
+        assert rank.kv_bytes == blocks * BLOCK * rank.kv_bytes_per_token
+    assert sum(r.kv_tokens for r in ranks) == context
+
+
+def test_preempted_requests_restart_on_the_ranks_with_the_same_tokens(
+    sparse_dir: Path, loaded: LoadedModel, prompt: Prompt
+) -> None:
+    """8 blocks of 16: two 40-token prompts fit, growing both to 80 tokens forces preemption;
+    the ranks replace a recomputed sequence, and the tokens equal one rank's."""
+    reqs = [EngineRequest(f"p{i}", prompt(40, 10 + i), greedy(40)) for i in range(3)]
+    layout = ParallelLayout(pcp=2, dcp=2)
+    engine = Engine.from_checkpoint(sparse_dir, config(layout, num_blocks=8, max_model_len=128))
+    try:
+        got = run_all(engine, reqs)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert stats.num_preemptions > 0
+    for r in reqs:
+        assert got[r.request_id] == one_sequence(inner(loaded), r.prompt_token_ids, 40)
+
+
+def test_a_rank_that_dies_fails_the_step_with_rank_failure(
+    sparse_dir: Path, prompt: Prompt
+) -> None:
+    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2)))
+    try:
+        engine.add_request(EngineRequest("a", prompt(40, 1), greedy(50)), lambda out: None)
+        engine.step()
+        os.kill(engine._ranks.pids[1], signal.SIGKILL)  # type: ignore[union-attr]
+        with pytest.raises(RankFailure, match="rank"):
+            for _ in range(50):
+                engine.step()
+    finally:
+        engine.shutdown()
+
+
+def test_settings_the_ranks_cannot_serve_are_refused(sparse_dir: Path) -> None:
+    with pytest.raises(ValueError, match="one replica"):
+        config(ParallelLayout(dp=2, ep=2))
+    with pytest.raises(ValueError, match="kv_offload_gib cannot run on ranks"):
+        config(ParallelLayout(pcp=2), kv_offload_gib=1.0)
+    with pytest.raises(ValueError, match="dcp_backend"):
+        config(ParallelLayout(pcp=2), dcp_backend="ring")
+
+
+def test_a_llama_model_on_ranks_is_refused_before_any_rank_starts(tiny_dir: Path) -> None:
+    cfg = EngineConfig(parallel=ParallelLayout(pcp=2), max_model_len=64, num_blocks=16)
+    with pytest.raises(LayoutError, match="sparse-mla family only"):
+        Engine.from_checkpoint(tiny_dir, cfg)
+
+
+def test_an_engine_given_no_ranks_for_a_parallel_layout_is_refused(loaded: LoadedModel) -> None:
+    with pytest.raises(LayoutError, match="needs 2 ranks"):
+        Engine(loaded, config(ParallelLayout(pcp=2)))
