@@ -8,9 +8,9 @@ moves a byte. Both transports execute the same plan, so conversion is tested onc
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -128,35 +128,11 @@ class KVLayout:
         return self.num_layers * 2 * self.row_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "num_blocks": self.num_blocks,
-            "num_layers": self.num_layers,
-            "block_size": self.block_size,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "dtype": self.dtype,
-            "elem_bytes": self.elem_bytes,
-            "order": self.order,
-            "scale_group": self.scale_group,
-        }
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> KVLayout:
-        try:
-            return cls(
-                num_blocks=int(raw["num_blocks"]),
-                num_layers=int(raw["num_layers"]),
-                block_size=int(raw["block_size"]),
-                num_kv_heads=int(raw["num_kv_heads"]),
-                head_dim=int(raw["head_dim"]),
-                dtype=str(raw["dtype"]),
-                elem_bytes=int(raw["elem_bytes"]),
-                order=raw.get("order", "block_major"),
-                scale_group=int(raw.get("scale_group", 0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LayoutError(f"malformed KV layout from a peer: {exc!r}") from None
+        return _from_dict(cls, raw, "KV layout")
 
 
 @dataclass(frozen=True)
@@ -231,37 +207,44 @@ class LatentLayout:
         return {f: getattr(self, f) for f in (*fields, "dtype", "elem_bytes", "scale_group")}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "num_blocks": self.num_blocks,
-            "num_layers": self.num_layers,
-            "block_size": self.block_size,
-            "latent_dim": self.latent_dim,
-            "rope_dim": self.rope_dim,
-            "index_layers": list(self.index_layers),
-            "index_dim": self.index_dim,
-            "dtype": self.dtype,
-            "elem_bytes": self.elem_bytes,
-            "scale_group": self.scale_group,
-        }
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LatentLayout:
-        try:
-            return cls(
-                num_blocks=int(raw["num_blocks"]),
-                num_layers=int(raw["num_layers"]),
-                block_size=int(raw["block_size"]),
-                latent_dim=int(raw["latent_dim"]),
-                rope_dim=int(raw["rope_dim"]),
-                index_layers=tuple(int(i) for i in raw["index_layers"]),
-                index_dim=int(raw["index_dim"]),
-                dtype=str(raw["dtype"]),
-                elem_bytes=int(raw["elem_bytes"]),
-                scale_group=int(raw.get("scale_group", 0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LayoutError(f"malformed latent KV layout from a peer: {exc!r}") from None
+        return _from_dict(cls, raw, "latent KV layout")
+
+
+# How a handshake's values become each field's type (fields are annotated as strings).
+_DECODE: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "str": str,
+    "Order": str,
+    "tuple[int, ...]": lambda v: tuple(int(i) for i in v),
+}
+_Layout = TypeVar("_Layout", KVLayout, LatentLayout)
+
+
+def _to_dict(layout: KVLayout | LatentLayout) -> dict[str, Any]:
+    """The handshake's map: the kind, then every field (tuples as lists)."""
+    out: dict[str, Any] = {"kind": layout.kind}
+    for f in fields(layout):
+        value = getattr(layout, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _from_dict(cls: type[_Layout], raw: Mapping[str, Any], what: str) -> _Layout:
+    """A layout from a peer's map; a field it lacks takes its default (older peers)."""
+    try:
+        values = {}
+        for f in fields(cls):
+            if f.name in raw:
+                values[f.name] = _DECODE[str(f.type)](raw[f.name])
+            elif f.default is MISSING:
+                raise KeyError(f.name)
+        return cls(**values)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LayoutError(f"malformed {what} from a peer: {exc!r}") from None
 
 
 _KINDS = {"heads": "a paged head cache (llama-style K/V)", "latent": "a latent cache (sparse-mla)"}
