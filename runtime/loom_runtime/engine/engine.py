@@ -105,9 +105,10 @@ class Engine:
             cache = spec.allocate(loaded.model.device if ranks is None else torch.device("meta"))
         if disagg is not None and not cache.transferable:
             raise TransferError(
-                f"P/D serving moves [blocks, layers, 2, block, heads, dim] KV caches only; the "
-                f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
-                "serve it with an aggregated role"
+                f"P/D serving moves paged head caches and sparse-mla latent caches; the "
+                f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet "
+                "(HiSparse decode is not served over P/D): serve it with an aggregated role, "
+                "or without HiSparse"
             )
         # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
         self._kv_cache_bytes = (
@@ -139,7 +140,7 @@ class Engine:
         self.disagg = disagg
         remote = None
         if disagg is not None and connector is not None:
-            connector.bind(cache.data, self._wake, config.kv_fp8)
+            connector.bind(cache.data, self._wake, config.kv_fp8, cache.spec)
             remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
         self._reloads = (
             HostReloads(self._loop, self._offload, config.max_num_seqs, self._wake)

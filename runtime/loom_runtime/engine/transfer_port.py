@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from loom_runtime.kv.cache import KVSpec
 from loom_runtime.kv.fp8 import Fp8Format
 
 Role = Literal["prefill", "decode"]
@@ -79,10 +80,15 @@ class KVConnectorPort(Protocol):
     """
 
     def bind(
-        self, kv: torch.Tensor, wake: Callable[[], None], fp8: Fp8Format | None = None
+        self,
+        kv: torch.Tensor,
+        wake: Callable[[], None],
+        fp8: Fp8Format | None = None,
+        spec: KVSpec | None = None,
     ) -> None:
         """Register the KV pool; `wake` is called (from any thread) when something finished.
-        `fp8`: the pool holds packed fp8 rows of this format (moved as they are)."""
+        `fp8`: the pool holds packed fp8 rows of this format (moved as they are). `spec`: the
+        cache's KVSpec, for pools whose rows their tensor's shape does not show (latent)."""
         ...
 
     def grant(

@@ -154,7 +154,7 @@ class HiSparseKVCache:
     `data` is the device tier, [num_blocks, block elements] of indexer key rows (the
     KVStore's tensor). Hot buffers are created per request id and released by the engine."""
 
-    transferable = False
+    transferable = False  # HiSparse decode is not served over P/D yet: the engine refuses the role
 
     def __init__(
         self,

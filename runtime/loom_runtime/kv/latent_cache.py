@@ -73,7 +73,7 @@ class LatentKVCache:
     With fp8 `data` is uint8 and every row is packed (quantised on write, dequantised on gather).
     """
 
-    transferable = False  # the P/D connector moves [blocks, layers, 2, ...] head caches only
+    transferable = True  # the P/D connector's LatentLayout (transfer/layout.py)
 
     def __init__(
         self, spec: LatentKVCacheSpec, device: torch.device | str = "cpu", pin_memory: bool = False

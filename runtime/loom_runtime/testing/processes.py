@@ -220,12 +220,14 @@ class Launcher:
     checkpoint: Path
     model: str = "tiny-pd"
     dtype: str = "float64"
+    family: str = "llama"  # the card's family: llama | sparse-mla
 
     @contextmanager
     def worker(self, role: str, *flags: str, name: str | None = None) -> Iterator[Proc]:
         name = name or role
         card = self.tmp / f"{name}-card.yaml"
-        card.write_text(CARD.format(name=self.model, path=self.checkpoint))
+        text = CARD.format(name=self.model, path=self.checkpoint)
+        card.write_text(text.replace("family: llama", f"family: {self.family}"))
         http, side = free_ports(2)
         cmd = [
             sys.executable, "-m", "loom_runtime", "runtime", "--card", str(card),

@@ -21,9 +21,19 @@ from typing import Any, Literal, Protocol
 import torch
 
 from loom_runtime.errors import TransferError
+from loom_runtime.kv.cache import KVSpec
 from loom_runtime.kv.fp8 import E4M3_NAME, Fp8Format
+from loom_runtime.kv.latent_cache import LatentKVCacheSpec
 from loom_runtime.transfer import side_channel
-from loom_runtime.transfer.layout import CopyPlan, KVLayout, check_compatible, copy_plan
+from loom_runtime.transfer.layout import (
+    BlockLayout,
+    CopyPlan,
+    KVLayout,
+    LatentLayout,
+    check_compatible,
+    copy_plan,
+    layout_from_dict,
+)
 from loom_runtime.transfer.lease import LeaseTable, Released
 from loom_runtime.wire.kv_transfer import KVTransferParams
 
@@ -68,7 +78,7 @@ class Peer:
     engine_id: str
     host: str
     port: int
-    layout: KVLayout
+    layout: BlockLayout
     handle: object  # the transport's own (the NIXL agent name, or nothing for TCP)
 
 
@@ -83,7 +93,9 @@ class Transport(Protocol):
         """A one-sided read must pin the lease over the side channel first."""
         ...
 
-    def bind(self, kv: torch.Tensor, layout: KVLayout, leases: LeaseTable, wake: Wake) -> None: ...
+    def bind(
+        self, kv: torch.Tensor, layout: BlockLayout, leases: LeaseTable, wake: Wake
+    ) -> None: ...
 
     def meta(self) -> dict[str, Any]: ...
 
@@ -124,6 +136,30 @@ def layout_of(kv: torch.Tensor, fp8: Fp8Format | None = None) -> KVLayout:
     return KVLayout(nb, layers, bs, heads, head_dim, E4M3_NAME, 1, "block_major", fp8.group_size)
 
 
+def latent_layout_of(kv: torch.Tensor, spec: LatentKVCacheSpec) -> LatentLayout:
+    """The layout of a LatentKVCache's [num_blocks, block elements] tensor of this spec."""
+    fp8 = spec.fp8
+    dtype = E4M3_NAME if fp8 is not None else str(spec.dtype).removeprefix("torch.")
+    layout = LatentLayout(
+        spec.num_blocks,
+        spec.num_layers,
+        spec.block_size,
+        spec.latent_dim,
+        spec.rope_dim,
+        spec.index_layers,
+        spec.index_dim,
+        dtype,
+        1 if fp8 is not None else spec.dtype.itemsize,
+        0 if fp8 is None else fp8.group_size,
+    )
+    if kv.dim() != 2 or not kv.is_contiguous() or kv.nbytes != layout.total_bytes:
+        raise TransferError(
+            f"the latent KV pool must be a contiguous [blocks, block elements] tensor of "
+            f"{layout.total_bytes} bytes, got {tuple(kv.shape)} {kv.dtype}"
+        )
+    return layout
+
+
 @dataclass
 class _Pull:
     request_id: str
@@ -149,7 +185,7 @@ class KVConnector:
         self.engine_id = settings.engine_id
         self.transport = transport
         self.leases = LeaseTable(settings.lease_seconds)
-        self.layout: KVLayout | None = None
+        self.layout: BlockLayout | None = None
         self._wake: Wake = _nothing
         self._server: side_channel.SideChannelServer | None = None
         self._pool = ThreadPoolExecutor(settings.pull_threads, thread_name_prefix="loom-kv-pull")
@@ -165,10 +201,20 @@ class KVConnector:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
-    def bind(self, kv: torch.Tensor, wake: Wake, fp8: Fp8Format | None = None) -> None:
-        """Register the KV pool (packed fp8 rows when `fp8`); a prefill starts answering its
-        side channel."""
-        self.layout = layout_of(kv, fp8)
+    def bind(
+        self,
+        kv: torch.Tensor,
+        wake: Wake,
+        fp8: Fp8Format | None = None,
+        spec: KVSpec | None = None,
+    ) -> None:
+        """Register the KV pool (packed fp8 rows when `fp8`; a latent pool when `spec` is a
+        LatentKVCacheSpec, whose rows its tensor's shape does not show); a prefill starts
+        answering its side channel."""
+        if isinstance(spec, LatentKVCacheSpec):
+            self.layout = latent_layout_of(kv, spec)
+        else:
+            self.layout = layout_of(kv, fp8)
         self._wake = wake
         self.transport.bind(kv, self.layout, self.leases, wake)
         if self.settings.role == "prefill":
@@ -377,7 +423,7 @@ class KVConnector:
                 f"prefill engine {params.remote_engine_id} is gone: {host}:{port} now serves "
                 f"engine {engine_id} (restarted?); its KV lease cannot be pulled"
             )
-        layout = KVLayout.from_dict(meta.get("layout") or {})
+        layout = layout_from_dict(meta.get("layout") or {})
         check_compatible(layout, self.layout)
         return Peer(engine_id, host, port, layout, self.transport.connect(meta, host, port))
 

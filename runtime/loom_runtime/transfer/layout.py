@@ -1,14 +1,16 @@
 """KV layouts and the copy plan between two of them: which bytes of the source land where.
 
-Pure arithmetic over block ids and strides (numpy, no torch, no I/O); never moves a byte. Both
-transports execute the same plan, so block-size and layout conversion is tested once, here.
+A layout describes a block as fixed-size per-token row planes (a head cache's K and V of every
+layer; a latent cache's latent rows and indexer rows), and one planner maps any two layouts of
+the same kind. Pure arithmetic over block ids and strides (numpy, no torch, no I/O); never
+moves a byte. Both transports execute the same plan, so conversion is tested once, here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -16,11 +18,51 @@ from loom_runtime.errors import TransferError
 
 Order = Literal["block_major", "layer_major"]
 ORDERS: tuple[Order, ...] = ("block_major", "layer_major")
-SCALE_BYTES = 4  # one fp32 scale per group of an fp8 head row (kv/fp8.py)
+SCALE_BYTES = 4  # one fp32 scale per group of an fp8 row (kv/fp8.py)
+ROPE_BYTES = 2  # a packed sparse-MLA row keeps its RoPE dims in BF16 (kv/fp8.py)
 
 
 class LayoutError(TransferError):
     """Two KV layouts cannot be mapped onto each other, or a plan asks for blocks not held."""
+
+
+@dataclass(frozen=True)
+class Planes:
+    """Where each per-token row plane of a layout lies: token t of block b in plane p starts at
+    byte `base[p] + b * block_stride[p] + t * row_bytes[p]` (int64 arrays, one entry a plane)."""
+
+    row_bytes: np.ndarray
+    base: np.ndarray
+    block_stride: np.ndarray
+
+
+class BlockLayout(Protocol):
+    """What the planner and the transports need of a layout (KVLayout, LatentLayout)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+    def planes(self) -> Planes: ...
+
+    def meaning(self) -> dict[str, Any]:
+        """Every field that must match on both sides for a row to mean the same thing."""
+        ...
+
+    def bytes_per_token(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -45,12 +87,11 @@ class KVLayout:
     order: Order = "block_major"
     scale_group: int = 0  # fp8: elements per fp32 scale in each head row (0: no scales)
 
+    kind = "heads"
+
     def __post_init__(self) -> None:
-        for name in ("num_blocks", "num_layers", "block_size", "num_kv_heads", "head_dim"):
-            if getattr(self, name) < 1:
-                raise LayoutError(f"KVLayout.{name} must be >= 1, got {getattr(self, name)}")
-        if self.elem_bytes < 1:
-            raise LayoutError(f"KVLayout.elem_bytes must be >= 1, got {self.elem_bytes}")
+        _check_positive(self, ("num_blocks", "num_layers", "block_size", "num_kv_heads"))
+        _check_positive(self, ("head_dim", "elem_bytes"))
         if self.order not in ORDERS:
             raise LayoutError(f"KVLayout.order must be one of {ORDERS}, got {self.order!r}")
         if self.scale_group < 0:
@@ -72,46 +113,154 @@ class KVLayout:
     def total_bytes(self) -> int:
         return self.num_blocks * self.block_bytes
 
-    def strides(self) -> tuple[int, int, int, int]:
-        """Byte strides of (block, layer, k/v, token slot)."""
-        row, bs = self.row_bytes, self.block_size
-        if self.order == "block_major":
-            return 2 * self.num_layers * bs * row, 2 * bs * row, bs * row, row
-        nb = self.num_blocks
-        return bs * row, 2 * nb * bs * row, nb * bs * row, row
+    def planes(self) -> Planes:
+        """Plane 2 * layer + (0: K, 1: V); a block of a plane is block_size contiguous rows."""
+        n, row, bs = self.num_layers * 2, self.row_bytes, self.block_size
+        span = bs * row if self.order == "block_major" else self.num_blocks * bs * row
+        stride = self.block_bytes if self.order == "block_major" else bs * row
+        return _planes([row] * n, [p * span for p in range(n)], [stride] * n)
+
+    def meaning(self) -> dict[str, Any]:
+        fields = ("num_layers", "num_kv_heads", "head_dim", "dtype", "elem_bytes", "scale_group")
+        return {f: getattr(self, f) for f in fields}
 
     def bytes_per_token(self) -> int:
         return self.num_layers * 2 * self.row_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_blocks": self.num_blocks,
-            "num_layers": self.num_layers,
-            "block_size": self.block_size,
-            "num_kv_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "dtype": self.dtype,
-            "elem_bytes": self.elem_bytes,
-            "order": self.order,
-            "scale_group": self.scale_group,
-        }
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> KVLayout:
-        try:
-            return cls(
-                num_blocks=int(raw["num_blocks"]),
-                num_layers=int(raw["num_layers"]),
-                block_size=int(raw["block_size"]),
-                num_kv_heads=int(raw["num_kv_heads"]),
-                head_dim=int(raw["head_dim"]),
-                dtype=str(raw["dtype"]),
-                elem_bytes=int(raw["elem_bytes"]),
-                order=raw.get("order", "block_major"),
-                scale_group=int(raw.get("scale_group", 0)),
+        return _from_dict(cls, raw, "KV layout")
+
+
+@dataclass(frozen=True)
+class LatentLayout:
+    """A sparse-MLA latent pool (kv/latent_cache.py), block-major: block b is `num_layers` planes
+    of block_size latent + RoPE rows, then one plane of block_size indexer key rows for each
+    layer in `index_layers`. Plain rows hold latent_dim + rope_dim (or index_dim) elements of
+    `dtype`; fp8 rows (`scale_group` > 0, dtype "float8_e4m3fn") are the packed bytes of
+    kv/fp8.py (e4m3 latent, fp32 scales, BF16 RoPE), moved as they are.
+    """
+
+    num_blocks: int
+    num_layers: int
+    block_size: int
+    latent_dim: int
+    rope_dim: int
+    index_layers: tuple[int, ...]
+    index_dim: int
+    dtype: str
+    elem_bytes: int
+    scale_group: int = 0
+
+    kind = "latent"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, ("num_blocks", "num_layers", "block_size", "latent_dim"))
+        _check_positive(self, ("rope_dim", "index_dim", "elem_bytes"))
+        if self.scale_group < 0:
+            raise LayoutError(f"LatentLayout.scale_group must be >= 0, got {self.scale_group}")
+        if any(not 0 <= i < self.num_layers for i in self.index_layers):
+            raise LayoutError(
+                f"LatentLayout.index_layers {self.index_layers} must lie in "
+                f"0..{self.num_layers - 1}"
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise LayoutError(f"malformed KV layout from a peer: {exc!r}") from None
+
+    @property
+    def latent_row_bytes(self) -> int:
+        """Bytes of one token's latent + RoPE row in one layer."""
+        if not self.scale_group:
+            return (self.latent_dim + self.rope_dim) * self.elem_bytes
+        return _fp8_row(self.latent_dim, self.scale_group) + self.rope_dim * ROPE_BYTES
+
+    @property
+    def index_row_bytes(self) -> int:
+        """Bytes of one token's indexer key row in one indexer layer."""
+        if not self.scale_group:
+            return self.index_dim * self.elem_bytes
+        return _fp8_row(self.index_dim, self.scale_group)
+
+    def bytes_per_token(self) -> int:
+        index = len(self.index_layers) * self.index_row_bytes
+        return self.num_layers * self.latent_row_bytes + index
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.bytes_per_token()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    def planes(self) -> Planes:
+        """Planes 0..num_layers-1: latent rows; then one per indexer layer, in their order."""
+        bs, lat, idx = self.block_size, self.latent_row_bytes, self.index_row_bytes
+        rows = [lat] * self.num_layers + [idx] * len(self.index_layers)
+        base = [p * bs * lat for p in range(self.num_layers)]
+        base += [self.num_layers * bs * lat + i * bs * idx for i in range(len(self.index_layers))]
+        return _planes(rows, base, [self.block_bytes] * len(rows))
+
+    def meaning(self) -> dict[str, Any]:
+        fields = ("num_layers", "latent_dim", "rope_dim", "index_layers", "index_dim")
+        return {f: getattr(self, f) for f in (*fields, "dtype", "elem_bytes", "scale_group")}
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LatentLayout:
+        return _from_dict(cls, raw, "latent KV layout")
+
+
+# How a handshake's values become each field's type (fields are annotated as strings).
+_DECODE: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "str": str,
+    "Order": str,
+    "tuple[int, ...]": lambda v: tuple(int(i) for i in v),
+}
+_Layout = TypeVar("_Layout", KVLayout, LatentLayout)
+
+
+def _to_dict(layout: KVLayout | LatentLayout) -> dict[str, Any]:
+    """The handshake's map: the kind, then every field (tuples as lists)."""
+    out: dict[str, Any] = {"kind": layout.kind}
+    for f in fields(layout):
+        value = getattr(layout, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _from_dict(cls: type[_Layout], raw: Mapping[str, Any], what: str) -> _Layout:
+    """A layout from a peer's map; a field it lacks takes its default (older peers)."""
+    try:
+        values = {}
+        for f in fields(cls):
+            if f.name in raw:
+                values[f.name] = _DECODE[str(f.type)](raw[f.name])
+            elif f.default is MISSING:
+                raise KeyError(f.name)
+        return cls(**values)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LayoutError(f"malformed {what} from a peer: {exc!r}") from None
+
+
+_KINDS = {"heads": "a paged head cache (llama-style K/V)", "latent": "a latent cache (sparse-mla)"}
+
+
+def layout_from_dict(raw: Mapping[str, Any]) -> KVLayout | LatentLayout:
+    """A peer's layout from its handshake; one without "kind" predates latent layouts (heads)."""
+    kind = raw.get("kind", "heads")
+    if kind == "heads":
+        return KVLayout.from_dict(raw)
+    if kind == "latent":
+        return LatentLayout.from_dict(raw)
+    raise LayoutError(
+        f"a peer sent a KV layout of unknown kind {kind!r} (known: {', '.join(_KINDS)}); "
+        "serve both roles with the same Loom version"
+    )
 
 
 @dataclass(frozen=True)
@@ -135,14 +284,15 @@ class CopyPlan:
         return int(self.lengths.sum())
 
 
-def check_compatible(src: KVLayout, dst: KVLayout) -> None:
+def check_compatible(src: BlockLayout, dst: BlockLayout) -> None:
     """LayoutError unless every token row of `src` means the same thing in `dst`."""
-    fields = ("num_layers", "num_kv_heads", "head_dim", "dtype", "elem_bytes", "scale_group")
-    diff = [
-        f"{f} {getattr(src, f)} != {getattr(dst, f)}"
-        for f in fields
-        if getattr(src, f) != getattr(dst, f)
-    ]
+    if src.kind != dst.kind:
+        raise LayoutError(
+            f"the prefill holds {_KINDS.get(src.kind, src.kind)} but this decode holds "
+            f"{_KINDS.get(dst.kind, dst.kind)}; serve the same model on both roles"
+        )
+    theirs, ours = src.meaning(), dst.meaning()
+    diff = [f"{f} {theirs[f]} != {ours[f]}" for f in theirs if theirs[f] != ours.get(f)]
     if diff:
         raise LayoutError(
             "prefill and decode KV caches hold different things (" + "; ".join(diff) + "); "
@@ -151,14 +301,14 @@ def check_compatible(src: KVLayout, dst: KVLayout) -> None:
 
 
 def copy_plan(
-    src: KVLayout,
+    src: BlockLayout,
     src_blocks: Sequence[int],
-    dst: KVLayout,
+    dst: BlockLayout,
     dst_blocks: Sequence[int],
     start: int,
     end: int,
 ) -> CopyPlan:
-    """The segments that move tokens start..end-1 (every layer, K and V) from src to dst.
+    """The segments that move tokens start..end-1 (every row plane) from src to dst.
 
     Token t lives in block `blocks[t // block_size]` at slot `t % block_size` on each side; the
     block sizes and orders of the two sides may differ.
@@ -179,11 +329,11 @@ def copy_plan(
     run_start, run_len = bounds[:-1], np.diff(bounds)
     src_off = _offsets(src, np.asarray(src_blocks, dtype=np.int64), run_start)
     dst_off = _offsets(dst, np.asarray(dst_blocks, dtype=np.int64), run_start)
-    lengths = np.broadcast_to((run_len * src.row_bytes)[:, None], src_off.shape).reshape(-1)
-    return _merge(src_off.reshape(-1), dst_off.reshape(-1), lengths)
+    lengths = run_len[:, None] * src.planes().row_bytes[None, :]
+    return _merge(src_off.reshape(-1), dst_off.reshape(-1), lengths.reshape(-1))
 
 
-def _check_blocks(side: str, layout: KVLayout, blocks: Sequence[int], end: int) -> None:
+def _check_blocks(side: str, layout: BlockLayout, blocks: Sequence[int], end: int) -> None:
     needed = -(-end // layout.block_size)
     if len(blocks) < needed:
         raise LayoutError(
@@ -194,19 +344,33 @@ def _check_blocks(side: str, layout: KVLayout, blocks: Sequence[int], end: int) 
         raise LayoutError(f"{side} block id outside 0..{layout.num_blocks - 1}")
 
 
+def _check_positive(layout: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(layout, name) < 1:
+            kind = type(layout).__name__
+            raise LayoutError(f"{kind}.{name} must be >= 1, got {getattr(layout, name)}")
+
+
+def _planes(rows: list[int], base: list[int], stride: list[int]) -> Planes:
+    return Planes(*(np.asarray(xs, dtype=np.int64) for xs in (rows, base, stride)))
+
+
+def _fp8_row(elements: int, group: int) -> int:
+    """Bytes of a packed fp8 row (kv/fp8.py): e4m3 values, then one fp32 scale per group."""
+    return elements + -(-elements // group) * SCALE_BYTES
+
+
 def _multiples(start: int, end: int, step: int) -> np.ndarray:
     first = (start // step + 1) * step
     return np.arange(first, end, step, dtype=np.int64)
 
 
-def _offsets(layout: KVLayout, blocks: np.ndarray, run_start: np.ndarray) -> np.ndarray:
-    """[runs, layers * 2] byte offsets of each run's first token, for every layer and K/V."""
-    block_s, layer_s, kv_s, tok_s = layout.strides()
-    base = (
-        blocks[run_start // layout.block_size] * block_s + (run_start % layout.block_size) * tok_s
-    )
-    lk = np.arange(layout.num_layers * 2, dtype=np.int64)
-    out: np.ndarray = base[:, None] + ((lk // 2) * layer_s + (lk % 2) * kv_s)[None, :]
+def _offsets(layout: BlockLayout, blocks: np.ndarray, run_start: np.ndarray) -> np.ndarray:
+    """[runs, planes] byte offsets of each run's first token, in every row plane."""
+    planes = layout.planes()
+    block = blocks[run_start // layout.block_size][:, None]
+    slot = (run_start % layout.block_size)[:, None]
+    out: np.ndarray = planes.base + block * planes.block_stride + slot * planes.row_bytes
     return out
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from loom_runtime.errors import TransferError
-from loom_runtime.transfer.layout import CopyPlan, KVLayout
+from loom_runtime.transfer.layout import BlockLayout, CopyPlan
 from loom_runtime.transfer.lease import LeaseTable
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class NixlTransport:
         self._device = 0
         self._reg: Any = None
 
-    def bind(self, kv: torch.Tensor, layout: KVLayout, leases: LeaseTable, wake: Any) -> None:
+    def bind(self, kv: torch.Tensor, layout: BlockLayout, leases: LeaseTable, wake: Any) -> None:
         self._kv = kv
         self._base = kv.data_ptr()
         self._mem = "VRAM" if kv.device.type == "cuda" else "DRAM"

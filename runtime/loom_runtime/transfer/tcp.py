@@ -18,7 +18,7 @@ import torch
 
 from loom_runtime.errors import TransferError
 from loom_runtime.transfer import side_channel
-from loom_runtime.transfer.layout import CopyPlan, KVLayout
+from loom_runtime.transfer.layout import BlockLayout, CopyPlan
 from loom_runtime.transfer.lease import Lease, LeaseTable
 
 logger = logging.getLogger(__name__)
@@ -36,10 +36,10 @@ class TcpTransport:
         self._connect_timeout = connect_timeout_s
         self._kv: torch.Tensor | None = None
         self._bytes: memoryview | None = None
-        self._layout: KVLayout | None = None
+        self._layout: BlockLayout | None = None
         self._leases: LeaseTable | None = None
 
-    def bind(self, kv: torch.Tensor, layout: KVLayout, leases: LeaseTable, wake: object) -> None:
+    def bind(self, kv: torch.Tensor, layout: BlockLayout, leases: LeaseTable, wake: object) -> None:
         if kv.device.type != "cpu":
             raise TransferError(
                 f"the tcp KV connector moves host memory, but the KV pool is on {kv.device}; "

@@ -31,7 +31,7 @@ from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.errors import TransferError
 from loom_runtime.kv.fp8 import Fp8Format
-from loom_runtime.kv.latent_cache import LatentKVCache
+from loom_runtime.kv.latent_cache import LatentKVCache, LatentKVCacheSpec
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
@@ -147,9 +147,18 @@ def test_fp8_kv_bytes_are_the_planners_and_chunked_requests_equal_each_alone(
         assert together[r.request_id] == run_all(Engine(sparse64, config), [r])[r.request_id]
 
 
-def test_a_pd_role_is_refused_with_a_clear_error(sparse64: LoadedModel) -> None:
+def test_a_pd_role_binds_the_latent_cache_with_its_spec(sparse64: LoadedModel) -> None:
     connector = MagicMock()
     config = EngineConfig(dtype=torch.float64, num_blocks=8, max_model_len=128)
-    with pytest.raises(TransferError, match="aggregated role"):
-        Engine(sparse64, config, None, DisaggSettings(role="prefill"), connector)
+    Engine(sparse64, config, None, DisaggSettings(role="prefill"), connector)
+    (kv, _, fp8, spec), _ = connector.bind.call_args
+    assert isinstance(spec, LatentKVCacheSpec) and fp8 is None
+    assert kv.nbytes == 8 * spec.bytes_per_block
+
+
+def test_a_hisparse_pd_role_is_refused_with_a_clear_error(sparse64: LoadedModel) -> None:
+    connector = MagicMock()
+    config = EngineConfig(dtype=torch.float64, max_model_len=128, hisparse_host_pool_gib=0.01)
+    with pytest.raises(TransferError, match="HiSparse decode is not served over P/D"):
+        Engine(sparse64, config, None, DisaggSettings(role="decode"), connector)
     connector.bind.assert_not_called()

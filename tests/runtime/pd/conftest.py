@@ -1,6 +1,6 @@
-"""Fixtures for the P/D tests: a tiny checkpoint, a launcher of real `loom runtime` workers and
-P/D proxies (loom_runtime.testing.processes: free ports, readiness polling, always stopped), and
-one torch thread in this process."""
+"""Fixtures for the P/D tests: the tiny checkpoints (llama and sparse-mla), a launcher of real
+`loom runtime` workers and P/D proxies (loom_runtime.testing.processes: free ports, readiness
+polling, always stopped), and one torch thread in this process."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tests.runtime.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
+from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.testing.processes import Launcher
 
@@ -16,6 +17,11 @@ from loom_runtime.testing.processes import Launcher
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_tiny(tmp_path_factory.mktemp("pd-tiny"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def sparse_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_tiny_sparse_mla(tmp_path_factory.mktemp("pd-sparse") / "tiny")
 
 
 @pytest.fixture(scope="module")

@@ -8,23 +8,20 @@ lease expiry, and pool accounting after each.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 
 from loom_runtime.engine.ar_decode import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
-from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.transfer_port import DisaggSettings, TransferParams
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model
-from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 from loom_runtime.wire.kv_transfer import KVTransferParams
 
 MAX_TOKENS = 6
@@ -40,89 +37,11 @@ def prompt(n: int, seed: int) -> tuple[int, ...]:
     return tuple(int(t) for t in torch.randint(10, 4000, (n,), generator=gen))
 
 
-class Workers:
-    """Engines with step threads; every one is shut down (and its connector closed) at the end."""
-
-    def __init__(self, model: LoadedModel) -> None:
-        self.model = model
-        self.engines: list[Engine] = []
-        self.connectors: list[KVConnector] = []
-
-    def engine(
-        self,
-        role: str | None = None,
-        block_size: int = 16,
-        lease_s: float = 30.0,
-        policy: str = "recompute",
-        num_blocks: int | None = None,
-        kv_fp8: Fp8Format | None = None,
-        kv_offload_gib: float = 0.0,
-    ) -> tuple[Engine, KVConnector | None]:
-        config = EngineConfig(
-            dtype=torch.float64,
-            kv_fp8=kv_fp8,
-            kv_offload_gib=kv_offload_gib,
-            block_size=block_size,
-            max_model_len=1024,
-            num_blocks=num_blocks or 2048 // block_size,
-            max_num_seqs=4,
-        )
-        connector = None
-        if role is None:
-            engine = Engine(self.model, config)
-        else:
-            settings = ConnectorSettings("tcp", role, side_port=0, lease_seconds=lease_s)  # type: ignore[arg-type]
-            connector = build_connector(settings)
-            self.connectors.append(connector)
-            engine = Engine(
-                self.model,
-                config,
-                disagg=DisaggSettings(role, policy),  # type: ignore[arg-type]
-                connector=connector,
-            )
-        engine.start()
-        self.engines.append(engine)
-        return engine, connector
-
-    def close(self) -> None:
-        for engine in self.engines:
-            engine.shutdown()
-        for connector in self.connectors:
-            connector.close()
-
-
 @pytest.fixture
 def workers(tiny64: LoadedModel) -> Iterator[Workers]:
     w = Workers(tiny64)
     yield w
     w.close()
-
-
-def run(
-    engine: Engine,
-    rid: str,
-    tokens: tuple[int, ...],
-    max_tokens: int,
-    kv: TransferParams | None = None,
-) -> OutputCollector:
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    req = EngineRequest(rid, tokens, sampling, kv_transfer=kv)
-    collector = OutputCollector(req)
-    engine.add_request(req, collector)
-    assert collector.wait(time.monotonic() + 120), f"{rid} did not finish"
-    return collector
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def whole(engine: Engine) -> bool:
-    s = engine.stats()
-    return s.num_free_blocks == s.num_blocks and not s.num_kv_leases and not s.num_kv_pulls
 
 
 def test_prefill_answers_a_lease_and_decode_continues_with_the_aggregated_tokens(

@@ -1,0 +1,89 @@
+"""P/D == aggregated for the sparse-mla family: a prefill Engine and a decode Engine joined by
+real TCP and NIXL connectors move the latent cache (latent + RoPE rows and indexer key rows,
+plain or packed fp8) across block sizes (32 vs 16, so every pull converts layout), and the decode
+continues with the aggregated greedy tokens, prompts past the indexer's top-k included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
+
+from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
+from loom_runtime.wire.kv_transfer import KVTransferParams
+
+MAX_TOKENS = 6
+LENGTHS = (9, 150, 300)  # one block; several; ~5x the indexer's top-k (64) and 10+ blocks
+FP8 = {"plain": None, "fp8": Fp8Format(16)}
+
+
+@pytest.fixture(scope="module")
+def sparse64(sparse_checkpoint: Path) -> LoadedModel:
+    return load_model(sparse_checkpoint, dtype=torch.float64)
+
+
+@pytest.fixture
+def workers(sparse64: LoadedModel) -> Iterator[Workers]:
+    w = Workers(sparse64)
+    yield w
+    w.close()
+
+
+def prompt(n: int, seed: int) -> tuple[int, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(int(t) for t in torch.randint(10, 1000, (n,), generator=gen))
+
+
+@pytest.mark.parametrize("kv", list(FP8))
+@pytest.mark.parametrize("kind", ["tcp", "nixl"])
+def test_sparse_mla_pd_equals_aggregated_across_block_sizes(
+    workers: Workers, kind: str, kv: str
+) -> None:
+    fp8 = FP8[kv]
+    assert max(LENGTHS) > 4 * INDEX_TOPK  # the top-k selection drops most of the context
+    aggregated, _ = workers.engine(kv_fp8=fp8)
+    prefill, _ = workers.engine("prefill", block_size=32, kv_fp8=fp8, kind=kind)
+    decode, _ = workers.engine("decode", block_size=16, kv_fp8=fp8, kind=kind)
+    per_token = decode.stats().kv_bytes_per_token
+    pulled = 0
+    for i, n in enumerate(LENGTHS):
+        tokens = prompt(n, seed=10 + i)
+        expected = run(aggregated, f"a{i}", tokens, MAX_TOKENS).result().output_token_ids
+        answer = run(prefill, f"p{i}", tokens, 1, KVTransferParams.for_prefill()).outputs[-1]
+        assert answer.kv_transfer_params is not None
+        params = KVTransferParams.parse(answer.kv_transfer_params.to_dict())
+        assert params.remote_block_ids is not None
+        assert len(params.remote_block_ids) == -(-n // 32)
+        out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
+        assert out.output_token_ids == expected, f"prompt of {n} tokens over {kind}, {kv} KV"
+        pulled += (n - 1) * per_token  # every prompt token but the last, every row plane
+        assert decode.stats().kv_pulled_bytes == pulled
+        wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")
+    assert decode.stats().num_tokens_computed == len(LENGTHS) * MAX_TOKENS
+
+
+def test_a_sparse_mla_decode_refuses_a_llama_prefill_with_a_clear_error(
+    workers: Workers, tiny_checkpoint: Path
+) -> None:
+    llama = Workers(load_model(tiny_checkpoint, dtype=torch.float64))
+    try:
+        prefill, _ = llama.engine("prefill")
+        decode, _ = workers.engine("decode", policy="fail")
+        tokens = prompt(40, seed=7)
+        answer = run(prefill, "p", tokens, 1, KVTransferParams.for_prefill()).outputs[-1]
+        assert answer.kv_transfer_params is not None
+        params = KVTransferParams.parse(answer.kv_transfer_params.to_dict())
+        result = run(decode, "d", tokens, MAX_TOKENS, params)
+        error = result.outputs[-1].transfer_error
+        assert error is not None and "paged head cache (llama-style" in error
+        assert "latent cache (sparse-mla)" in error and not result.result().output_token_ids
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")
+    finally:
+        llama.close()
