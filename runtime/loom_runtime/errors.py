@@ -32,3 +32,7 @@ class TransferError(LoomError):
 
 class CheckpointError(LoomError):
     """A checkpoint directory is missing files or does not match its config."""
+
+
+class SpeculativeConfigError(LoomError):
+    """Speculative decoding was asked of a model, role or engine that cannot run it."""

@@ -42,6 +42,10 @@ class EngineConfig:
     hisparse_host_pool_gib: float = 0.0
     # Rows per layer in a request's hot buffer; None: 2 × the indexer's top-k + 1.
     hisparse_hot_slots: int | None = None
+    # MTP speculative decoding (a role's mtp.draftTokens, `--mtp-draft-tokens`; sparse-mla with
+    # MTP layers, aggregated role, no HiSparse): tokens the MTP layer drafts per verify row. 0:
+    # off. The engine checks it against the model at construction (engine/mtp_check.py).
+    mtp_draft_tokens: int = 0
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
     model_name: str = "loom"
@@ -91,6 +95,17 @@ class EngineConfig:
         if self.hisparse_hot_slots is not None and self.hisparse_hot_slots < 1:
             raise ValueError(
                 f"EngineConfig.hisparse_hot_slots must be >= 1, got {self.hisparse_hot_slots}"
+            )
+        if self.mtp_draft_tokens < 0:
+            raise ValueError(
+                f"EngineConfig.mtp_draft_tokens must be >= 0 (tokens the MTP layer drafts per "
+                f"step; 0 turns MTP speculation off), got {self.mtp_draft_tokens}"
+            )
+        if self.mtp_draft_tokens > 0 and self.hisparse:
+            raise ValueError(
+                "EngineConfig: MTP speculation (mtp_draft_tokens) and HiSparse "
+                "(hisparse_host_pool_gib) cannot be combined yet: the hot buffers hold no MTP "
+                "rows; set one of them to 0"
             )
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from loom_operator.api import load_documents
-from loom_operator.api.roles import HiSparse, KvOffload
+from loom_operator.api.roles import HiSparse, KvOffload, MtpSettings
 from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
@@ -88,3 +88,19 @@ def test_a_decode_role_with_hisparse_passes_its_host_pool_to_the_worker() -> Non
     argv = runtime_flags(model, hisparse, "decode", PORTS, None)
     assert argv[argv.index("--hisparse-host-pool-gib") + 1] == "48"
     assert "--kv-offload-gib" not in argv  # offloadGiB is not served natively yet
+
+
+def test_a_role_with_mtp_passes_its_draft_tokens_to_the_worker() -> None:
+    model, deployment = cards("tiny-aggregated.yaml")
+    plain = runtime_flags(model, deployment, "aggregated", PORTS, None)
+    assert "--mtp-draft-tokens" not in plain
+    roles = deployment.spec.roles
+    assert roles.aggregated is not None
+    role = roles.aggregated.model_copy(update={"mtp": MtpSettings(draftTokens=3)})
+    mtp = deployment.model_copy(
+        update={"spec": deployment.spec.model_copy(
+            update={"roles": roles.model_copy(update={"aggregated": role})})}
+    )  # fmt: skip
+    argv = runtime_flags(model, mtp, "aggregated", PORTS, None)
+    assert argv[argv.index("--mtp-draft-tokens") + 1] == "3"
+    assert [a for a in argv if a != "--mtp-draft-tokens" and a != "3"] == plain

@@ -165,3 +165,15 @@ def test_hisparse_flags_become_the_engines_host_pool(tmp_path: Path) -> None:
     assert engine.hisparse_host_pool_bytes == 1 << 29 and engine.hisparse_hot_slots == 33
     with pytest.raises(UsageError, match="cannot be combined yet"):
         plan_worker(_args(_card(tmp_path), *argv, "--kv-offload-gib", "1"), {})
+
+
+def test_mtp_draft_tokens_become_the_engines_draft_count(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.mtp_draft_tokens == 0
+    engine = plan_worker(_args(_card(tmp_path), "--mtp-draft-tokens", "3"), {}).engine
+    assert engine.mtp_draft_tokens == 3
+    with pytest.raises(UsageError, match="mtp_draft_tokens must be >= 0"):
+        plan_worker(_args(_card(tmp_path), "--mtp-draft-tokens", "-1"), {})
+    with pytest.raises(UsageError, match=r"MTP speculation .* and HiSparse"):
+        plan_worker(
+            _args(_card(tmp_path), "--mtp-draft-tokens", "2", "--hisparse-host-pool-gib", "1"), {}
+        )
