@@ -37,3 +37,7 @@ class CheckpointError(LoomError):
 class WorkerLostError(LoomError):
     """The worker cannot go on (its rank processes are gone): its step thread aborts what was
     in flight and stops, its health check fails, and the fleet replaces it (HTTP 503 meanwhile)."""
+
+
+class SpeculativeConfigError(LoomError):
+    """Speculative decoding was asked of a model, role or engine that cannot run it."""

@@ -106,6 +106,8 @@ def runtime_flags(
     if settings.hi_sparse is not None:  # offloadGiB: the native runtime has none beside it yet
         argv += ["--hisparse-host-pool-gib", f"{settings.hi_sparse.host_pool_gib:g}"]
     argv += parallel_flags(settings)
+    if settings.mtp is not None:
+        argv += ["--mtp-draft-tokens", str(settings.mtp.draft_tokens)]
     if role != "aggregated":
         argv += ["--on-transfer-failure", deployment.spec.failover.on_transfer_failure]
         if kv_connector is not None:

@@ -54,6 +54,10 @@ class EngineConfig:
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
+    # MTP speculative decoding (a role's mtp.draftTokens, `--mtp-draft-tokens`; sparse-mla with
+    # MTP layers, aggregated role, no HiSparse): tokens the MTP layer drafts per verify row. 0:
+    # off. The engine checks it against the model at construction (engine/mtp_check.py).
+    mtp_draft_tokens: int = 0
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
     model_name: str = "loom"
@@ -105,6 +109,17 @@ class EngineConfig:
                 f"EngineConfig.hisparse_hot_slots must be >= 1, got {self.hisparse_hot_slots}"
             )
         self._check_parallel()
+        if self.mtp_draft_tokens < 0:
+            raise ValueError(
+                f"EngineConfig.mtp_draft_tokens must be >= 0 (tokens the MTP layer drafts per "
+                f"step; 0 turns MTP speculation off), got {self.mtp_draft_tokens}"
+            )
+        if self.mtp_draft_tokens > 0 and self.hisparse:
+            raise ValueError(
+                "EngineConfig: MTP speculation (mtp_draft_tokens) and HiSparse "
+                "(hisparse_host_pool_gib) cannot be combined yet: the hot buffers hold no MTP "
+                "rows; set one of them to 0"
+            )
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
 

@@ -25,6 +25,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.hisparse import hisparse_cache, hisparse_stats
 from loom_runtime.engine.host_reload import HostReloads
+from loom_runtime.engine.mtp_check import check_mtp
 from loom_runtime.engine.ranked_runner import RankedRunner, check_ranks, start_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
@@ -86,6 +87,7 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
+        check_mtp(loaded.config, config, "aggregated" if disagg is None else disagg.role)
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)

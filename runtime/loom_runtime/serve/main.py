@@ -23,7 +23,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
-from loom_runtime.errors import CheckpointError, TransferError
+from loom_runtime.errors import CheckpointError, SpeculativeConfigError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.wan.loader import load_wan
@@ -90,6 +90,13 @@ def add_parser(sub: Any) -> None:
         "--hisparse-hot-slots",
         type=int,
         help="rows per layer in a request's HiSparse hot buffer (default 2 x top-k + 1)",
+    )
+    p.add_argument(
+        "--mtp-draft-tokens",
+        type=int,
+        default=0,
+        help="MTP speculative decoding (sparse-mla with MTP layers): tokens drafted per step "
+        "(a role's mtp.draftTokens; default 0: off)",
     )
     p.add_argument("--max-num-seqs", type=int, default=64, help="running requests (default 64)")
     p.add_argument("--max-model-len", type=int, help="prompt + output tokens (default: model's)")
@@ -215,6 +222,7 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
             kv_offload_gib=args.kv_offload_gib,
             hisparse_host_pool_gib=args.hisparse_host_pool_gib,
             hisparse_hot_slots=args.hisparse_hot_slots,
+            mtp_draft_tokens=args.mtp_draft_tokens,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
             dtype=DTYPES[args.dtype],
@@ -293,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
             if side is not None:
                 wan = load_wan(side.checkpoint, dtype=side.engine.dtype)
                 dit = DiffusionEngine(wan, side.engine, co)
-        except (CheckpointError, ValueError) as exc:
+        except (CheckpointError, SpeculativeConfigError, ValueError) as exc:
             print(f"loom runtime: cannot load {plan.checkpoint}: {exc}", file=sys.stderr)
             return 2
         except (TransferError, OSError) as exc:  # NIXL missing, side port in use

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from loom_operator.api import load_documents
-from loom_operator.api.roles import HiSparse, KvOffload, Parallelism
+from loom_operator.api.roles import HiSparse, KvOffload, MtpSettings, Parallelism
 from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
@@ -61,16 +61,21 @@ def test_the_pods_router_json_is_the_same_document() -> None:
     assert json.loads(data["router.json"])["diffusion"] == {"default_steps": 8}
 
 
+def with_role(deployment, name: str, **update: object):  # type: ignore[no-untyped-def]
+    """The deployment card with role `name` updated (its other roles and settings unchanged)."""
+    roles = deployment.spec.roles
+    role = getattr(roles, name)
+    assert role is not None
+    spec = deployment.spec.model_copy(
+        update={"roles": roles.model_copy(update={name: role.model_copy(update=update)})}
+    )
+    return deployment.model_copy(update={"spec": spec})
+
+
 def test_a_role_with_kv_offload_passes_its_host_gib_to_the_worker() -> None:
     model, deployment = cards("tiny-aggregated.yaml")
     assert "--kv-offload-gib" not in runtime_flags(model, deployment, "aggregated", PORTS, None)
-    roles = deployment.spec.roles
-    assert roles.aggregated is not None
-    role = roles.aggregated.model_copy(update={"kv_offload": KvOffload(hostGiB=2.5)})
-    offloading = deployment.model_copy(
-        update={"spec": deployment.spec.model_copy(
-            update={"roles": roles.model_copy(update={"aggregated": role})})}
-    )  # fmt: skip
+    offloading = with_role(deployment, "aggregated", kv_offload=KvOffload(hostGiB=2.5))
     argv = runtime_flags(model, offloading, "aggregated", PORTS, None)
     assert argv[argv.index("--kv-offload-gib") + 1] == "2.5"
 
@@ -78,14 +83,10 @@ def test_a_role_with_kv_offload_passes_its_host_gib_to_the_worker() -> None:
 def test_a_decode_role_with_hisparse_passes_its_host_pool_to_the_worker() -> None:
     model, deployment = cards("tiny-pd.yaml")
     assert "--hisparse-host-pool-gib" not in runtime_flags(model, deployment, "decode", PORTS, None)
-    roles = deployment.spec.roles
-    assert roles.decode is not None
-    role = roles.decode.model_copy(update={"hi_sparse": HiSparse(hostPoolGiB=48, offloadGiB=16)})
-    hisparse = deployment.model_copy(
-        update={"spec": deployment.spec.model_copy(
-            update={"roles": roles.model_copy(update={"decode": role})})}
-    )  # fmt: skip
-    argv = runtime_flags(model, hisparse, "decode", PORTS, None)
+    hi_sparse = HiSparse(hostPoolGiB=48, offloadGiB=16)
+    argv = runtime_flags(
+        model, with_role(deployment, "decode", hi_sparse=hi_sparse), "decode", PORTS, None
+    )
     assert argv[argv.index("--hisparse-host-pool-gib") + 1] == "48"
     assert "--kv-offload-gib" not in argv  # offloadGiB is not served natively yet
 
@@ -93,16 +94,20 @@ def test_a_decode_role_with_hisparse_passes_its_host_pool_to_the_worker() -> Non
 def test_a_roles_parallelism_reaches_the_worker_as_rank_flags() -> None:
     model, deployment = cards("tiny-pd.yaml")
     assert "--pcp" not in runtime_flags(model, deployment, "prefill", PORTS, None)
-    roles = deployment.spec.roles
-    assert roles.prefill is not None
     parallel = Parallelism(pcp=2, dcp=2, ep=2, cpKvInterleave=4)
-    role = roles.prefill.model_copy(update={"parallelism": parallel})
-    split = deployment.model_copy(
-        update={"spec": deployment.spec.model_copy(
-            update={"roles": roles.model_copy(update={"prefill": role})})}
-    )  # fmt: skip
+    split = with_role(deployment, "prefill", parallelism=parallel)
     argv = runtime_flags(model, split, "prefill", PORTS, None)
     flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
     assert {k: flags[k] for k in ("--pcp", "--dcp", "--ep", "--dcp-interleave")} == {
         "--pcp": "2", "--dcp": "2", "--ep": "2", "--dcp-interleave": "4"}  # fmt: skip
     assert "--dp" not in argv and "--tp" not in argv  # 1: left to the runtime's default
+
+
+def test_a_role_with_mtp_passes_its_draft_tokens_to_the_worker() -> None:
+    model, deployment = cards("tiny-aggregated.yaml")
+    plain = runtime_flags(model, deployment, "aggregated", PORTS, None)
+    assert "--mtp-draft-tokens" not in plain
+    mtp = with_role(deployment, "aggregated", mtp=MtpSettings(draftTokens=3))
+    argv = runtime_flags(model, mtp, "aggregated", PORTS, None)
+    assert argv[argv.index("--mtp-draft-tokens") + 1] == "3"
+    assert [a for a in argv if a not in ("--mtp-draft-tokens", "3")] == plain

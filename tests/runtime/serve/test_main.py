@@ -191,3 +191,15 @@ def test_parallel_layouts_the_worker_cannot_run_are_usage_errors(
 ) -> None:
     with pytest.raises(UsageError, match=says):
         plan_worker(_args(_card(tmp_path), *flags), {})
+
+
+def test_mtp_draft_tokens_become_the_engines_draft_count(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.mtp_draft_tokens == 0
+    engine = plan_worker(_args(_card(tmp_path), "--mtp-draft-tokens", "3"), {}).engine
+    assert engine.mtp_draft_tokens == 3
+    with pytest.raises(UsageError, match="mtp_draft_tokens must be >= 0"):
+        plan_worker(_args(_card(tmp_path), "--mtp-draft-tokens", "-1"), {})
+    with pytest.raises(UsageError, match=r"MTP speculation .* and HiSparse"):
+        plan_worker(
+            _args(_card(tmp_path), "--mtp-draft-tokens", "2", "--hisparse-host-pool-gib", "1"), {}
+        )
