@@ -16,9 +16,9 @@ from loom_runtime.card.base import DNS_LABEL_PATTERN, CardModel
 from loom_runtime.card.errors import CardError, FieldError
 
 SCHEMES = ("file", "hf", "pvc", "s3", "loom")
-LOOM_CHECKPOINTS = ("tiny", "tiny-wan")
-"""Checkpoints Loom generates itself (`loom://tiny`, the Wan-shaped `loom://tiny-wan`); the
-runtime resolves them to a cache dir."""
+LOOM_CHECKPOINTS = ("tiny", "tiny-wan", "tiny-sparse-mla")
+"""Checkpoints Loom generates itself (`loom://tiny`, the Wan-shaped `loom://tiny-wan`, the
+GLM-5-shaped `loom://tiny-sparse-mla`); the runtime resolves them to a cache dir."""
 
 _HF_NAME = r"[A-Za-z0-9][-A-Za-z0-9_.]*"
 _HF_REPO = re.compile(rf"^{_HF_NAME}/{_HF_NAME}(@[-A-Za-z0-9_./]+)?$")
@@ -27,7 +27,7 @@ _URI_PATTERN = r"^(file:|hf://|pvc://|s3://|loom://)"
 
 _FORMS = (
     "file:///abs/path, file:relative/path (relative to the card file), hf://org/name[@revision], "
-    "pvc://claim[/path], s3://bucket[/key] or loom://tiny (loom://tiny-wan)"
+    "pvc://claim[/path], s3://bucket[/key] or loom://tiny (loom://tiny-wan, loom://tiny-sparse-mla)"
 )
 
 

@@ -1,5 +1,5 @@
 """`loom model init-tiny`: deterministic tiny checkpoints, and model source URIs -> paths
-(`loom://tiny` and `loom://tiny-wan` are generated on first use).
+(`loom://tiny`, `loom://tiny-wan` and `loom://tiny-sparse-mla` are generated on first use).
 
 Writes random (nonsense-producing) weights from a fixed seed; never downloads real weights.
 """
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 TINY_URI = "loom://tiny"
 TINY_WAN_URI = "loom://tiny-wan"
+TINY_SPARSE_MLA_URI = "loom://tiny-sparse-mla"
 INIT_STD = 0.02
 
 README = """# Loom tiny checkpoint (random weights)
@@ -115,6 +116,7 @@ def builtin_checkpoints() -> dict[str, tuple[str, Callable[[Path], Path]]]:
     return {
         TINY_URI: ("config.json", init_tiny),
         TINY_WAN_URI: ("model_index.json", init_tiny_wan),
+        TINY_SPARSE_MLA_URI: ("config.json", init_tiny_sparse_mla),
     }
 
 

@@ -80,13 +80,19 @@ def test_resolve_source_generates_tiny_once(tmp_path, monkeypatch, caplog) -> No
     assert not caplog.records
 
 
-def test_resolve_source_generates_the_tiny_wan_checkpoint(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    ("name", "marks"),
+    [("tiny-wan", ("model_index.json", "transformer")), ("tiny-sparse-mla", ("config.json",))],
+)
+def test_resolve_source_generates_the_other_builtin_checkpoints(
+    tmp_path, monkeypatch, name: str, marks: tuple[str, ...]
+) -> None:
     monkeypatch.setenv("LOOM_CACHE", str(tmp_path / "cache"))
-    path = tiny.resolve_source("loom://tiny-wan")
-    assert path == tmp_path / "cache" / "models" / "tiny-wan"
-    assert (path / "model_index.json").is_file() and (path / "transformer").is_dir()
-    assert [p.name for p in path.parent.iterdir()] == ["tiny-wan"]
-    assert tiny.resolve_source("loom://tiny-wan") == path
+    path = tiny.resolve_source(f"loom://{name}")
+    assert path == tmp_path / "cache" / "models" / name
+    assert all((path / mark).exists() for mark in marks)
+    assert [p.name for p in path.parent.iterdir()] == [name]
+    assert tiny.resolve_source(f"loom://{name}") == path
 
 
 def test_resolve_source_paths_and_refusals() -> None:
