@@ -25,6 +25,7 @@ import torch
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import RankKVStats
 from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
@@ -195,7 +196,7 @@ def check_ranks(
     model: DecoderConfig,
     config: EngineConfig,
     ranks: RankedRunner | None,
-    disagg: object | None,
+    disagg: DisaggSettings | None,
     starting: bool = False,
 ) -> None:
     """A parallel engine's settings and its ranks agree; LayoutError says how they do not.

@@ -31,11 +31,16 @@ from loom_runtime.wire.prefix_hash import PrefixHasher
 
 
 @pytest.fixture(scope="module")
-def sparse64(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    """The tiny sparse-mla checkpoint in float64 (one per module: engines mutate nothing in it,
-    but a module's tests stay independent of another's)."""
-    root = init_tiny_sparse_mla(tmp_path_factory.mktemp("engine-sparse") / "tiny")
-    return load_model(root, dtype=torch.float64)
+def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny sparse-mla checkpoint's directory (one per module: engines and ranks mutate
+    nothing in it, but a module's tests stay independent of another's)."""
+    return init_tiny_sparse_mla(tmp_path_factory.mktemp("engine-sparse") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def sparse64(sparse_dir: Path) -> LoadedModel:
+    """That checkpoint loaded in float64."""
+    return load_model(sparse_dir, dtype=torch.float64)
 
 
 @pytest.fixture(scope="session")

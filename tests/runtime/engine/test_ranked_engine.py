@@ -19,22 +19,12 @@ from loom_operator.fleet.capacity import dcp_local_length
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest
-from loom_runtime.models.loader import LoadedModel, load_model
-from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
+from loom_runtime.models.loader import LoadedModel
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
 
 BLOCK = 16
-
-
-@pytest.fixture(scope="module")
-def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_sparse_mla(tmp_path_factory.mktemp("ranked-engine") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def loaded(sparse_dir: Path) -> LoadedModel:
-    return load_model(sparse_dir, dtype=torch.float64)
 
 
 def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
@@ -61,7 +51,7 @@ def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
     ids=["pcp2-dcp2-i1-ag_rs", "pcp2-dcp2-i4-a2a", "pcp2-ep2"],
 )
 def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
-    sparse_dir: Path, loaded: LoadedModel, prompt: Prompt, layout: ParallelLayout, backend: str
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt, layout: ParallelLayout, backend: str
 ) -> None:
     lengths = [5, 40, 70, 130, 260]  # > INDEX_TOPK from 70 on; > 96 (one chunk) from 130 on
     assert INDEX_TOPK == 64
@@ -73,7 +63,7 @@ def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
     finally:
         engine.shutdown()
     for r in reqs:
-        assert got[r.request_id] == one_sequence(inner(loaded), r.prompt_token_ids, 8)
+        assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 8)
     assert stats.num_free_blocks == stats.num_blocks
     assert len(stats.ranks) == layout.world
     assert all(rank.sequences == 0 and rank.kv_tokens == 0 for rank in stats.ranks)
@@ -101,7 +91,7 @@ def test_each_rank_holds_its_dcp_share_as_the_planner_predicts(
 
 
 def test_preempted_requests_restart_on_the_ranks_with_the_same_tokens(
-    sparse_dir: Path, loaded: LoadedModel, prompt: Prompt
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt
 ) -> None:
     """8 blocks of 16: two 40-token prompts fit, growing both to 80 tokens forces preemption;
     the ranks replace a recomputed sequence, and the tokens equal one rank's."""
@@ -115,7 +105,7 @@ def test_preempted_requests_restart_on_the_ranks_with_the_same_tokens(
         engine.shutdown()
     assert stats.num_preemptions > 0
     for r in reqs:
-        assert got[r.request_id] == one_sequence(inner(loaded), r.prompt_token_ids, 40)
+        assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 40)
 
 
 def test_a_rank_that_dies_fails_the_step_with_rank_failure(
@@ -148,6 +138,6 @@ def test_a_llama_model_on_ranks_is_refused_before_any_rank_starts(tiny_dir: Path
         Engine.from_checkpoint(tiny_dir, cfg)
 
 
-def test_an_engine_given_no_ranks_for_a_parallel_layout_is_refused(loaded: LoadedModel) -> None:
+def test_an_engine_given_no_ranks_for_a_parallel_layout_is_refused(sparse64: LoadedModel) -> None:
     with pytest.raises(LayoutError, match="needs 2 ranks"):
-        Engine(loaded, config(ParallelLayout(pcp=2)))
+        Engine(sparse64, config(ParallelLayout(pcp=2)))
