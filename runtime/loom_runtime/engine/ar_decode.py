@@ -110,6 +110,10 @@ class ARDecodeLoop:
     Besides the loop contract it offers the engine the KV steps that change a state's blocks
     (admit, grow, preempt) and the views and outputs the engine reads. `new_decoder(prompt ids,
     skip_special_tokens)` makes a request's detokenizer (Tokenizer.incremental_decoder fits).
+
+    With `draft_tokens` k > 0 (MTP speculation) a decode plan verifies up to k drafts after its
+    token: it asks for 1 + k tokens of budget and blocks (fewer when max_tokens is near, and a
+    split verifies fewer drafts), and its result may emit several tokens.
     """
 
     kind = "ar_decode"
@@ -121,6 +125,7 @@ class ARDecodeLoop:
         eos_token_ids: Sequence[int] = (),
         prefix_caching: bool = True,
         on_free: Callable[[str], None] | None = None,
+        draft_tokens: int = 0,
     ) -> None:
         """`on_free(request_id)` runs whenever a state's blocks are freed (finish, abort,
         preemption): per-request device state kept beside the blocks goes with them."""
@@ -130,6 +135,7 @@ class ARDecodeLoop:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.prefix_caching = prefix_caching
         self.block_size = kv.block_size
+        self.draft_tokens = draft_tokens
 
     # --- the loop contract ------------------------------------------------------------------
 
@@ -153,10 +159,18 @@ class ARDecodeLoop:
     def next(self, state: ARDecodeState) -> WorkPlan[TokenResult] | Done:
         if state.finished:
             return Done(reason=str(state.finish_reason))
+        drafts = self._draft_budget(state)
+        if drafts:
+            return self._verify_plan(state, 1 + drafts)
         return self._plan(state, len(state.tokens) - state.num_computed)
 
     def advance(self, state: ARDecodeState, result: TokenResult) -> ARDecodeState:
+        for tok in result.drafted:  # accepted drafts: their rows are among num_tokens
+            if not state.finished:
+                self._append(state, tok)
         state.num_computed += result.num_tokens
+        if state.finished:  # a draft ended it: the rows after the stop are not its tokens
+            state.num_computed = min(state.num_computed, len(state.tokens))
         if state.num_computed > len(state.tokens):
             raise ValueError(f"request {state.request_id!r}: computed past its tokens")
         if (
@@ -164,7 +178,7 @@ class ARDecodeLoop:
             and state.num_computed // self.block_size > state.table.num_committed
         ):
             self.kv.commit(state.table, state.tokens[: state.num_computed])
-        if result.sampled is not None:
+        if result.sampled is not None and not state.finished:
             self._append(state, result.sampled)
         return state
 
@@ -201,6 +215,7 @@ class ARDecodeLoop:
             sampling=state.request.sampling,
             generator=state.generator,
             history=state.history,
+            next_id=state.tokens[end] if end < len(state.tokens) else None,
         )
         decode = num_tokens == 1 and end == len(state.tokens) and end > state.num_prompt_tokens
         new_blocks = max(0, self.kv.blocks_for(end) - len(state.table.block_ids))
@@ -210,6 +225,43 @@ class ARDecodeLoop:
             resources=ResourceRequest(compute_tokens=num_tokens, cache_blocks=new_blocks),
             work=work,
             split=partial(self._plan, state) if num_tokens > 1 else None,
+            request_id=state.request_id,
+        )
+
+    def _draft_budget(self, state: ARDecodeState) -> int:
+        """Drafts a decode step may verify now: up to draft_tokens, and never more tokens than
+        max_tokens leaves (0 outside decoding, or with speculation off)."""
+        if not self.draft_tokens:
+            return 0
+        decoding = (
+            state.num_computed == len(state.tokens) - 1
+            and len(state.tokens) > state.num_prompt_tokens
+        )
+        left = state.request.sampling.max_tokens - state.num_output_tokens - 1
+        return max(0, min(self.draft_tokens, left)) if decoding else 0
+
+    def _verify_plan(self, state: ARDecodeState, num_tokens: int) -> WorkPlan[TokenResult]:
+        """A speculative decode: the last token and num_tokens - 1 drafts, proposed and
+        verified by the executor (engine/spec_forward.py) in this step."""
+        start = state.num_computed
+        work = TokenWork(
+            request_id=state.request_id,
+            token_ids=(state.tokens[start],),
+            start=start,
+            table=state.table,
+            want_logits=True,
+            sampling=state.request.sampling,
+            generator=state.generator,
+            history=state.history,
+            draft_tokens=num_tokens - 1,
+        )
+        new_blocks = max(0, self.kv.blocks_for(start + num_tokens) - len(state.table.block_ids))
+        return WorkPlan(
+            kind="decode_token",
+            shape=TOKEN_FORWARD,
+            resources=ResourceRequest(compute_tokens=num_tokens, cache_blocks=new_blocks),
+            work=work,
+            split=partial(self._verify_plan, state) if num_tokens > 1 else None,
             request_id=state.request_id,
         )
 
@@ -321,12 +373,14 @@ class ARDecodeLoop:
         held = state.table.block_ids
         pool = self.kv.pool
         freeable = sum(1 for b in held if pool.ref_count(b) == 1) if exact_free else len(held)
+        work = plan.work
         return RunningSeq(
             request_id=state.request_id,
             num_new_tokens=plan.resources.compute_tokens,
             context_len=state.num_computed,
             blocks_held=len(held),
             freeable_blocks=freeable,
+            num_draft_tokens=work.draft_tokens if isinstance(work, TokenWork) else 0,
         )
 
     def grow(self, state: ARDecodeState, num_new_tokens: int) -> bool:

@@ -243,7 +243,7 @@ class BatchScheduler:
 
     def _advance(self, batch: Batch, results: Sequence[TokenResult]) -> None:
         computed = sum(r.num_tokens for r in results)
-        sampled = sum(1 for r in results if r.sampled is not None)
+        sampled = sum(r.num_emitted for r in results)
         self._count(num_tokens_computed=computed, num_generation_tokens=sampled)
         for (state, _), result in zip(batch, results, strict=True):
             self.loop.advance(state, result)

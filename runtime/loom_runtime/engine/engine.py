@@ -26,9 +26,11 @@ from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.hisparse import hisparse_cache, hisparse_stats
 from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.mtp_check import check_mtp
+from loom_runtime.engine.mtp_runner import Drafter, MtpRunner, mtp_kv_spec
 from loom_runtime.engine.ranked_runner import RankedRunner, check_ranks, start_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
+from loom_runtime.engine.spec_forward import SpecForward
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
@@ -41,10 +43,13 @@ from loom_runtime.engine.validate import validate_request
 from loom_runtime.errors import AdmissionError, InvalidRequestError, TransferError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
-from loom_runtime.kv.cache import KVStore
+from loom_runtime.kv.cache import KVSpec, KVStore
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
+from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.loop.contract import LoopContext
+from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
 from loom_runtime.wire.kv_events import KVEventSink
 from loom_runtime.wire.prefix_hash import PrefixHasher
@@ -71,11 +76,13 @@ class Engine:
         connector: KVConnectorPort | None = None,
         co: CoScheduler | None = None,
         ranks: RankedRunner | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """`co`: share one step thread (and lock) with the other engines of this worker.
         `ranks`: the rank processes of a parallel engine (config.parallel; `from_checkpoint`
         starts them); the engine then schedules and samples here and runs every forward on
-        them, and closes them at shutdown."""
+        them, and closes them at shutdown. `drafter`: with MTP speculation, what proposes the
+        drafts instead of the MTP layer (tests force acceptances with an oracle)."""
         check_ranks(loaded.config, config, ranks, disagg)
         if (disagg is None) != (connector is None):
             raise ValueError("a P/D engine needs both its role (disagg) and a KV connector")
@@ -87,11 +94,12 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        check_mtp(loaded.config, config, "aggregated" if disagg is None else disagg.role)
+        check_mtp(loaded.config, config)
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
-        per_block = mc.kv_spec(bs, 1, config.dtype, config.kv_fp8).bytes_per_block
+        kv_spec = mtp_kv_spec if config.mtp_draft_tokens else _kv_spec
+        per_block = kv_spec(mc, bs, 1, config.dtype, config.kv_fp8).bytes_per_block
         cache: KVStore
         self._hisparse: HiSparseKVCache | None
         if config.hisparse:
@@ -102,7 +110,7 @@ class Engine:
         else:
             self._hisparse = None
             self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
-            spec = mc.kv_spec(bs, self.num_blocks, config.dtype, config.kv_fp8)
+            spec = kv_spec(mc, bs, self.num_blocks, config.dtype, config.kv_fp8)
             # a parallel engine's rows live on its ranks: its pool only counts blocks
             cache = spec.allocate(loaded.model.device if ranks is None else torch.device("meta"))
         if disagg is not None and not cache.transferable:
@@ -128,16 +136,29 @@ class Engine:
             else None
         )
         hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
-        self._kv = KVAllocator(self._pool, hasher, self._offload, config.kv_reload_async)
+        k = config.mtp_draft_tokens
+        self._kv = KVAllocator(
+            self._pool, hasher, self._offload, config.kv_reload_async, draft_rows=k > 0
+        )
         self._ranks = ranks
-        self._runner: TokenRunner = ModelRunner(loaded.model, cache) if ranks is None else ranks
-        on_free = self._hisparse.release if self._hisparse is not None else None
+        self._spec: SpecForward | None = None
+        executor: TokenForward | SpecForward
+        if k:
+            assert isinstance(cache, LatentKVCache)  # mtp_kv_spec allocated it
+            mtp = MtpRunner(loaded.model, cache)
+            self._runner: TokenRunner | MtpRunner = mtp
+            executor = self._spec = SpecForward(mtp, k, drafter)
+        else:
+            runner = ModelRunner(loaded.model, cache) if ranks is None else ranks
+            self._runner = runner
+            executor = TokenForward(runner)
         self._loop = ARDecodeLoop(
             self._kv,
             new_decoder=loaded.tokenizer.incremental_decoder,
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.use_prefix_cache,
-            on_free=ranks.release if ranks is not None else on_free,
+            on_free=self._on_free(),
+            draft_tokens=k,
         )
         self.disagg = disagg
         remote = None
@@ -151,7 +172,7 @@ class Engine:
         )
         self._scheduler = BatchScheduler(
             self._loop,
-            {TOKEN_FORWARD: TokenForward(self._runner)},
+            {TOKEN_FORWARD: executor},
             (config.max_num_batched_tokens, config.max_num_seqs),
             self._emit,
             remote,
@@ -473,7 +494,19 @@ class Engine:
             **self._offload_stats(),
             **({} if self._hisparse is None else hisparse_stats(self._hisparse)),
             ranks=() if self._ranks is None else self._ranks.kv(),
+            spec=None if self._spec is None else self._spec.stats,
         )
+
+    def _on_free(self) -> Callable[[str], None] | None:
+        """What frees a request's device state kept beside its blocks: its rows on the ranks,
+        its HiSparse hot buffer, or its MTP state (at most one of them is on)."""
+        if self._ranks is not None:
+            return self._ranks.release
+        if self._hisparse is not None:
+            return self._hisparse.release
+        if isinstance(self._runner, MtpRunner):
+            return self._runner.release
+        return None
 
     def _offload_stats(self) -> dict[str, int]:
         """The CPU KV offload fields of EngineStats (none when offload is off)."""
@@ -487,3 +520,10 @@ class Engine:
             "kv_reload_tokens": o.reload_tokens,
             "kv_reload_bytes": o.reload_bytes,
         }
+
+
+def _kv_spec(
+    mc: DecoderConfig, block_size: int, num_blocks: int, dtype: torch.dtype, fp8: Fp8Format | None
+) -> KVSpec:
+    """The family's own paged cache (MTP speculation adds its layer: mtp_runner.mtp_kv_spec)."""
+    return mc.kv_spec(block_size, num_blocks, dtype, fp8)

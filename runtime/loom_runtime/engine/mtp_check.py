@@ -1,5 +1,5 @@
-"""Whether an engine may run MTP speculative decoding: the model, the role and the engine's
-other features checked against `EngineConfig.mtp_draft_tokens` once, at construction.
+"""Whether an engine may run MTP speculative decoding: the model and the engine's parallel
+layout checked against `EngineConfig.mtp_draft_tokens` once, at construction.
 
 Owns those refusals and their messages; never drafts, verifies or allocates anything.
 """
@@ -12,11 +12,13 @@ from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.sparse_mla.config import MODEL_TYPE as SPARSE_MLA
 
 
-def check_mtp(model: DecoderConfig, config: EngineConfig, role: str) -> None:
+def check_mtp(model: DecoderConfig, config: EngineConfig) -> None:
     """SpeculativeConfigError if MTP is on (mtp_draft_tokens > 0) and this engine cannot run it:
-    a model outside the sparse-mla family or without MTP layers, a P/D role, or — for now —
-    any engine, since the batched step runs no verify rows yet (only the one-sequence
-    engine/mtp_speculator.py does). Nothing is checked when MTP is off."""
+    a model outside the sparse-mla family or without MTP layers, or parallel ranks. Every role
+    runs it: a P/D prefill computes the MTP layer's rows of the prompt beside the trunk's, they
+    cross in the same blocks, and the decode recomputes the last prompt token (and with it the
+    draft state) itself; a prefill and a decode must agree on it (the layouts' layer counts
+    differ otherwise, and the decode refuses the pull). Nothing is checked when MTP is off."""
     k = config.mtp_draft_tokens
     if k == 0:
         return
@@ -31,13 +33,8 @@ def check_mtp(model: DecoderConfig, config: EngineConfig, role: str) -> None:
             f"MTP speculation (mtp_draft_tokens {k}): the checkpoint of {config.model_name!r} "
             f"has no MTP layer (num_nextn_predict_layers is 0): {fix}"
         )
-    if role != "aggregated":
+    if config.parallel.world > 1:
         raise SpeculativeConfigError(
-            f"MTP speculation (mtp_draft_tokens {k}) runs in the aggregated role only; the "
-            f"{role} role would need the draft rows to cross with the KV: {fix}"
+            f"MTP speculation (mtp_draft_tokens {k}) runs on one rank only; this role runs "
+            f"{config.parallel.world} ranks, whose step has no verify rows yet: {fix}"
         )
-    raise SpeculativeConfigError(
-        f"MTP speculation (mtp_draft_tokens {k}) of {config.model_name!r}: the engine's "
-        "batched step runs no verify rows yet (one-sequence speculation is "
-        f"engine/mtp_speculator.py, measured by bench/mtp.py): {fix}"
-    )

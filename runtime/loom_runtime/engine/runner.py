@@ -36,6 +36,10 @@ class TokenWork:
     the scheduler grew it). `want_logits` asks for the last token's logits row, from which
     the step's one sampler draws with `sampling`, the state's own `generator` (None when
     greedy) and its `history` (the tokens so far). The runner itself reads none of them.
+
+    With MTP speculation (engine/spec_forward.py) a decode work asks for up to `draft_tokens`
+    drafts after its one token, and every work names the token after its chunk (`next_id`)
+    when the loop knows it: the MTP layer's row at a position reads the next token.
     """
 
     request_id: str
@@ -46,6 +50,8 @@ class TokenWork:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     generator: torch.Generator | None = field(default=None, repr=False, compare=False)
     history: TokenHistory | None = field(default=None, repr=False, compare=False)
+    draft_tokens: int = 0  # a speculative decode: drafts to propose after token_ids' one token
+    next_id: int | None = None  # the token after the last of token_ids, when already known
 
     @property
     def end(self) -> int:
@@ -73,7 +79,7 @@ class ModelRunner:
         self._pool_threads = torch.get_num_threads()
         self._params = model.config.num_parameters
 
-    def _set_threads(self, num_tokens: int) -> None:
+    def set_threads(self, num_tokens: int) -> None:
         """CPU: a forward too small to share (see SERIAL_WORK) runs on one intra-op thread."""
         if self.device.type != "cpu" or self._pool_threads == 1:
             return
@@ -129,7 +135,7 @@ class ModelRunner:
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
         """One forward over all `works`; per work its logits row ([vocab]) or None."""
         batch = self.build_batch(works)
-        self._set_threads(batch.num_tokens)
+        self.set_threads(batch.num_tokens)
         logits = self.model.forward(batch, self.cache)
         self.tokens_run += batch.num_tokens
         self.forwards += 1

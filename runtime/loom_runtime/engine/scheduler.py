@@ -20,10 +20,11 @@ class RunningSeq:
     context_len: int  # tokens whose KV is already computed
     blocks_held: int
     freeable_blocks: int  # blocks preempting it returns to the pool (not shared with others)
+    num_draft_tokens: int = 0  # of num_new_tokens, drafts a speculative decode verifies
 
     @property
     def is_decode(self) -> bool:
-        return self.num_new_tokens == 1
+        return self.num_new_tokens == 1 + self.num_draft_tokens
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,19 @@ from loom_runtime.loop.contract import WorkPlan
 
 @dataclass(frozen=True)
 class TokenResult:
-    """What one executed plan did: `num_tokens` KV rows written, and the token sampled from the
-    last one when the plan reached the end of the sequence."""
+    """What one executed plan did: `num_tokens` KV rows written (and kept), and the token
+    sampled from the last one when the plan reached the end of the sequence. A speculative
+    decode also emits the drafts it accepted (`drafted`, before `sampled`): their rows are
+    among the `num_tokens`."""
 
     num_tokens: int
     sampled: SampledToken | None = None
+    drafted: tuple[SampledToken, ...] = ()
+
+    @property
+    def num_emitted(self) -> int:
+        """Tokens this result adds to its sequence."""
+        return len(self.drafted) + (self.sampled is not None)
 
 
 class TokenForward:
@@ -36,22 +44,28 @@ class TokenForward:
         self.runner = runner
 
     def execute(self, plans: Sequence[WorkPlan[TokenResult]]) -> list[TokenResult]:
-        works = [_token_work(p) for p in plans]
-        rows = self.runner.execute(works)
-        wanted = [(i, row) for i, row in enumerate(rows) if row is not None]
-        picked: dict[int, SampledToken] = {}
-        if wanted:
-            tokens = sample(
-                torch.stack([row for _, row in wanted]),
-                [works[i].sampling for i, _ in wanted],
-                [works[i].generator for i, _ in wanted],
-                [works[i].history for i, _ in wanted],
-            )
-            picked = {i: tok for (i, _), tok in zip(wanted, tokens, strict=True)}
+        works = [token_work(p) for p in plans]
+        picked = sample_rows(works, self.runner.execute(works))
         return [TokenResult(len(w.token_ids), picked.get(i)) for i, w in enumerate(works)]
 
 
-def _token_work(plan: WorkPlan[TokenResult]) -> TokenWork:
+def sample_rows(
+    works: Sequence[TokenWork], rows: Sequence[torch.Tensor | None]
+) -> dict[int, SampledToken]:
+    """One token for each work with a logits row (by work index), all in one sample call."""
+    wanted = [(i, row) for i, row in enumerate(rows) if row is not None]
+    if not wanted:
+        return {}
+    tokens = sample(
+        torch.stack([row for _, row in wanted]),
+        [works[i].sampling for i, _ in wanted],
+        [works[i].generator for i, _ in wanted],
+        [works[i].history for i, _ in wanted],
+    )
+    return {i: tok for (i, _), tok in zip(wanted, tokens, strict=True)}
+
+
+def token_work(plan: WorkPlan[TokenResult]) -> TokenWork:
     if plan.shape != TOKEN_FORWARD or not isinstance(plan.work, TokenWork):
         raise TypeError(
             f"plan {plan.kind!r} of request {plan.request_id!r}: shape {plan.shape!r} with a "

@@ -123,6 +123,33 @@ class RankKVStats:
 
 
 @dataclass(frozen=True)
+class SpecDecodeStats:
+    """vLLM's spec-decode counters: verify steps that had drafts, drafts proposed, drafts
+    accepted, and how often draft position j was accepted."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    def add(self, proposed: int, accepted: int) -> SpecDecodeStats:
+        per_pos = list(self.accepted_per_pos)
+        for j in range(accepted):
+            per_pos[j] += 1
+        return SpecDecodeStats(
+            self.num_drafts + 1,
+            self.num_draft_tokens + proposed,
+            self.num_accepted_tokens + accepted,
+            tuple(per_pos),
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a verify step emits on average (accepted drafts + the target's own)."""
+        return 1.0 + self.num_accepted_tokens / max(1, self.num_drafts)
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics and the control service."""
 
@@ -166,3 +193,4 @@ class EngineStats:
     hisparse_prefill_h2d_bytes: int = 0  # prefill chunks' one-step host -> device bytes (counter)
     hisparse_hot_requests: int = 0  # requests holding a hot buffer now
     ranks: tuple[RankKVStats, ...] = ()  # a parallel engine's ranks (none on one rank)
+    spec: SpecDecodeStats | None = None  # MTP speculation's counters (None: speculation off)

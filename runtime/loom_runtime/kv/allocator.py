@@ -4,6 +4,11 @@ Owns the rules that tie a request's tokens to pool blocks and the prefix-cache c
 decides which request runs (the scheduler does) and never touches KV memory (a host tier's
 reload is the offload's copy).
 
+With `draft_rows` (MTP speculation: the cache holds a draft layer whose row at position i reads
+token i + 1) a prefix hit gives up its last block, as vLLM does for its draft models: that
+block's last draft row was computed from the token after the block, which the hit does not
+cover; the hits before it are exact, since the block after each of them matched too.
+
 With a host tier (CPU KV offload), a prompt's prefix hit is the device-resident run of blocks
 followed by the run the host tier holds after it; admission allocates device blocks for the
 host run, reloads their bytes and registers them in the prefix cache, and the prompt's
@@ -32,6 +37,7 @@ class KVAllocator:
         hasher: PrefixHasher,
         host: KVOffload | None = None,
         async_reload: bool = False,
+        draft_rows: bool = False,
     ) -> None:
         if pool.block_size != hasher.block_size:
             raise KVConfigError(
@@ -42,6 +48,7 @@ class KVAllocator:
         self.block_size = pool.block_size
         self.host = host
         self.async_reload = async_reload
+        self.draft_rows = draft_rows
         if host is not None:
             pool.on_evict = host.offload
         self._queries = 0
@@ -263,10 +270,16 @@ class KVAllocator:
             hashes = self._prompt_hashes(token_ids, cache_salt, lora_name)
         max_blocks = max(len(token_ids) - 1, 0) // self.block_size
         hit_ids = self.pool.lookup(hashes[:max_blocks])
-        num_new = max(self.blocks_for(num_tokens), len(hit_ids)) - len(hit_ids)
-        host_hits = 0
+        host_run = 0
         if self.host is not None:
-            host_hits = min(self.host.lookup(hashes[len(hit_ids) : max_blocks]), num_new)
+            host_run = self.host.lookup(hashes[len(hit_ids) : max_blocks])
+        if self.draft_rows:  # the whole run's last block gives up its hit
+            if host_run:
+                host_run -= 1
+            elif hit_ids:
+                hit_ids = hit_ids[:-1]
+        num_new = max(self.blocks_for(num_tokens), len(hit_ids)) - len(hit_ids)
+        host_hits = min(host_run, num_new)
         # Acquiring an evictable hit takes it out of the allocatable count.
         reclaimed = sum(1 for b in hit_ids if self.pool.ref_count(b) == 0)
         return _AdmitPlan(hit_ids, host_hits, num_new, reclaimed)

@@ -139,6 +139,32 @@ def _rank_metrics(s: EngineStats, model_name: str) -> Iterator[GaugeMetricFamily
         yield g
 
 
+def _spec_metrics(
+    s: EngineStats, model_name: str, counter: Callable[[str, str, float], CounterMetricFamily]
+) -> Iterator[CounterMetricFamily]:
+    """MTP speculation's counters under vLLM's names (none when speculation is off)."""
+    spec = s.spec
+    if spec is None:
+        return
+    yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec.num_drafts)
+    yield counter(
+        "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", spec.num_draft_tokens
+    )
+    yield counter(
+        "vllm:spec_decode_num_accepted_tokens",
+        "Number of accepted tokens.",
+        spec.num_accepted_tokens,
+    )
+    per_pos = CounterMetricFamily(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted tokens per draft position.",
+        labels=["model_name", "position"],
+    )
+    for position, accepted in enumerate(spec.accepted_per_pos):
+        per_pos.add_metric([model_name, str(position)], accepted)
+    yield per_pos
+
+
 class _EngineCollector(Collector):
     """Reads one EngineStats snapshot per scrape: gauges and the engine's own counters."""
 
@@ -206,6 +232,7 @@ class _EngineCollector(Collector):
         )
         yield from _hisparse_metrics(s, gauge, counter)
         yield from _rank_metrics(s, self._model)
+        yield from _spec_metrics(s, self._model, counter)
         yield counter("loom:drains", "Drains completed (admission closed until idle).", s.drains)
         yield counter("loom:drain_seconds", "Seconds the completed drains took.", s.drain_seconds)
         yield gauge("loom:last_drain_seconds", "The latest drain's duration.", s.last_drain_seconds)

@@ -296,7 +296,8 @@ def check_compatible(src: BlockLayout, dst: BlockLayout) -> None:
     if diff:
         raise LayoutError(
             "prefill and decode KV caches hold different things (" + "; ".join(diff) + "); "
-            "serve the same model with the same KV dtype on both roles"
+            "serve the same model with the same KV dtype and MTP setting (mtp.draftTokens) on "
+            "both roles"
         )
 
 

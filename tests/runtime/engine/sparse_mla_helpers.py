@@ -1,17 +1,22 @@
-"""What the sparse-mla engine tests share: the one-sequence greedy reference, greedy params, and
-running requests on an engine to the end (the float64 checkpoint is conftest's `sparse64`)."""
+"""What the sparse-mla engine tests share: the one-sequence greedy reference, greedy params,
+running requests on an engine to the end, the planner's shape of the checkpoint and a spy on an
+engine's MTP drafts (the float64 checkpoint is conftest's `sparse64`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from loom_operator.fleet.kv_layout import Indexer, KVDtype, MLAAttention, ModelShape
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.mtp_runner import MtpRunner
+from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
+from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 
 Prompt = Callable[[int, int], tuple[int, ...]]
@@ -46,3 +51,41 @@ def run_all(engine: Engine, reqs: list[EngineRequest]) -> dict[str, tuple[int, .
             return {k: c.result().output_token_ids for k, c in got.items()}
         engine.step()
     raise AssertionError("requests did not finish within 10000 steps")
+
+
+def planner_shape(loaded: LoadedModel, kv_dtype: KVDtype, group: int = 128) -> ModelShape:
+    """The planner's shape of the loaded tiny sparse-mla model (its KV figures to compare)."""
+    c = loaded.config
+    assert isinstance(c, SparseMlaConfig)
+    return ModelShape(
+        num_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
+        kv_dtype=kv_dtype,
+        quant_group_size=group,
+        indexer=Indexer(
+            len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
+        ),
+    )
+
+
+class RecordingDrafter:
+    """Spy on the engine's MTP drafts: delegates to the runner, records (start, drafts)."""
+
+    def __init__(self) -> None:
+        self.runner: MtpRunner | None = None
+        self.seen: dict[str, dict[int, tuple[int, ...]]] = {}
+
+    def watch(self, engine: Engine) -> None:
+        """Delegate to this engine's MTP runner (built with this spy as its drafter)."""
+        runner = engine._runner  # the engine builds it; the spy needs the real proposals
+        assert isinstance(runner, MtpRunner)
+        self.runner = runner
+
+    def propose(self, works: Sequence[TokenWork]) -> list[tuple[int, ...]]:
+        assert self.runner is not None
+        out = self.runner.propose(works)
+        for w, d in zip(works, out, strict=True):
+            if d:
+                self.seen.setdefault(w.request_id, {})[w.start] = d
+        return out

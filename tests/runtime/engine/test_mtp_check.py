@@ -1,6 +1,7 @@
 """An engine asked for MTP speculation (`mtp_draft_tokens`) refuses, with a typed error naming
-the model and the fix, a model without MTP layers or outside sparse-mla, a P/D role, HiSparse,
-and — until the batched step runs verify rows — every engine; with MTP off nothing changes."""
+the model and the fix, a model without MTP layers or outside sparse-mla, parallel ranks and
+HiSparse; an aggregated sparse-mla engine runs it (its cache then holds the MTP
+layer's rows, as the planner counts them); with MTP off nothing changes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from tests.runtime.engine.sparse_mla_helpers import planner_shape
 
+from loom_operator.fleet.kv_layout import kv_bytes_per_token
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.mtp_check import check_mtp
 from loom_runtime.errors import SpeculativeConfigError
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.parallel.layout import ParallelLayout
 
 MTP3 = EngineConfig(dtype=torch.float64, num_blocks=64, max_model_len=512, mtp_draft_tokens=3)
 
@@ -39,25 +43,33 @@ def test_a_checkpoint_without_mtp_layers_is_refused(sparse64: LoadedModel) -> No
     assert isinstance(config, SparseMlaConfig)
     bare = replace(config, num_nextn_predict_layers=0)
     with pytest.raises(SpeculativeConfigError, match="has no MTP layer"):
-        check_mtp(bare, MTP3, "aggregated")
+        check_mtp(bare, MTP3)
 
 
-@pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_a_pd_role_is_refused(sparse64: LoadedModel, role: str) -> None:
-    with pytest.raises(SpeculativeConfigError, match=f"aggregated role only; the {role} role"):
-        check_mtp(sparse64.config, MTP3, role)
+def test_parallel_ranks_are_refused(sparse64: LoadedModel) -> None:
+    ranked = replace(MTP3, parallel=ParallelLayout(pcp=2))
+    with pytest.raises(SpeculativeConfigError, match="one rank only; this role runs 2 ranks"):
+        check_mtp(sparse64.config, ranked)
 
 
-def test_the_batched_step_refuses_until_it_runs_verify_rows(sparse64: LoadedModel) -> None:
-    with pytest.raises(SpeculativeConfigError, match="batched step runs no verify rows yet"):
-        Engine(sparse64, MTP3)
-
-
-def test_with_mtp_off_every_model_and_role_passes(
-    sparse64: LoadedModel, tiny64: LoadedModel
+def test_an_aggregated_engine_runs_it_with_the_mtp_layers_rows_in_its_cache(
+    sparse64: LoadedModel,
 ) -> None:
+    config = sparse64.config
+    assert isinstance(config, SparseMlaConfig)
+    engine = Engine(sparse64, MTP3)
+    trunk = config.kv_spec(16, 1, torch.float64).bytes_per_block // 16
+    mtp = (config.kv_lora_rank + config.qk_rope_head_dim + config.index_head_dim) * 8
+    # float64 KV is twice the planner's fp32 figure, which counts the MTP layer the same way
+    planned = kv_bytes_per_token(replace(planner_shape(sparse64, "fp32"), mtp_layers=1))
+    assert engine.stats().kv_bytes_per_token == trunk + mtp == 2 * planned
+    assert engine.stats().spec is not None and engine.stats().spec.num_drafts == 0
+    with pytest.raises(ValueError, match=r"mtp_layers must be in 0\.\.1"):
+        config.kv_spec(16, 1, torch.float64, mtp_layers=2)
+
+
+def test_with_mtp_off_every_model_passes(sparse64: LoadedModel, tiny64: LoadedModel) -> None:
     off = replace(MTP3, mtp_draft_tokens=0)
     for loaded in (sparse64, tiny64):
-        for role in ("aggregated", "prefill", "decode"):
-            check_mtp(loaded.config, off, role)
+        check_mtp(loaded.config, off)
     assert Engine(sparse64, off).num_blocks == 64

@@ -15,14 +15,11 @@ from tests.runtime.engine.sparse_mla_helpers import (
     greedy,
     inner,
     one_sequence,
+    planner_shape,
     run_all,
 )
 
 from loom_operator.fleet.kv_layout import (
-    Indexer,
-    KVDtype,
-    MLAAttention,
-    ModelShape,
     kv_bytes_per_token,
 )
 from loom_runtime.engine.config import EngineConfig
@@ -93,21 +90,6 @@ def test_preempted_requests_finish_with_the_one_sequence_tokens(
     assert engine.stats().num_preemptions > 0
     for r in reqs:
         assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 40)
-
-
-def planner_shape(loaded: LoadedModel, kv_dtype: KVDtype, group: int = 128) -> ModelShape:
-    c = loaded.config
-    assert isinstance(c, SparseMlaConfig)
-    return ModelShape(
-        num_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads,
-        attention=MLAAttention(c.kv_lora_rank, c.qk_rope_head_dim),
-        kv_dtype=kv_dtype,
-        quant_group_size=group,
-        indexer=Indexer(
-            len(c.full_indexer_layers), c.index_head_dim, c.index_topk, c.index_n_heads
-        ),
-    )
 
 
 def test_kv_bytes_are_the_latent_pool_and_the_planners_per_token_figure(

@@ -13,6 +13,7 @@ import torch
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.mtp_runner import Drafter
 from loom_runtime.engine.transfer_port import DisaggSettings, TransferParams
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.kv.fp8 import Fp8Format
@@ -38,11 +39,14 @@ class Workers:
         kv_fp8: Fp8Format | None = None,
         kv_offload_gib: float = 0.0,
         kind: str = "tcp",
+        mtp_draft_tokens: int = 0,
+        drafter: Drafter | None = None,
     ) -> tuple[Engine, KVConnector | None]:
         config = EngineConfig(
             dtype=torch.float64,
             kv_fp8=kv_fp8,
             kv_offload_gib=kv_offload_gib,
+            mtp_draft_tokens=mtp_draft_tokens,
             block_size=block_size,
             max_model_len=1024,
             num_blocks=num_blocks or 2048 // block_size,
@@ -50,7 +54,7 @@ class Workers:
         )
         connector = None
         if role is None:
-            engine = Engine(self.model, config)
+            engine = Engine(self.model, config, drafter=drafter)
         else:
             settings = ConnectorSettings(kind, role, side_port=0, lease_seconds=lease_s)  # type: ignore[arg-type]
             connector = build_connector(settings)
@@ -60,6 +64,7 @@ class Workers:
                 config,
                 disagg=DisaggSettings(role, policy),  # type: ignore[arg-type]
                 connector=connector,
+                drafter=drafter,
             )
         engine.start()
         self.engines.append(engine)

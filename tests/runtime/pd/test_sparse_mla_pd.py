@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.engine.sparse_mla_helpers import RecordingDrafter
 from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 
+from loom_runtime.engine.engine import Engine
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
@@ -40,6 +42,13 @@ def prompt(n: int, seed: int) -> tuple[int, ...]:
     return tuple(int(t) for t in torch.randint(10, 1000, (n,), generator=gen))
 
 
+def prefilled(prefill: Engine, rid: str, tokens: tuple[int, ...]) -> KVTransferParams:
+    """Run the prompt on the prefill; the transfer params its answer gives the decode."""
+    answer = run(prefill, rid, tokens, 1, KVTransferParams.for_prefill()).outputs[-1]
+    assert answer.kv_transfer_params is not None
+    return KVTransferParams.parse(answer.kv_transfer_params.to_dict())
+
+
 @pytest.mark.parametrize("kv", list(FP8))
 @pytest.mark.parametrize("kind", ["tcp", "nixl"])
 def test_sparse_mla_pd_equals_aggregated_across_block_sizes(
@@ -55,9 +64,7 @@ def test_sparse_mla_pd_equals_aggregated_across_block_sizes(
     for i, n in enumerate(LENGTHS):
         tokens = prompt(n, seed=10 + i)
         expected = run(aggregated, f"a{i}", tokens, MAX_TOKENS).result().output_token_ids
-        answer = run(prefill, f"p{i}", tokens, 1, KVTransferParams.for_prefill()).outputs[-1]
-        assert answer.kv_transfer_params is not None
-        params = KVTransferParams.parse(answer.kv_transfer_params.to_dict())
+        params = prefilled(prefill, f"p{i}", tokens)
         assert params.remote_block_ids is not None
         assert len(params.remote_block_ids) == -(-n // 32)
         out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
@@ -77,9 +84,7 @@ def test_a_sparse_mla_decode_refuses_a_llama_prefill_with_a_clear_error(
         prefill, _ = llama.engine("prefill")
         decode, _ = workers.engine("decode", policy="fail")
         tokens = prompt(40, seed=7)
-        answer = run(prefill, "p", tokens, 1, KVTransferParams.for_prefill()).outputs[-1]
-        assert answer.kv_transfer_params is not None
-        params = KVTransferParams.parse(answer.kv_transfer_params.to_dict())
+        params = prefilled(prefill, "p", tokens)
         result = run(decode, "d", tokens, MAX_TOKENS, params)
         error = result.outputs[-1].transfer_error
         assert error is not None and "paged head cache (llama-style" in error
@@ -87,3 +92,41 @@ def test_a_sparse_mla_decode_refuses_a_llama_prefill_with_a_clear_error(
         wait_for(lambda: whole(decode), "the decode's pool to be whole")
     finally:
         llama.close()
+
+
+def test_mtp_over_pd_equals_aggregated_and_drafts_from_the_pulled_mtp_rows(
+    workers: Workers,
+) -> None:
+    """Prefill and decode both speculate (k = 3): the MTP layer's rows of the prompt cross in
+    the same blocks as the trunk's (32-token blocks into 16-token ones), and every draft the
+    decode proposes equals the aggregated MTP engine's at the same position."""
+    plain, _ = workers.engine()
+    spies = RecordingDrafter(), RecordingDrafter()
+    aggregated, _ = workers.engine(mtp_draft_tokens=3, drafter=spies[0])
+    prefill, _ = workers.engine("prefill", block_size=32, mtp_draft_tokens=3)
+    decode, _ = workers.engine("decode", block_size=16, mtp_draft_tokens=3, drafter=spies[1])
+    spies[0].watch(aggregated)
+    spies[1].watch(decode)
+    for i, n in enumerate(LENGTHS):
+        tokens = prompt(n, seed=20 + i)
+        expected = run(plain, f"x{i}", tokens, MAX_TOKENS).result().output_token_ids
+        assert run(aggregated, f"a{i}", tokens, MAX_TOKENS).result().output_token_ids == expected
+        params = prefilled(prefill, f"p{i}", tokens)
+        out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
+        assert out.output_token_ids == expected, f"prompt of {n} tokens"
+        assert spies[1].seen[f"d{i}"] == spies[0].seen[f"a{i}"]
+        assert len(spies[1].seen[f"d{i}"]) == MAX_TOKENS - 2  # every decode step but the last
+        wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")
+
+
+def test_an_mtp_decode_refuses_a_prefill_without_the_mtp_rows(workers: Workers) -> None:
+    prefill, _ = workers.engine("prefill")
+    decode, _ = workers.engine("decode", policy="fail", mtp_draft_tokens=3)
+    tokens = prompt(40, seed=7)
+    params = prefilled(prefill, "p", tokens)
+    result = run(decode, "d", tokens, MAX_TOKENS, params)
+    error = result.outputs[-1].transfer_error
+    assert error is not None and not result.result().output_token_ids
+    assert "num_layers 4 != 5" in error and "MTP setting" in error  # the MTP layer's rows
+    wait_for(lambda: whole(decode), "the decode's pool to be whole")

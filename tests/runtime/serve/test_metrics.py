@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loom_runtime.engine.types import EngineStats, RankKVStats, RequestMetrics
+from loom_runtime.engine.types import EngineStats, RankKVStats, RequestMetrics, SpecDecodeStats
 from loom_runtime.serve.metrics import PHASES, ServerMetrics, worker_phase
 
 
@@ -177,3 +177,18 @@ def test_a_parallel_engines_ranks_are_exported_per_rank() -> None:
         assert s[("loom:rank_sequences", labels)] == 1
     one = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=0)))
     assert not any(name.startswith("loom:rank_") for name, _ in one)  # one rank: no series
+
+
+def test_mtp_speculation_is_exported_under_vllms_spec_decode_names() -> None:
+    spec = SpecDecodeStats(num_drafts=10, num_draft_tokens=30, num_accepted_tokens=12,
+                           accepted_per_pos=(7, 4, 1))  # fmt: skip
+    s = _samples(ServerMetrics("tiny", Snapshot(replace(STATS, spec=spec), in_flight=1)))
+    m = (("model_name", "tiny"),)
+    assert s[("vllm:spec_decode_num_drafts_total", m)] == 10
+    assert s[("vllm:spec_decode_num_draft_tokens_total", m)] == 30
+    assert s[("vllm:spec_decode_num_accepted_tokens_total", m)] == 12
+    for position, accepted in enumerate((7, 4, 1)):
+        labels = (*m, ("position", str(position)))
+        assert s[("vllm:spec_decode_num_accepted_tokens_per_pos_total", labels)] == accepted
+    off = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=0)))
+    assert not any(name.startswith("vllm:spec_decode") for name, _ in off)

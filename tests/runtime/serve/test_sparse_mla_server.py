@@ -43,14 +43,20 @@ def one_sequence_tokens(loaded: LoadedSparseMla) -> list[int]:
     return out
 
 
-def test_completions_return_the_one_sequence_forwards_tokens(worker: Any, sparse_dir: Path) -> None:
-    assert len(PROMPT) > INDEX_TOPK
+def greedy_tokens(worker: Any) -> list[int]:
+    """The worker's greedy /v1/completions tokens for PROMPT."""
     body = {"model": worker.model, "prompt": PROMPT, "max_tokens": NEW_TOKENS,
             "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
     status, answer, _ = worker.post("/v1/completions", body)
     assert status == 200, answer
-    got = answer["choices"][0]["token_ids"]
-    assert got == one_sequence_tokens(load_sparse_mla(sparse_dir, dtype=torch.float32))
+    return list(answer["choices"][0]["token_ids"])
+
+
+def test_completions_return_the_one_sequence_forwards_tokens(worker: Any, sparse_dir: Path) -> None:
+    assert len(PROMPT) > INDEX_TOPK
+    assert greedy_tokens(worker) == one_sequence_tokens(
+        load_sparse_mla(sparse_dir, dtype=torch.float32)
+    )
 
 
 def test_metrics_report_the_planners_kv_bytes_per_token(worker: Any, sparse_dir: Path) -> None:
@@ -85,11 +91,8 @@ def test_an_fp8_kv_card_serves_and_reports_the_planners_fp8_bytes(
         per_token = fp8_worker.metric("loom:kv_bytes_per_token")
         assert per_token == kv_bytes_per_token(shape) == 4 * (32 + 4 + 8 * 2) + 2 * (16 + 4)
         assert fp8_worker.metric("loom:kv_cache_bytes") == 96 * 16 * per_token
-        body = {"model": fp8_worker.model, "prompt": PROMPT, "max_tokens": NEW_TOKENS,
-                "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-        status, answer, _ = fp8_worker.post("/v1/completions", body)
-        assert status == 200, answer
-        assert len(answer["choices"][0]["token_ids"]) == NEW_TOKENS
+        got = greedy_tokens(fp8_worker)
+        assert len(got) == NEW_TOKENS
 
 
 def test_a_hisparse_worker_serves_the_same_tokens_and_reports_its_tiers(
@@ -97,12 +100,9 @@ def test_a_hisparse_worker_serves_the_same_tokens_and_reports_its_tiers(
 ) -> None:
     host_block = 16 * 4 * (32 + 8) * 4  # float32 latent + RoPE rows of 4 layers
     with launch(sparse_dir, "--hisparse-host-pool-gib", "0.001") as hi:  # 104 blocks fit
-        body = {"model": hi.model, "prompt": PROMPT, "max_tokens": NEW_TOKENS,
-                "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-        status, answer, _ = hi.post("/v1/completions", body)
-        assert status == 200, answer
+        got = greedy_tokens(hi)
         want = one_sequence_tokens(load_sparse_mla(sparse_dir, dtype=torch.float32))
-        assert answer["choices"][0]["token_ids"] == want
+        assert got == want
         assert hi.metric("loom:hisparse_host_pool_bytes") == 96 * host_block  # --num-blocks 96
         misses = hi.metric("loom:hisparse_hot_misses_total")
         assert misses > 0 and hi.metric("loom:hisparse_h2d_bytes_total") == misses * 40 * 4
@@ -111,3 +111,19 @@ def test_a_hisparse_worker_serves_the_same_tokens_and_reports_its_tiers(
         # the device keeps keys and 8 hot buffers (--max-num-seqs 8) of 2 x 64 + 1 rows per layer
         device = 96 * 16 * 2 * 16 * 4 + 8 * 4 * (2 * INDEX_TOPK + 1) * 40 * 4
         assert hi.metric("loom:kv_cache_bytes") == device < 96 * 16 * 768
+
+
+def test_an_mtp_worker_serves_the_same_tokens_and_reports_vllms_spec_decode_counters(
+    launch: Any, sparse_dir: Path
+) -> None:
+    with launch(sparse_dir, "--mtp-draft-tokens", "3") as mtp:
+        got = greedy_tokens(mtp)
+        want = one_sequence_tokens(load_sparse_mla(sparse_dir, dtype=torch.float32))
+        assert got == want
+        drafts = mtp.metric("vllm:spec_decode_num_drafts_total")
+        accepted = mtp.metric("vllm:spec_decode_num_accepted_tokens_total")
+        # every decode step but the last (which max_tokens leaves no room to draft for) verifies
+        assert 0 < drafts <= NEW_TOKENS - 2
+        assert accepted <= mtp.metric("vllm:spec_decode_num_draft_tokens_total") <= 3 * drafts
+        # the MTP layer's rows (latent + RoPE 40, indexer keys 16; float32) join each token's
+        assert mtp.metric("loom:kv_bytes_per_token") == 768 + (40 + 16) * 4

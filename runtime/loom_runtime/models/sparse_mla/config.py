@@ -110,14 +110,24 @@ class SparseMlaConfig:
         num_blocks: int,
         dtype: torch.dtype = torch.float32,
         fp8: Fp8Format | None = None,
+        mtp_layers: int = 0,
     ) -> LatentKVCacheSpec:
-        """The paged latent KV cache this model needs (the MTP layers cache nothing yet); with
-        `fp8`, rows are stored packed (kv/fp8.py) and gathered in `dtype`."""
+        """The paged latent KV cache this model needs; with `fp8`, rows are stored packed
+        (kv/fp8.py) and gathered in `dtype`. `mtp_layers` (MTP speculation) adds the rows of
+        that many MTP layers after the trunk's, each a latent + RoPE row and an indexer key row
+        (an MTP layer runs its own indexer), as the planner counts them."""
+        if not 0 <= mtp_layers <= self.num_nextn_predict_layers:
+            raise ValueError(
+                f"mtp_layers must be in 0..{self.num_nextn_predict_layers} (the checkpoint's "
+                f"MTP layers), got {mtp_layers}"
+            )
+        trunk = self.num_hidden_layers
+        mtp = tuple(range(trunk, trunk + mtp_layers))
         return LatentKVCacheSpec(
-            num_layers=self.num_hidden_layers,
+            num_layers=trunk + mtp_layers,
             latent_dim=self.kv_lora_rank,
             rope_dim=self.qk_rope_head_dim,
-            index_layers=self.full_indexer_layers,
+            index_layers=self.full_indexer_layers + mtp,
             index_dim=self.index_head_dim,
             block_size=block_size,
             num_blocks=num_blocks,
