@@ -149,6 +149,7 @@ class EngineConfig:
         extras = {
             "kv_offload_gib": self.kv_offload_gib > 0,
             "hisparse_host_pool_gib": self.hisparse,
+            "kv_fp8": self.kv_fp8 is not None,  # the ranks' rows are stored unquantized
         }
         if on := [name for name, used in extras.items() if used]:
             raise ValueError(

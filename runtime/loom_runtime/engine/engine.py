@@ -111,8 +111,14 @@ class Engine:
             self._hisparse = None
             self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
             spec = kv_spec(mc, bs, self.num_blocks, config.dtype, config.kv_fp8)
-            # a parallel engine's rows live on its ranks: its pool only counts blocks
-            cache = spec.allocate(loaded.model.device if ranks is None else torch.device("meta"))
+            # a parallel engine's rows live on its ranks: its pool only counts blocks, unless it
+            # is a P/D prefill, whose pool holds a copy of the rows for the connector to move
+            mirrored = ranks is not None and disagg is not None
+            counted = ranks is not None and not mirrored
+            cache = spec.allocate(torch.device("meta") if counted else loaded.model.device)
+            if mirrored and ranks is not None:
+                assert isinstance(cache, LatentKVCache)  # check_ranks: sparse-mla only
+                ranks.mirror_into(cache)
         if disagg is not None and not cache.transferable:
             raise TransferError(
                 f"P/D serving moves paged head caches and sparse-mla latent caches; the "
@@ -123,7 +129,7 @@ class Engine:
         # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
         self._kv_cache_bytes = (
             0  # on the ranks: EngineStats.ranks
-            if ranks is not None
+            if ranks is not None and disagg is None
             else cache.data.nbytes
             if self._hisparse is None
             else self._hisparse.spec.device_bytes
@@ -211,7 +217,7 @@ class Engine:
             return cls(loaded, config, events, disagg, connector, co)
         check_ranks(loaded.config, config, None, disagg, starting=True)
         max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
-        ranks = start_ranks(str(path), config, max_model_len)
+        ranks = start_ranks(str(path), config, max_model_len, export_rows=disagg is not None)
         try:
             return cls(loaded, config, events, disagg, connector, co, ranks)
         except BaseException:

@@ -3,8 +3,10 @@ worker (PCP, DCP, EP). The engine schedules and samples in its own process as on
 each step's token works go to every rank over a pipe, every rank runs them in the same order
 (parallel/sparse_mla/rank_server.py), and rank 0 sends back the logits rows.
 
-Owns the rank group's lifetime, the step exchange and its timeout, and the sequences to release
-at the next step; never schedules, samples or touches the engine's block tables. A rank that
+Owns the rank group's lifetime, the step exchange and its timeout, the sequences to release
+at the next step and, for a P/D prefill, writing the rows the ranks export into the engine's
+own pool (the one the KV connector moves) at the slots of each work's block table; never
+schedules, samples or changes a block table. A rank that
 dies, raises or does not answer in time takes the runner down with RankFailure (every rank
 stopped): the worker fails cleanly and the fleet's failover handles its requests.
 """
@@ -27,6 +29,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import RankKVStats
+from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.parallel.layout import LayoutError
@@ -39,6 +42,7 @@ from loom_runtime.parallel.sparse_mla.rank_server import (
     RankWork,
     serve_rank,
 )
+from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +74,7 @@ class RankedRunner:
         self.forwards = 0
         self._timeout_s = config.collective_timeout_s
         self._released: list[str] = []
+        self._mirror: LatentKVCache | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="loom-ranks-") if workdir is None else None
         ctx = mp.get_context("spawn")
         pipes = [ctx.Pipe() for _ in range(config.world)]
@@ -99,6 +104,13 @@ class RankedRunner:
         """Per rank, the KV it held after the last step."""
         return tuple(self._kv)
 
+    def mirror_into(self, cache: LatentKVCache) -> None:
+        """Write every step's exported rows into `cache` (a P/D prefill's real pool, whose
+        blocks the engine's tables name); the ranks must have been started with export_rows."""
+        if not self.spec.export_rows:
+            raise ValueError("mirror_into needs ranks started with export_rows (a P/D prefill)")
+        self._mirror = cache
+
     def release(self, request_id: str) -> None:
         """The request's blocks were freed: its sequences go with the next step."""
         self._released.append(request_id)
@@ -125,6 +137,11 @@ class RankedRunner:
             RankKVStats(kv.rank, kv.kv_bytes_per_token, r.kv_tokens, r.kv_bytes, r.sequences)
             for kv, r in zip(self._kv, replies, strict=True)
         ]
+        if self._mirror is not None:
+            by_id = {w.request_id: w for w in works}
+            for reply in replies:
+                for exported in reply.rows:
+                    _write_rows(self._mirror, by_id[exported.request_id], exported.rows)
         lead = replies[0]
         self.tokens_run += sum(len(w.token_ids) for w in works)
         self.forwards += bool(works)
@@ -173,8 +190,30 @@ class RankedRunner:
         raise RankFailure(f"the worker's ranks failed: {why}{detail}", outcomes)
 
 
-def start_ranks(checkpoint: str, config: EngineConfig, max_model_len: int) -> RankedRunner:
-    """The ranks of an engine whose config asks for a parallel layout (config.parallel)."""
+def _write_rows(cache: LatentKVCache, work: TokenWork, rows: HeldRows) -> None:
+    """Store a rank's exported rows of `work` at their slots in `cache`, every layer."""
+    bs = cache.spec.block_size
+    table = work.table.block_ids
+    slots = torch.tensor(
+        [table[p // bs] * bs + p % bs for p in rows.positions.tolist()], dtype=torch.long
+    )
+    if not len(slots):
+        return
+    index_slot = {layer: i for i, layer in enumerate(cache.spec.index_layers)}
+    dev = cache.data.device
+    for layer in range(cache.spec.num_layers):
+        slot = index_slot.get(layer)
+        keys = None if slot is None else rows.index_keys[slot].to(dev)
+        cache.write(
+            layer, slots.to(dev), rows.latent[layer].to(dev), rows.rope_keys[layer].to(dev), keys
+        )
+
+
+def start_ranks(
+    checkpoint: str, config: EngineConfig, max_model_len: int, export_rows: bool = False
+) -> RankedRunner:
+    """The ranks of an engine whose config asks for a parallel layout (config.parallel);
+    `export_rows` for a P/D prefill, whose pool must hold the rows the connector moves."""
     spec = RankServeSpec(
         checkpoint=checkpoint,
         layout=config.parallel,
@@ -182,6 +221,7 @@ def start_ranks(checkpoint: str, config: EngineConfig, max_model_len: int) -> Ra
         capacity=max_model_len,
         block_size=config.block_size,
         dcp_backend=config.dcp_backend,
+        export_rows=export_rows,
     )
     ranks = RankConfig(
         world=config.parallel.world,
@@ -212,11 +252,14 @@ def check_ranks(
             f"{where}: ranks inside the engine run the sparse-mla family only (PCP, DCP, EP); "
             f"the {model.model_type} model has no tensor parallelism in the native runtime yet"
         )
-    if disagg is not None:
+    if disagg is not None and disagg.role != "prefill":
         raise LayoutError(
-            f"{where}: a P/D role on ranks is not built yet (the KV lives on the ranks, not in "
-            "the pool the connector moves); serve it with an aggregated role"
+            f"{where}: a {disagg.role} role on ranks is not built yet (the pulled KV would "
+            "have to reach the ranks); serve the decode on one rank per replica (parallelism "
+            "dp only, as replicas), or the role aggregated"
         )
+    if disagg is not None and ranks is not None and not ranks.spec.export_rows:
+        raise LayoutError(f"{where}: a P/D prefill's ranks must export their rows")
     if not starting and (ranks is None or ranks.world != layout.world):
         have = "none" if ranks is None else f"{ranks.world}"
         raise LayoutError(f"{where} needs {layout.world} ranks, the engine was given {have}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -18,6 +19,7 @@ from loom_runtime.engine.transfer_port import DisaggSettings, TransferParams
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel
+from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 
 
@@ -69,6 +71,30 @@ class Workers:
         engine.start()
         self.engines.append(engine)
         return engine, connector
+
+    def ranked_prefill(
+        self, checkpoint: Path, layout: ParallelLayout, block_size: int = 16, kind: str = "tcp"
+    ) -> Engine:
+        """A P/D prefill whose forwards run on rank processes of `layout` (gloo), started from
+        the checkpoint (its ranks load it too)."""
+        config = EngineConfig(
+            dtype=torch.float64,
+            block_size=block_size,
+            max_model_len=1024,
+            num_blocks=2048 // block_size,
+            max_num_seqs=4,
+            parallel=layout,
+            collective_timeout_s=60.0,
+        )
+        settings = ConnectorSettings(kind, "prefill", side_port=0, lease_seconds=30.0)  # type: ignore[arg-type]
+        connector = build_connector(settings)
+        self.connectors.append(connector)
+        engine = Engine.from_checkpoint(
+            checkpoint, config, disagg=DisaggSettings("prefill"), connector=connector
+        )
+        engine.start()
+        self.engines.append(engine)
+        return engine
 
     def close(self) -> None:
         for engine in self.engines:

@@ -4,8 +4,9 @@ the engine's steps as they arrive over its pipe: per scheduled sequence one pref
 decode forward on a ParallelSequence, the same calls on every rank, in the same order.
 
 Owns the rank's sequences (one ParallelSequence per request, dropped when the engine releases
-it) and the wire records of a step; never schedules, never samples (the engine does both in
-its own process), never decides which request runs.
+it), the wire records of a step and, for a P/D prefill, the copies of each step's new rows
+sent back to the engine (whose pool the KV connector moves); never schedules, never samples
+(the engine does both in its own process), never decides which request runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from loom_runtime.parallel.ranks import RankContext
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
 from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence
+from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class RankServeSpec:
     capacity: int  # rows a sequence may reach: the engine's max_model_len
     block_size: int
     dcp_backend: DcpBackend = "ag_rs"
+    export_rows: bool = False  # a P/D prefill: send each step's new rows to the engine
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,26 @@ class RankStep:
 
 
 @dataclass(frozen=True)
+class RankRows:
+    """The rows one work's step wrote that this rank holds (an exporting rank's share)."""
+
+    request_id: str
+    rows: HeldRows
+
+
+@dataclass(frozen=True)
 class RankReply:
     """A rank's answer to a step. `logits`: the rows of the works that wanted them, in order
     ([n, vocab]; rank 0 only, None elsewhere). `kv_tokens`/`kv_bytes`: the rows this rank
-    holds for every live sequence, and their bytes in whole blocks."""
+    holds for every live sequence, and their bytes in whole blocks. `rows`: with
+    `export_rows`, the new rows of every work that this rank holds, when it is one of the DCP
+    group of rank 0 (together they hold every token once)."""
 
     logits: torch.Tensor | None
     kv_tokens: int
     kv_bytes: int
     sequences: int
+    rows: tuple[RankRows, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,7 @@ class RankSequences:
         self.model = load_sparse_mla(spec.checkpoint, dtype, ctx.device).model
         self.experts = shard_experts(self.model, self.plan.ep)
         self.live: dict[str, ParallelSequence] = {}
+        self.exports = spec.export_rows and 0 in self.plan.dcp.ranks
 
     def ready(self) -> RankReady:
         probe = self._new_sequence(1)
@@ -105,7 +120,16 @@ class RankSequences:
             kv_tokens=sum(s.kv_tokens for s in stores),
             kv_bytes=sum(s.block_bytes(self.spec.block_size) for s in stores),
             sequences=len(stores),
+            rows=self._exported(step.works) if self.exports else (),
         )
+
+    def _exported(self, works: tuple[RankWork, ...]) -> tuple[RankRows, ...]:
+        """The rows each work just wrote that this rank holds."""
+        out = []
+        for w in works:
+            held = self.live[w.request_id].store.rows_between(w.start, w.start + len(w.token_ids))
+            out.append(RankRows(w.request_id, held))
+        return tuple(out)
 
     def _run(self, work: RankWork) -> torch.Tensor | None:
         if work.start == 0:

@@ -2,16 +2,41 @@
 all-gathers every layer's new rows) or ShardStore (DCP: only the tokens this rank owns, by the
 interleaved layout of dcp_shard.py), and the temporary full copy a prefill attends over.
 
-Owns the rows, the sequence length and the KV accounting; never selects or attends.
+Owns the rows, the sequence length and the KV accounting, and hands out copies of the rows a
+rank holds (a P/D prefill's export); never selects or attends.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from loom_runtime.models.sparse_mla.cache import LayerRows, SparseMlaCache
 from loom_runtime.parallel.collectives import Comm, all_gather_rows
 from loom_runtime.parallel.dcp_shard import ShardMap
+
+
+@dataclass(frozen=True)
+class HeldRows:
+    """A rank's rows of some of a sequence's tokens, as its cache holds them: `positions` [n]
+    (global, ascending), then per layer latent [layers, n, latent_dim], RoPE keys [layers, n,
+    rope_dim] and the full indexer layers' keys [index layers, n, index_dim] (copies)."""
+
+    positions: torch.Tensor
+    latent: torch.Tensor
+    rope_keys: torch.Tensor
+    index_keys: torch.Tensor
+
+    @classmethod
+    def of(cls, cache: SparseMlaCache, positions: torch.Tensor, first: int, last: int) -> HeldRows:
+        """The rows in local slots first..last-1 of `cache`, which hold tokens `positions`."""
+        return cls(
+            positions=positions.cpu(),
+            latent=cache.latent[:, first:last].cpu().clone(),
+            rope_keys=cache.rope_keys[:, first:last].cpu().clone(),
+            index_keys=cache.index_keys[:, first:last].cpu().clone(),
+        )
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -57,6 +82,11 @@ class FullStore:
 
     def block_bytes(self, block_size: int) -> int:
         return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+    def rows_between(self, start: int, end: int) -> HeldRows:
+        """Every row of tokens start..end-1 (all are here)."""
+        positions = torch.arange(start, end, device=self.cache.latent.device)
+        return HeldRows.of(self.cache, positions, start, end)
 
 
 class ShardStore:
@@ -130,6 +160,13 @@ class ShardStore:
     def block_bytes(self, block_size: int) -> int:
         """Bytes of the KV blocks this rank's rows fill (the last one partly)."""
         return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+    def rows_between(self, start: int, end: int) -> HeldRows:
+        """The rows of tokens start..end-1 this rank owns (the others are on its peers)."""
+        first, last = self.shard.local_length(start), self.shard.local_length(end)
+        device = self.cache.latent.device
+        positions = _slot_positions(self.shard, last, device)[first:]
+        return HeldRows.of(self.cache, positions, first, last)
 
     def _full_copy(
         self,

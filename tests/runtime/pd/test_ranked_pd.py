@@ -1,0 +1,92 @@
+"""P/D from a prefill's ranks: a prefill whose forwards run on PCP/DCP gloo rank processes
+exports each step's new rows into its own paged latent pool, and a one-rank decode pulls them
+over TCP and NIXL (different block sizes) and continues with the one-rank greedy tokens,
+prompts past the indexer's top-k included; each DCP rank sends only its own tokens, so the pool
+holds every token once. A decode role on ranks, and fp8 KV on ranks, are refused clearly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from tests.runtime.engine.sparse_mla_helpers import one_sequence
+from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
+from tests.runtime.pd.test_sparse_mla_pd import prefilled, prompt
+
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.transfer_port import DisaggSettings
+from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
+from loom_runtime.parallel.layout import LayoutError, ParallelLayout
+from loom_runtime.transfer.connector import ConnectorSettings, build_connector
+
+MAX_TOKENS = 6
+LENGTHS = (9, 150, 300)
+
+
+@pytest.fixture(scope="module")
+def sparse64(sparse_checkpoint: Path) -> LoadedModel:
+    return load_model(sparse_checkpoint, dtype=torch.float64)
+
+
+@pytest.fixture
+def workers(sparse64: LoadedModel) -> Iterator[Workers]:
+    w = Workers(sparse64)
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("layout", "kind"),
+    [
+        (ParallelLayout(pcp=2, dcp=2, interleave=1), "tcp"),
+        (ParallelLayout(pcp=2, dcp=2, interleave=4, ep=2), "nixl"),
+        (ParallelLayout(pcp=2), "tcp"),
+    ],
+    ids=["pcp2-dcp2-i1-tcp", "pcp2-dcp2-i4-ep2-nixl", "pcp2-tcp"],
+)
+def test_a_ranked_prefill_feeds_a_one_rank_decode_with_the_one_rank_tokens(
+    workers: Workers, sparse_checkpoint: Path, sparse64: LoadedModel, layout: ParallelLayout,
+    kind: str,
+) -> None:  # fmt: skip
+    prefill = workers.ranked_prefill(sparse_checkpoint, layout, block_size=32, kind=kind)
+    decode, _ = workers.engine("decode", block_size=16, kind=kind)
+    assert isinstance(sparse64.model, SparseMlaCausalLM)
+    per_token = decode.stats().kv_bytes_per_token
+    assert prefill.stats().kv_cache_bytes == (2048 // 32) * 32 * per_token  # a real pool
+    pulled = 0
+    for i, n in enumerate(LENGTHS):
+        tokens = prompt(n, seed=30 + i)
+        expected = one_sequence(sparse64.model.model, tokens, MAX_TOKENS)
+        params = prefilled(prefill, f"p{i}", tokens)
+        out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
+        assert out.output_token_ids == expected, f"prompt of {n} tokens from {layout.describe()}"
+        pulled += (n - 1) * per_token
+        assert decode.stats().kv_pulled_bytes == pulled
+        wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")
+    ranks = prefill.stats().ranks
+    assert len(ranks) == layout.world and all(r.sequences == 0 for r in ranks)
+
+
+def test_a_decode_role_on_ranks_is_refused_before_any_rank_starts(
+    sparse_checkpoint: Path,
+) -> None:
+    config = EngineConfig(parallel=ParallelLayout(pcp=2), max_model_len=64, num_blocks=16)
+    connector = build_connector(ConnectorSettings("tcp", "decode", side_port=0))
+    try:
+        with pytest.raises(LayoutError, match="decode role on ranks is not built"):
+            Engine.from_checkpoint(
+                sparse_checkpoint, config, disagg=DisaggSettings("decode"), connector=connector
+            )
+    finally:
+        connector.close()
+
+
+def test_fp8_kv_on_ranks_is_refused() -> None:
+    with pytest.raises(ValueError, match="kv_fp8 cannot run on ranks"):
+        EngineConfig(parallel=ParallelLayout(pcp=2), kv_fp8=Fp8Format(16))
