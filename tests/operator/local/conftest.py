@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from loom_operator.testing.cards import card_text
+from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny import init_tiny
 
 CardFactory = Callable[..., Path]
@@ -23,6 +24,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         init_tiny(tmp_path_factory.mktemp("tiny-a"), seed=0),
         init_tiny(tmp_path_factory.mktemp("tiny-b"), seed=1),
     )
+
+
+@pytest.fixture(scope="session")
+def sparse_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny sparse-mla checkpoint (the sparse examples' loom://tiny-sparse-mla)."""
+    return init_tiny_sparse_mla(tmp_path_factory.mktemp("tiny-sparse-mla") / "tiny")
 
 
 @pytest.fixture

@@ -1,17 +1,34 @@
-"""What the `loom up` tests of the sparse-mla examples share: a JSON POST, the one-rank greedy
-reference of the tiny checkpoint, and a worker's /metrics text."""
+"""What the `loom up` tests of the sparse-mla examples share: running an example on the tiny
+checkpoint, a JSON POST, the one-rank greedy reference, and a worker's /metrics text."""
 
 from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from loom_operator.local.snapshot import WorkerRow
+from loom_operator.testing.fleet import FleetProcess, run_fleet
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@contextmanager
+def example_fleet(
+    name: str, root: Path, checkpoint: Path, env: dict[str, str]
+) -> Iterator[FleetProcess]:
+    """`loom up examples/NAME.yaml` with its loom://tiny-sparse-mla source at `checkpoint`."""
+    card = root / f"{name}.yaml"
+    text = (ROOT / "examples" / f"{name}.yaml").read_text()
+    card.write_text(text.replace("loom://tiny-sparse-mla", f"file://{checkpoint}"))
+    with run_fleet(card, root / "state", env) as fleet:
+        yield fleet
 
 
 def post(url: str, body: dict[str, object]) -> Any:

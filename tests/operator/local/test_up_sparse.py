@@ -8,41 +8,32 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.operator.local.sparse_helpers import metrics, one_rank, post, rank_labels
+from tests.operator.local.sparse_helpers import example_fleet, metrics, one_rank, post, rank_labels
 
-from loom_operator.testing.fleet import FleetProcess, run_fleet
-from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
+from loom_operator.testing.fleet import FleetProcess
 
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLE = ROOT / "examples" / "tiny-sparse-pcp.yaml"
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_sparse_mla(tmp_path_factory.mktemp("tiny-sparse-mla") / "tiny")
-
-
-@pytest.fixture(scope="module")
 def fleet(
-    tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, child_env: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory, sparse_checkpoint: Path, child_env: dict[str, str]
 ) -> Iterator[FleetProcess]:
-    root = tmp_path_factory.mktemp("up-sparse")
-    card = root / "tiny-sparse-pcp.yaml"
-    card.write_text(EXAMPLE.read_text().replace("loom://tiny-sparse-mla", f"file://{checkpoint}"))
-    with run_fleet(card, root / "state", child_env) as f:
+    with example_fleet(
+        "tiny-sparse-pcp", tmp_path_factory.mktemp("up-sparse"), sparse_checkpoint, child_env
+    ) as f:
         yield f
 
 
 def test_a_greedy_completion_through_the_router_equals_one_rank(
-    fleet: FleetProcess, checkpoint: Path
+    fleet: FleetProcess, sparse_checkpoint: Path
 ) -> None:
     body = {"model": "tiny-sparse-mla", "prompt": "the ranks of one worker " * 12,
             "max_tokens": STEPS, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}  # fmt: skip
     reply = post(f"{fleet.endpoint}/completions", body)
     [choice] = reply["choices"]
-    assert choice["token_ids"] == one_rank(checkpoint, choice["prompt_token_ids"], STEPS)
+    assert choice["token_ids"] == one_rank(sparse_checkpoint, choice["prompt_token_ids"], STEPS)
 
 
 def test_the_worker_runs_on_two_ranks_and_exports_their_kv(fleet: FleetProcess) -> None:

@@ -9,40 +9,38 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.operator.local.sparse_helpers import metrics, one_rank, post, rank_labels, sample
+from tests.operator.local.sparse_helpers import (
+    example_fleet,
+    metrics,
+    one_rank,
+    post,
+    rank_labels,
+    sample,
+)
 
-from loom_operator.testing.fleet import FleetProcess, run_fleet
-from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
+from loom_operator.testing.fleet import FleetProcess
 
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLE = ROOT / "examples" / "tiny-sparse-pd.yaml"
 STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return init_tiny_sparse_mla(tmp_path_factory.mktemp("tiny-sparse-mla") / "tiny")
-
-
-@pytest.fixture(scope="module")
 def fleet(
-    tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, child_env: dict[str, str]
+    tmp_path_factory: pytest.TempPathFactory, sparse_checkpoint: Path, child_env: dict[str, str]
 ) -> Iterator[FleetProcess]:
-    root = tmp_path_factory.mktemp("up-sparse-pd")
-    card = root / "tiny-sparse-pd.yaml"
-    card.write_text(EXAMPLE.read_text().replace("loom://tiny-sparse-mla", f"file://{checkpoint}"))
-    with run_fleet(card, root / "state", child_env) as f:
+    with example_fleet(
+        "tiny-sparse-pd", tmp_path_factory.mktemp("up-sparse-pd"), sparse_checkpoint, child_env
+    ) as f:
         yield f
 
 
 def test_pd_completions_from_the_ranks_equal_one_rank(
-    fleet: FleetProcess, checkpoint: Path
+    fleet: FleetProcess, sparse_checkpoint: Path
 ) -> None:
     for i, text in enumerate(["prefilled on two ranks " * 12, "then pulled by a decode " * 20]):
         body = {"model": "tiny-sparse-mla", "prompt": text, "max_tokens": STEPS,
                 "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
         [choice] = post(f"{fleet.endpoint}/completions", body)["choices"]
-        want = one_rank(checkpoint, choice["prompt_token_ids"], STEPS)
+        want = one_rank(sparse_checkpoint, choice["prompt_token_ids"], STEPS)
         assert choice["token_ids"] == want, f"completion {i}"
 
 

@@ -6,11 +6,9 @@ holds every token once. A decode role on ranks, and fp8 KV on ranks, are refused
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from tests.runtime.engine.sparse_mla_helpers import one_sequence
 from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 from tests.runtime.pd.test_sparse_mla_pd import prefilled, prompt
@@ -19,25 +17,13 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.kv.fp8 import Fp8Format
-from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.transfer.connector import ConnectorSettings, build_connector
 
 MAX_TOKENS = 6
 LENGTHS = (9, 150, 300)
-
-
-@pytest.fixture(scope="module")
-def sparse64(sparse_checkpoint: Path) -> LoadedModel:
-    return load_model(sparse_checkpoint, dtype=torch.float64)
-
-
-@pytest.fixture
-def workers(sparse64: LoadedModel) -> Iterator[Workers]:
-    w = Workers(sparse64)
-    yield w
-    w.close()
 
 
 @pytest.mark.parametrize(

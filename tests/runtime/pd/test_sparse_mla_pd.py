@@ -6,7 +6,6 @@ continues with the aggregated greedy tokens, prompts past the indexer's top-k in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,13 @@ from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 
 from loom_runtime.engine.engine import Engine
 from loom_runtime.kv.fp8 import Fp8Format
-from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.loader import load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
 from loom_runtime.wire.kv_transfer import KVTransferParams
 
 MAX_TOKENS = 6
 LENGTHS = (9, 150, 300)  # one block; several; ~5x the indexer's top-k (64) and 10+ blocks
 FP8 = {"plain": None, "fp8": Fp8Format(16)}
-
-
-@pytest.fixture(scope="module")
-def sparse64(sparse_checkpoint: Path) -> LoadedModel:
-    return load_model(sparse_checkpoint, dtype=torch.float64)
-
-
-@pytest.fixture
-def workers(sparse64: LoadedModel) -> Iterator[Workers]:
-    w = Workers(sparse64)
-    yield w
-    w.close()
 
 
 def prompt(n: int, seed: int) -> tuple[int, ...]:
