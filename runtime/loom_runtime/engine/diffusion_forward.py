@@ -176,7 +176,8 @@ def decode_groups(works: Sequence[DecodeWork]) -> list[list[int]]:
     groups: dict[tuple[tuple[int, ...], bool], list[int]] = {}
     for i, w in enumerate(works):
         if w.latents.shape[0] != 1:
-            raise ValueError(f"a decode plan's latents have one batch row, got {w.latents.shape}")
+            shape = tuple(w.latents.shape)
+            raise ValueError(f"a decode plan's latents must be one batch row, got shape {shape}")
         groups.setdefault((tuple(w.latents.shape), w.cache.first_chunk), []).append(i)
     return list(groups.values())
 
