@@ -8,16 +8,18 @@ clients keeps C jobs in flight until the phase's jobs are done (a job's latency 
 submitted → its frames out), for three engines on the same jobs:
 
   - loom        the DiffusionEngine on its step thread: every running job's denoise step in one
-                batched DiT forward (guidance rows included), its default step budget
+                batched DiT forward (guidance rows included), the step's same-shaped VAE
+                decode chunks in one decoder call, its default step budget
   - one-by-one  the same engine with max_running 1: the same jobs run one after another
   - diffusers   WanPipeline, static batches of C same-shaped jobs (one pipeline call each,
                 per-job generators), the best a request-level batcher does
 
 and reports jobs/s (images/s, video jobs/s), jobs per CPU-second (all of this process's threads:
-a machine shared with other work distorts it far less than wall time), p50/p90 job latency, and
-the step-batching gain (loom ÷ one-by-one) and loom ÷ diffusers. Each round runs the three
-engines back to back at each C; round 0 is a warm-up and is not counted; the summary is the
-median over rounds (of the rates, and of each round's ratios). Usage:
+a machine shared with other work distorts it far less than wall time), p50/p90 job latency, the
+step-batching gain (loom ÷ one-by-one), loom ÷ diffusers, and Loom's fitted denoise and VAE
+decode costs. Each round runs the three engines back to back at each C; round 0 is a warm-up and
+is not counted; the summary is the median over rounds (of the rates, and of each round's
+ratios). Usage:
 
     .venv/bin/python bench/diffusion.py --rounds 5   # ~8 min on 2 cores; --quick: seconds
 """
@@ -220,19 +222,23 @@ class Engines:
         return PhaseResult(round_, engine, w.name, c, len(jobs), wall, cpu, tuple(latencies))
 
 
-def denoise_fit(engine: DiffusionEngine, w: Workload) -> dict[str, float]:
-    """What Loom's step cost model learnt of one denoise forward of this workload's latents."""
+def cost_fits(engine: DiffusionEngine, w: Workload) -> dict[str, dict[str, float]]:
+    """What Loom's step cost model learnt of one denoise forward of this workload's latents and
+    of one VAE decode call of its latent frames (items: rows, videos)."""
     s = engine.shape
-    latents = (1, s.latent_channels, (w.frames - 1) // s.temporal_scale + 1,
-               w.height // s.spatial_scale, w.width // s.spatial_scale)  # fmt: skip
-    return asdict(engine.costs.cost("denoise", latents))
+    frames = (w.frames - 1) // s.temporal_scale + 1
+    h, w_ = w.height // s.spatial_scale, w.width // s.spatial_scale
+    return {
+        "denoise": asdict(engine.costs.cost("denoise", (1, s.latent_channels, frames, h, w_))),
+        "vae_decode": asdict(engine.costs.cost("vae_decode", (1, s.latent_channels, 1, h, w_))),
+    }
 
 
 def run(
     ckpt: Path, workloads: Sequence[Workload], levels: Sequence[int], min_jobs: int, rounds: int
-) -> tuple[list[PhaseResult], dict[str, dict[str, float]]]:
+) -> tuple[list[PhaseResult], dict[str, dict[str, dict[str, float]]]]:
     """Round 0 warms up (not counted); each C runs max(C, min_jobs) jobs per engine. Returns the
-    phases and, per workload, Loom's fitted denoise cost."""
+    phases and, per workload, Loom's fitted denoise and VAE decode costs."""
     engines = Engines.start(ckpt, max(levels))
     results: list[PhaseResult] = []
     try:
@@ -248,7 +254,7 @@ def run(
                     results += got if r else []
                     rates = ", ".join(f"{p.engine} {p.rates()['jobs_per_s']:.2f}/s" for p in got)
                     print(f"round {r} {w.name} C={c}: {rates}", flush=True)
-        fits = {w.name: denoise_fit(engines.loom, w) for w in workloads}
+        fits = {w.name: cost_fits(engines.loom, w) for w in workloads}
     finally:
         engines.stop()
     return results, fits
@@ -331,13 +337,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checkpoint": ckpt.name,
         "workloads": [asdict(w) for w in workloads],
         "median": summary,
-        "loom_denoise_cost": fits,
+        "loom_denoise_cost": {name: fit["denoise"] for name, fit in fits.items()},
+        "loom_vae_decode_cost": {name: fit["vae_decode"] for name, fit in fits.items()},
         "runs": [{**asdict(p), **p.rates()} for p in results],
     }
     print_table(summary)
     for name, fit in fits.items():
-        fixed, per_row = fit["fixed_s"] * 1e3, fit["per_item_s"] * 1e3
+        fixed, per_row = fit["denoise"]["fixed_s"] * 1e3, fit["denoise"]["per_item_s"] * 1e3
         print(f"Loom's fitted {name} denoise forward: {fixed:.1f} ms + {per_row:.2f} ms/row")
+        fixed, per_video = (fit["vae_decode"][k] * 1e3 for k in ("fixed_s", "per_item_s"))
+        print(f"Loom's fitted {name} VAE decode call: {fixed:.1f} ms + {per_video:.2f} ms/video")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -1,7 +1,7 @@
 """bench/diffusion.py in its smallest form (`--quick`): every engine runs every workload at each
 concurrency, the JSON holds a median row per workload and concurrency with positive rates and
-latencies, Loom's step cost model has fitted each workload's denoise forward, and the markdown
-table is printed."""
+latencies, Loom's step cost model has fitted each workload's denoise forward and VAE decode
+call, and the markdown table is printed."""
 
 from __future__ import annotations
 
@@ -43,5 +43,7 @@ def test_the_quick_diffusion_bench_measures_every_engine_side_by_side(
     printed = capsys.readouterr().out
     assert "| image | 2 | **gain** | batching" in printed
     assert "fitted video denoise forward" in printed
-    fit = report["loom_denoise_cost"]["image"]  # what the step cost model learnt
-    assert fit["fixed_s"] + fit["per_item_s"] > 0
+    assert "fitted video VAE decode call" in printed
+    for costs in ("loom_denoise_cost", "loom_vae_decode_cost"):
+        fit = report[costs]["image"]  # what the step cost model learnt
+        assert fit["fixed_s"] + fit["per_item_s"] > 0, costs

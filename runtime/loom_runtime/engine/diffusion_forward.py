@@ -1,5 +1,6 @@
 """The executors of diffusion plans: text encode, denoise (one batched DiT forward for every
-compatible step of the step, classifier-free guidance batched in it) and VAE decode chunks.
+compatible step of the step, classifier-free guidance batched in it) and VAE decode chunks (one
+batched decoder call for the step's same-shaped chunks, their causal caches stacked).
 
 Owns turning a step's plans into DiffusionResults and timing each forward (handed to `observe`,
 for the step cost model); never advances a loop or picks plans.
@@ -29,6 +30,7 @@ from loom_runtime.models.wan.dit import WanDiT
 from loom_runtime.models.wan.loader import LoadedWan
 from loom_runtime.models.wan.text_encoder import Umt5Encoder
 from loom_runtime.models.wan.vae import WanVaeDecoder
+from loom_runtime.models.wan.vae_cache import BatchedCausalCache, ChunkCache
 
 W = TypeVar("W")
 Observe = Callable[[StepSample], None]
@@ -134,22 +136,50 @@ class DenoiseForward:
 
 
 class VaeDecode:
-    """The next latent frame of each video through the VAE decoder, with its own causal cache
-    (so the frames of one video decode in order, one plan each, interleaved with other work)."""
+    """The next latent frame of each video through the VAE decoder, each with its own causal
+    cache (so the frames of one video decode in order, one plan each, interleaved with other
+    work). The step's plans of one latent shape and first-chunk status decode in one batched
+    call, their caches stacked into a BatchedCausalCache; each video gets its own pixels."""
 
     def __init__(self, vae: WanVaeDecoder, observe: Observe = _unobserved) -> None:
         self.vae, self.observe = vae, observe
 
     def execute(self, plans: Sequence[WorkPlan[DiffusionResult]]) -> list[DiffusionResult]:
-        out = []
-        for w in _works(plans, DecodeWork):
+        works = _works(plans, DecodeWork)
+        out: dict[int, DiffusionResult] = {}
+        for indices in decode_groups(works):
+            group = [works[i] for i in indices]
             start = time.perf_counter()
-            latents = self.vae.unscale_latents(w.latents.to(self.vae.dtype))
-            pixels = self.vae.decode_chunk(latents, w.cache)
+            pixels = self._decode(group)
             seconds = _elapsed(start, pixels)
-            self.observe(StepSample(VAE_DECODE, tuple(w.latents.shape), 1, seconds))
-            out.append(DiffusionResult(pixels=pixels))
-        return out
+            size = tuple(group[0].latents.shape)
+            self.observe(StepSample(VAE_DECODE, size, len(group), seconds))
+            if len(group) == 1:
+                out[indices[0]] = DiffusionResult(pixels=pixels)
+                continue
+            for row, i in enumerate(indices):  # a copy each: no video holds the batch's pixels
+                out[i] = DiffusionResult(pixels=pixels[row : row + 1].clone())
+        return [out[i] for i in range(len(works))]
+
+    def _decode(self, group: list[DecodeWork]) -> torch.Tensor:
+        """One decode_chunk call over the group's latents, one batch row per video."""
+        latents = torch.cat([w.latents for w in group]).to(self.vae.dtype)
+        cache: ChunkCache = (
+            group[0].cache if len(group) == 1 else BatchedCausalCache([w.cache for w in group])
+        )
+        return self.vae.decode_chunk(self.vae.unscale_latents(latents), cache)
+
+
+def decode_groups(works: Sequence[DecodeWork]) -> list[list[int]]:
+    """The indices of `works` that can share one decode call, in first-seen order: the same
+    latent shape and the same first-chunk status (the decoder branches on it)."""
+    groups: dict[tuple[tuple[int, ...], bool], list[int]] = {}
+    for i, w in enumerate(works):
+        if w.latents.shape[0] != 1:
+            shape = tuple(w.latents.shape)
+            raise ValueError(f"a decode plan's latents must be one batch row, got shape {shape}")
+        groups.setdefault((tuple(w.latents.shape), w.cache.first_chunk), []).append(i)
+    return list(groups.values())
 
 
 def wan_shape(loaded: LoadedWan, text_len: int) -> DiffusionShape:

@@ -1,7 +1,8 @@
 """The diffusion loop on the tiny Wan checkpoint: a seeded generation equals diffusers' WanPipeline
 (C1) for an image and a video, with and without guidance; requests of different sizes and step
 counts interleaved step by step give bit-identical outputs to the same requests one at a time; a
-distilled card refuses other step counts; bad sizes are 400s; an abort frees the request."""
+distilled card refuses other step counts; bad sizes are 400s; an abort frees the request, also
+mid-decode from a batched VAE call (the other video decodes on unchanged)."""
 
 from __future__ import annotations
 
@@ -159,3 +160,30 @@ def test_an_abort_mid_denoise_finishes_the_request_and_frees_it(wan64: LoadedWan
     batcher.abort({"r"})
     assert [o.finish_reason for o in outputs] == ["abort"] and outputs[0].num_steps == 2
     assert not batcher.has_work and state.text is None and not state.chunks
+
+
+def test_an_abort_mid_decode_frees_its_cache_and_the_video_batched_with_it_decodes_on(
+    wan64: LoadedWan,
+) -> None:
+    """Two same-shaped videos decode their latent frames in one batched call each step; one is
+    cancelled after its first frame: its cache is freed, the other's output is unchanged."""
+    loop = DiffusionLoop(wan_shape(wan64, TEXT_LEN), default_steps=3)  # as run()'s
+    outputs: dict[str, DiffusionOutput] = {}
+    batcher = DiffusionBatcher(
+        loop, wan_executors(wan64, TEXT_LEN), lambda o: outputs.update({o.request_id: o})
+    )
+    reqs = [DiffusionRequest(r, PROMPT, 32, 32, num_frames=9, seed=i) for i, r in enumerate("ab")]
+    states = [loop.init(req, LoopContext()) for req in reqs]
+    for state in states:
+        batcher.add(state)
+    while not all(s.phase == "decode" and len(s.chunks) == 1 for s in states):
+        assert batcher.step()
+    cancelled = states[0].cache
+    assert cancelled is not None and cancelled.nbytes > 0 and states[1].cache is not None
+    batcher.abort({"a"})
+    assert outputs["a"].finish_reason == "abort" and not states[0].chunks
+    assert cancelled.nbytes == 0 and all(slot is None for slot in cancelled.slots)
+    while batcher.step():
+        pass
+    assert outputs["b"].finish_reason == "done"
+    assert torch.equal(outputs["b"].frames, run(wan64, [reqs[1]])["b"].frames)

@@ -1,7 +1,8 @@
 """WanVaeDecoder: the Wan 2.1 / 2.2 VAE's causal 3D decoder, latents -> pixels in [-1, 1].
 
-Decodes one latent frame per chunk through a CausalCache (as diffusers does), or a whole
-video; owns the decoder's weights; never encodes, tiles spatially or reads files.
+Decodes one latent frame per chunk through a CausalCache (as diffusers does; several videos'
+chunks in one call through a BatchedCausalCache), or a whole video; owns the decoder's weights;
+never encodes, tiles spatially or reads files.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from loom_runtime.models.wan.vae_blocks import (
     duplicate_up,
     unpatchify,
 )
-from loom_runtime.models.wan.vae_cache import CausalCache, SlotCounter
+from loom_runtime.models.wan.vae_cache import CausalCache, ChunkCache, SlotCounter
 from loom_runtime.models.weights import copy_weights
 
 
@@ -66,7 +67,7 @@ class UpBlock:
         return out
 
     def __call__(
-        self, x: torch.Tensor, cache: CausalCache | None, first_chunk: bool
+        self, x: torch.Tensor, cache: ChunkCache | None, first_chunk: bool
     ) -> torch.Tensor:
         skip = x
         for resnet in self.resnets:
@@ -144,13 +145,14 @@ class WanVaeDecoder:
         return torch.cat(chunks, dim=2)
 
     @torch.inference_mode()
-    def decode_chunk(self, latents: torch.Tensor, cache: CausalCache | None) -> torch.Tensor:
+    def decode_chunk(self, latents: torch.Tensor, cache: ChunkCache | None) -> torch.Tensor:
         """The video frames of the next latent frame(s), clamped to [-1, 1].
 
-        With a cache, call it for consecutive chunks of one video; without, `latents` is the
-        whole video.
+        With a cache, call it for consecutive chunks of one video (or, with a BatchedCausalCache,
+        of several videos at once, one batch row each: no op mixes rows); without, `latents` is
+        the whole video.
         """
-        first_chunk = cache is None or cache.chunks == 0
+        first_chunk = cache is None or cache.first_chunk
         x = self.post_quant(latents.to(self.device, self.dtype))
         x = self.conv_in(x, cache)
         x = self.mid_resnets[0](x, cache)
@@ -159,7 +161,7 @@ class WanVaeDecoder:
             x = block(x, cache, first_chunk)
         x = self.conv_out(F.silu(self.norm_out(x)), cache)
         if cache is not None:
-            cache.chunks += 1
+            cache.advance()
         return unpatchify(x, self.config.patch_size).clamp(-1.0, 1.0)
 
     def unscale_latents(self, latents: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The Wan VAE decoder's layers: causal 3D convolution, channel RMS norm, residual block, the
 middle attention block and the spatial / spatio-temporal upsamplers.
 
-Each layer owns its weights and streams frames through a CausalCache; never reads files.
+Each layer owns its weights and streams frames through a ChunkCache (every op keeps the batch
+rows apart, so one cache may hold several videos); never reads files.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from loom_runtime.models.wan.params import wide_dtype
-from loom_runtime.models.wan.vae_cache import CausalCache, SlotCounter
+from loom_runtime.models.wan.vae_cache import ChunkCache, SlotCounter
 
 Device = str | torch.device
 
@@ -41,14 +42,14 @@ class CausalConv3d:
     def targets(self, name: str) -> dict[str, torch.Tensor]:
         return {f"{name}.weight": self.weight, f"{name}.bias": self.bias}
 
-    def __call__(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, cache: ChunkCache | None = None) -> torch.Tensor:
         if self.past:
             history = None if cache is None or self.slot is None else cache.read(self.slot)
             if history is None:
                 history = x.new_zeros(*x.shape[:2], self.past, *x.shape[3:])
             x = torch.cat([history, x], dim=2)
             if cache is not None and self.slot is not None:
-                cache.write(self.slot, x[:, :, -self.past :].clone())
+                cache.write(self.slot, x[:, :, -self.past :])  # the cache keeps a copy
         return F.conv3d(x, self.weight, self.bias, padding=self.padding)
 
 
@@ -86,7 +87,7 @@ class ResidualBlock:
             out.update(self.shortcut.targets("conv_shortcut"))
         return out
 
-    def __call__(self, x: torch.Tensor, cache: CausalCache | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, cache: ChunkCache | None) -> torch.Tensor:
         skip = x if self.shortcut is None else self.shortcut(x)
         x = self.conv1(F.silu(self.norm1(x)), cache)
         x = self.conv2(F.silu(self.norm2(x)), cache)
@@ -119,7 +120,10 @@ class FrameAttention:
         pixels = qkv.flatten(2).transpose(1, 2).unsqueeze(1).contiguous()  # [b*t, 1, h*w, 3c]
         q, k, v = pixels.chunk(3, dim=-1)
         attn = F.scaled_dot_product_attention(q, k, v).squeeze(1).transpose(1, 2)
-        out = F.conv2d(attn.reshape(b * t, c, h, w), self.proj_weight, self.proj_bias)
+        # contiguous: a channels-last-strided input takes a float64 conv path whose sums
+        # depend on the batch, and several videos' frames may share this batch
+        attn = attn.reshape(b * t, c, h, w).contiguous()
+        out = F.conv2d(attn, self.proj_weight, self.proj_bias)
         return x + out.view(b, t, c, h, w).transpose(1, 2)
 
 
@@ -155,7 +159,7 @@ class Upsampler:
             out.update(self.time_conv.targets("time_conv"))
         return out
 
-    def __call__(self, x: torch.Tensor, cache: CausalCache | None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, cache: ChunkCache | None) -> torch.Tensor:
         if self.time_conv is not None:
             x = self._double_frames(x, cache)
         b, c, t, h, w = x.shape
@@ -165,20 +169,20 @@ class Upsampler:
         frames = F.conv2d(frames, self.weight, self.bias, padding=1)
         return frames.view(b, t, *frames.shape[1:]).transpose(1, 2)
 
-    def _double_frames(self, x: torch.Tensor, cache: CausalCache | None) -> torch.Tensor:
+    def _double_frames(self, x: torch.Tensor, cache: ChunkCache | None) -> torch.Tensor:
         assert self.time_conv is not None and self.seen is not None
         if cache is None:  # the whole video at once: the first frame alone, the rest doubled
             if x.shape[2] == 1:
                 return x
             return torch.cat([x[:, :, :1], self._doubled(x[:, :, 1:], None)], dim=2)
         if cache.read(self.seen) is None:
-            cache.write(self.seen, x.new_zeros(0))
+            cache.write(self.seen, x.new_zeros(x.shape[0], 0))  # an empty marker per row
             if x.shape[2] == 1:
                 return x
             return torch.cat([x[:, :, :1], self._doubled(x[:, :, 1:], cache)], dim=2)
         return self._doubled(x, cache)
 
-    def _doubled(self, x: torch.Tensor, cache: CausalCache | None) -> torch.Tensor:
+    def _doubled(self, x: torch.Tensor, cache: ChunkCache | None) -> torch.Tensor:
         assert self.time_conv is not None
         b, c, t, h, w = x.shape
         pairs = self.time_conv(x, cache).view(b, 2, c, t, h, w)
