@@ -115,7 +115,9 @@ class Engine:
             # is a P/D prefill, whose pool holds a copy of the rows for the connector to move
             mirrored = ranks is not None and disagg is not None
             counted = ranks is not None and not mirrored
-            cache = spec.allocate(torch.device("meta") if counted else loaded.model.device)
+            # (a parallel engine's own model is shapes only, on the meta device)
+            where = loaded.model.device if ranks is None else torch.device(config.device)
+            cache = spec.allocate(torch.device("meta") if counted else where)
             if mirrored and ranks is not None:
                 assert isinstance(cache, LatentKVCache)  # check_ranks: sparse-mla only
                 ranks.mirror_into(cache)
@@ -212,9 +214,11 @@ class Engine:
         connector: KVConnectorPort | None = None,
         co: CoScheduler | None = None,
     ) -> Engine:
-        loaded = load_model(path, dtype=config.dtype, device=config.device)
         if config.parallel.world == 1:
+            loaded = load_model(path, dtype=config.dtype, device=config.device)
             return cls(loaded, config, events, disagg, connector, co)
+        # the ranks load the weights; this process needs the config and tokenizer only
+        loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         check_ranks(loaded.config, config, None, disagg, starting=True)
         max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
         ranks = start_ranks(str(path), config, max_model_len, export_rows=disagg is not None)

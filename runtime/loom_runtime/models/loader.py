@@ -40,15 +40,20 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    weights: bool = True,
 ) -> LoadedModel:
     """Build the model of config.json's family, fill it from the safetensors, load the
-    tokenizer."""
+    tokenizer. `weights=False`: the model's shapes only, on the meta device, and no tensor file
+    read (a parallel engine's own process: its ranks hold the weights)."""
     root = checkpoint_dir(path)
     config = read_config(root)
     tokenizer = read_tokenizer(root, config.vocab_size, config.eos_token_ids)
-    model = build_model(config, dtype, device)
-    model.load_state(read_weights(root))
+    model = build_model(config, dtype, device if weights else "meta")
+    if weights:
+        model.load_state(read_weights(root))
     logger.info(
         "loaded checkpoint",
         extra={"path": str(root), "model_type": config.model_type, "dtype": str(dtype)},

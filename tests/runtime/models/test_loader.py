@@ -81,3 +81,18 @@ def test_tokenizer_larger_than_vocab_is_refused(hf_checkpoint) -> None:
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="tokenizer has"):
         load_model(path)
+
+
+def test_shapes_only_loading_reads_no_weights(hf_checkpoint, tmp_path) -> None:
+    """A parallel engine's own process: config, tokenizer and the model's shapes on the meta
+    device, with no tensor file read (here: none is left to read)."""
+    _, path = hf_checkpoint("llama")
+    bare = tmp_path / "bare"
+    shutil.copytree(path, bare)
+    for file in weight_files(bare):
+        file.unlink()
+    loaded = load_model(bare, dtype=torch.float64, weights=False)
+    assert loaded.model.device.type == "meta" and loaded.model.dtype == torch.float64
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("no weights")) == "no weights"
+    with pytest.raises(CheckpointError):
+        load_model(bare)
