@@ -50,7 +50,12 @@ from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.causal_lm import DecoderConfig
-from loom_runtime.models.loader import LoadedModel, load_model, read_weights
+from loom_runtime.models.loader import (
+    LoadedModel,
+    load_model,
+    read_weight_shapes,
+    read_weights,
+)
 from loom_runtime.wire.kv_events import KVEventSink
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
@@ -343,17 +348,19 @@ class Engine:
             self._admission_open = True
 
     def load_weights(self, path: str, version: str) -> None:
-        """Swap weights in place at a step boundary; needs paused with nothing in flight."""
+        """Swap weights in place at a step boundary; needs paused with nothing in flight. A
+        parallel engine checks the checkpoint's names and shapes here, then every rank loads
+        it (a rank that fails after that takes the worker down: WorkerLostError)."""
         self._require_drained(version)
         if self._ranks is not None:
-            raise AdmissionError(
-                f"load_weights({version!r}): a weight sync of a parallel engine's ranks is not "
-                "built yet; replace the worker instead (the fleet's rolling update does)"
-            )
-        tensors = read_weights(path)
+            self._model.load_state(read_weight_shapes(path))  # shapes only: nothing is read
+        tensors = read_weights(path) if self._ranks is None else {}
         with self._step_lock:
             self._require_drained(version)
-            self._model.load_state(tensors)
+            if self._ranks is None:
+                self._model.load_state(tensors)
+            else:
+                self._ranks.load_weights(path)
             dropped = self._kv.reset_prefix_cache()
             with self._lock:
                 self._weights_version = version

@@ -35,6 +35,8 @@ from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.parallel.layout import LayoutError
 from loom_runtime.parallel.ranks import RankConfig, RankFailure, RankGroup
 from loom_runtime.parallel.sparse_mla.rank_server import (
+    RankLoad,
+    RankLoaded,
     RankReady,
     RankReply,
     RankServeSpec,
@@ -48,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 300.0  # joining the groups and loading the checkpoint, on every rank
 FAIL_GRACE_S = 10.0  # after a failure, how long the other ranks get to exit on their own
-Reply = TypeVar("Reply", RankReady, RankReply)
+Reply = TypeVar("Reply", RankReady, RankReply, RankLoaded)
 
 
 class RankedRunner:
@@ -148,6 +150,18 @@ class RankedRunner:
         rows = iter(() if lead.logits is None else lead.logits)
         return [next(rows) if w.want_logits else None for w in works]
 
+    def load_weights(self, checkpoint: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Every rank loads the checkpoint's weights (after every sequence was released; the
+        caller checked the names and shapes first). A rank that fails takes the runner down."""
+        self.flush()
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send(RankLoad(checkpoint))
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+                self._fail(f"rank {rank} is gone ({type(exc).__name__})")
+        for r in range(self.world):
+            self._receive(r, RankLoaded, timeout_s)
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask every rank to stop, then stop whatever is left after `timeout_s`."""
         for conn in self._conns:
@@ -161,7 +175,7 @@ class RankedRunner:
             self._dir.cleanup()
 
     def _receive(self, rank: int, kind: type[Reply], timeout_s: float) -> Reply:
-        what = "start" if kind is RankReady else "step"
+        what = {RankReady: "start", RankReply: "step", RankLoaded: "weight load"}[kind]
         conn, proc = self._conns[rank], self._group.processes[rank]
         deadline = time.monotonic() + timeout_s
         try:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from loom_runtime.errors import CheckpointError
@@ -107,6 +107,20 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{file}: tensor {duplicates[0]} also appears in another shard")
         tensors.update(shard)
     return tensors
+
+
+def read_weight_shapes(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint as an empty meta tensor of its shape: what a check of names
+    and shapes (`load_state` on a shapes-only model) needs, without reading the data."""
+    shapes: dict[str, torch.Tensor] = {}
+    for file in weight_files(Path(path)):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    shapes[name] = torch.empty(f.get_slice(name).get_shape(), device="meta")
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{file}: cannot read safetensors: {exc}") from exc
+    return shapes
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
 from loom_operator.fleet.capacity import dcp_local_length
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest
-from loom_runtime.models.loader import LoadedModel
-from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
+from loom_runtime.errors import CheckpointError
+from loom_runtime.models.loader import LoadedModel, load_model, read_weights
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
 
@@ -142,3 +144,38 @@ def test_a_llama_model_on_ranks_is_refused_before_any_rank_starts(tiny_dir: Path
 def test_an_engine_given_no_ranks_for_a_parallel_layout_is_refused(sparse64: LoadedModel) -> None:
     with pytest.raises(LayoutError, match="needs 2 ranks"):
         Engine(sparse64, config(ParallelLayout(pcp=2)))
+
+
+def test_a_weight_sync_reloads_every_rank_and_a_misfit_checkpoint_changes_none(
+    sparse_dir: Path, prompt: Prompt, tmp_path: Path
+) -> None:
+    """Drained, a PCP2×DCP2×EP2 engine loads v2 on both ranks (each re-shards its experts) and
+    then gives v2's one-rank tokens; a checkpoint whose shapes do not fit is refused before any
+    rank changes, and the engine still gives v1's."""
+    v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
+    misfit = init_tiny_sparse_mla(tmp_path / "misfit", seed=2)
+    weights = read_weights(misfit)  # its layer 3 goes missing
+    kept = {n: t for n, t in weights.items() if ".layers.3." not in n}
+    save_file(kept, str(misfit / "model.safetensors"))
+    req = prompt(70, 3)
+    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
+    try:
+        v1_tokens = engine.generate(req, greedy(8)).output_token_ids
+        assert engine.pause(timeout=30)
+        with pytest.raises(CheckpointError, match="missing"):
+            engine.load_weights(str(misfit), "bad")
+        engine.load_weights(str(v2), "v2")
+        engine.resume()
+        got = engine.generate(req, greedy(8))
+        assert got.weights_version == "v2"
+        assert engine.pause(timeout=30)
+        with pytest.raises(CheckpointError):
+            engine.load_weights(str(misfit), "bad")
+        engine.load_weights(str(sparse_dir), "v1")
+        engine.resume()
+        again = engine.generate(req, greedy(8)).output_token_ids
+    finally:
+        engine.shutdown()
+    v2_model = load_model(v2, dtype=torch.float64)
+    assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens
+    assert again == v1_tokens

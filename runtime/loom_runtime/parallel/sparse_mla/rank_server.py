@@ -4,9 +4,10 @@ the engine's steps as they arrive over its pipe: per scheduled sequence one pref
 decode forward on a ParallelSequence, the same calls on every rank, in the same order.
 
 Owns the rank's sequences (one ParallelSequence per request, dropped when the engine releases
-it), the wire records of a step and, for a P/D prefill, the copies of each step's new rows
-sent back to the engine (whose pool the KV connector moves); never schedules, never samples
-(the engine does both in its own process), never decides which request runs.
+it), the wire records of a step and of a weight load, and, for a P/D prefill, the copies of
+each step's new rows sent back to the engine (whose pool the KV connector moves); never
+schedules, never samples (the engine does both in its own process), never decides which
+request runs.
 """
 
 from __future__ import annotations
@@ -81,6 +82,21 @@ class RankReply:
 
 
 @dataclass(frozen=True)
+class RankLoad:
+    """Replace the weights with a checkpoint's (a weight sync; no sequence may be live)."""
+
+    checkpoint: str
+
+
+@dataclass(frozen=True)
+class RankLoaded:
+    """Sent once the rank serves the new weights."""
+
+    rank: int
+    expert_bytes: int
+
+
+@dataclass(frozen=True)
 class RankReady:
     """Sent once the rank has joined its groups and loaded its weights."""
 
@@ -108,6 +124,19 @@ class RankSequences:
         probe = self._new_sequence(1)
         expert_bytes = sum(e.expert_bytes for e in self.experts.values())
         return RankReady(self.rank, probe.store.bytes_per_token, expert_bytes)
+
+    def load(self, message: RankLoad) -> RankLoaded:
+        """The checkpoint's weights, loaded whole and then sharded as at start (this rank's EP
+        experts only); the old model serves until the new one is complete."""
+        if self.live:
+            raise RuntimeError(
+                f"rank {self.rank}: a weight load with {len(self.live)} live sequences; the "
+                "engine must be drained and its requests released first"
+            )
+        model = load_sparse_mla(message.checkpoint, self.model.dtype, self.model.device).model
+        self.plan.check(model.config)
+        self.model, self.experts = model, shard_experts(model, self.plan.ep)
+        return RankLoaded(self.rank, sum(e.expert_bytes for e in self.experts.values()))
 
     def step(self, step: RankStep) -> RankReply:
         for request_id in step.release:
@@ -171,5 +200,8 @@ def serve_rank(ctx: RankContext, spec: RankServeSpec, conns: tuple[Connection, .
                 return steps
             if message is None:
                 return steps
+            if isinstance(message, RankLoad):
+                conn.send(ranks.load(message))
+                continue
             conn.send(ranks.step(message))
             steps += 1
