@@ -49,8 +49,9 @@ class EngineConfig:
     # Ranks inside the engine (a role's `parallelism`, `--pcp/--dcp/--ep/--dcp-interleave`;
     # sparse-mla only): the forward runs on layout.world rank processes (PCP, DCP, EP) that the
     # engine drives step by step (engine/ranked_runner.py, docs/parallel.md). One replica per
-    # worker (dp 1) and no tp. The ranks keep each request's rows themselves, so a parallel
-    # engine caches no prefixes (use_prefix_cache) and has no offload, HiSparse or P/D.
+    # worker (dp 1) and no tp. The ranks keep each request's rows themselves; the engine's pool
+    # mirrors them for prefix caching and a P/D prefill's connector. No offload, HiSparse or
+    # decode role on ranks.
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
@@ -149,7 +150,6 @@ class EngineConfig:
         extras = {
             "kv_offload_gib": self.kv_offload_gib > 0,
             "hisparse_host_pool_gib": self.hisparse,
-            "kv_fp8": self.kv_fp8 is not None,  # the ranks' rows are stored unquantized
         }
         if on := [name for name, used in extras.items() if used]:
             raise ValueError(
@@ -159,9 +159,9 @@ class EngineConfig:
 
     @property
     def use_prefix_cache(self) -> bool:
-        """Prefix caching as asked, and possible: a parallel engine's rows live on its ranks,
-        per request, so it never finds a prefix in its blocks."""
-        return self.prefix_caching and self.parallel.world == 1
+        """Prefix caching as asked (a parallel engine's pool then mirrors its ranks' rows, and a
+        prefix hit seeds the ranks' new sequence from it: engine/ranked_runner.py)."""
+        return self.prefix_caching
 
     @property
     def kv_offload_bytes(self) -> int:

@@ -116,9 +116,9 @@ class Engine:
             self._hisparse = None
             self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
             spec = kv_spec(mc, bs, self.num_blocks, config.dtype, config.kv_fp8)
-            # a parallel engine's rows live on its ranks: its pool only counts blocks, unless it
-            # is a P/D prefill, whose pool holds a copy of the rows for the connector to move
-            mirrored = ranks is not None and disagg is not None
+            # a parallel engine's rows live on its ranks: its pool only counts blocks, unless
+            # its ranks export their rows (prefix caching, a P/D prefill): then it mirrors them
+            mirrored = ranks is not None and ranks.spec.export_rows
             counted = ranks is not None and not mirrored
             # (a parallel engine's own model is shapes only, on the meta device)
             where = loaded.model.device if ranks is None else torch.device(config.device)
@@ -136,7 +136,7 @@ class Engine:
         # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
         self._kv_cache_bytes = (
             0  # on the ranks: EngineStats.ranks
-            if ranks is not None and disagg is None
+            if ranks is not None and not ranks.spec.export_rows
             else cache.data.nbytes
             if self._hisparse is None
             else self._hisparse.spec.device_bytes
@@ -226,7 +226,8 @@ class Engine:
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         check_ranks(loaded.config, config, None, disagg, starting=True)
         max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
-        ranks = start_ranks(str(path), config, max_model_len, export_rows=disagg is not None)
+        export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
+        ranks = start_ranks(str(path), config, max_model_len, export_rows=export)
         try:
             return cls(loaded, config, events, disagg, connector, co, ranks)
         except BaseException:

@@ -76,6 +76,7 @@ class RankedRunner:
         self.forwards = 0
         self._timeout_s = config.collective_timeout_s
         self._released: list[str] = []
+        self._held: set[str] = set()  # requests whose sequences the ranks hold
         self._mirror: LatentKVCache | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="loom-ranks-") if workdir is None else None
         ctx = mp.get_context("spawn")
@@ -107,8 +108,9 @@ class RankedRunner:
         return tuple(self._kv)
 
     def mirror_into(self, cache: LatentKVCache) -> None:
-        """Write every step's exported rows into `cache` (a P/D prefill's real pool, whose
-        blocks the engine's tables name); the ranks must have been started with export_rows."""
+        """Write every step's exported rows into `cache` (the engine's real pool, whose blocks
+        its tables name: what a P/D prefill's connector moves and what a prefix hit is seeded
+        from); the ranks must have been started with export_rows."""
         if not self.spec.export_rows:
             raise ValueError("mirror_into needs ranks started with export_rows (a P/D prefill)")
         self._mirror = cache
@@ -116,6 +118,7 @@ class RankedRunner:
     def release(self, request_id: str) -> None:
         """The request's blocks were freed: its sequences go with the next step."""
         self._released.append(request_id)
+        self._held.discard(request_id)
 
     def flush(self) -> None:
         """Send the pending releases now (a step of no works), when there are any."""
@@ -125,10 +128,10 @@ class RankedRunner:
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
         """One step on every rank; per work its logits row ([vocab]) or None."""
         step = RankStep(
-            works=tuple(RankWork(w.request_id, w.token_ids, w.start, w.want_logits) for w in works),
-            release=tuple(self._released),
+            works=tuple(self._rank_work(w) for w in works), release=tuple(self._released)
         )
         self._released = []
+        self._held.update(w.request_id for w in works)
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send(step)
@@ -149,6 +152,19 @@ class RankedRunner:
         self.forwards += bool(works)
         rows = iter(() if lead.logits is None else lead.logits)
         return [next(rows) if w.want_logits else None for w in works]
+
+    def _rank_work(self, work: TokenWork) -> RankWork:
+        """The ranks' share of a work; a sequence they do not hold that starts past 0 (a prefix
+        hit) carries its prefix's rows, read from the mirrored pool."""
+        prefix = None
+        if work.start > 0 and work.request_id not in self._held:
+            if self._mirror is None:
+                raise RuntimeError(
+                    f"request {work.request_id!r} starts at {work.start} on ranks that do not "
+                    "hold it, and no mirrored pool has its rows (prefix caching needs one)"
+                )
+            prefix = _read_rows(self._mirror, work, work.start)
+        return RankWork(work.request_id, work.token_ids, work.start, work.want_logits, prefix)
 
     def load_weights(self, checkpoint: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Every rank loads the checkpoint's weights (after every sequence was released; the
@@ -204,13 +220,32 @@ class RankedRunner:
         raise RankFailure(f"the worker's ranks failed: {why}{detail}", outcomes)
 
 
+def _slots(cache: LatentKVCache, work: TokenWork, positions: list[int]) -> torch.Tensor:
+    bs, table = cache.spec.block_size, work.table.block_ids
+    return torch.tensor([table[p // bs] * bs + p % bs for p in positions], dtype=torch.long)
+
+
+def _read_rows(cache: LatentKVCache, work: TokenWork, n: int) -> HeldRows:
+    """Every layer's rows of the work's tokens 0..n-1 from the pool (a prefix hit's)."""
+    slots = _slots(cache, work, list(range(n))).to(cache.data.device)
+    latent, rope, keys = [], [], []
+    for layer in range(cache.spec.num_layers):
+        lat, rop, idx = cache.read(layer, slots)
+        latent.append(lat.cpu())
+        rope.append(rop.cpu())
+        if idx is not None:
+            keys.append(idx.cpu())
+    return HeldRows(
+        positions=torch.arange(n),
+        latent=torch.stack(latent),
+        rope_keys=torch.stack(rope),
+        index_keys=torch.stack(keys) if keys else torch.zeros(0, n, cache.spec.index_dim),
+    )
+
+
 def _write_rows(cache: LatentKVCache, work: TokenWork, rows: HeldRows) -> None:
     """Store a rank's exported rows of `work` at their slots in `cache`, every layer."""
-    bs = cache.spec.block_size
-    table = work.table.block_ids
-    slots = torch.tensor(
-        [table[p // bs] * bs + p % bs for p in rows.positions.tolist()], dtype=torch.long
-    )
+    slots = _slots(cache, work, rows.positions.tolist())
     if not len(slots):
         return
     index_slot = {layer: i for i, layer in enumerate(cache.spec.index_layers)}
@@ -236,6 +271,7 @@ def start_ranks(
         block_size=config.block_size,
         dcp_backend=config.dcp_backend,
         export_rows=export_rows,
+        kv_fp8=config.kv_fp8,
     )
     ranks = RankConfig(
         world=config.parallel.world,
@@ -277,5 +313,5 @@ def check_ranks(
     if not starting and (ranks is None or ranks.world != layout.world):
         have = "none" if ranks is None else f"{ranks.world}"
         raise LayoutError(f"{where} needs {layout.world} ranks, the engine was given {have}")
-    if config.prefix_caching and not starting:
-        logger.info("prefix caching is off on ranks: each rank keeps a request's rows itself")
+    if disagg is None and ranks is not None and config.use_prefix_cache != ranks.spec.export_rows:
+        raise LayoutError(f"{where}: prefix caching on ranks needs ranks that export their rows")

@@ -131,6 +131,21 @@ class LatentKVCache:
         latent, rope = unpack_mla(rows, s.latent_dim, s.rope_dim, s.fp8)
         return latent.to(s.dtype), rope.to(s.dtype)
 
+    def read(
+        self, layer: int, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(latent, RoPE keys, index keys or None) of tokens at flat slots (int64 [N]) of
+        `layer`, in `dtype` (copies): what `write` stored there, as a gather returns it."""
+        s = self.spec
+        latent, rope = self.decode_rows(self.stored_rows(layer, slots))
+        slot = self._index_slot.get(layer)
+        if slot is None:
+            return latent, rope, None
+        keys = self.index_rows[slots // s.block_size, slot, slots % s.block_size]
+        if s.fp8 is not None:
+            keys = unpack(keys, s.index_dim, s.fp8)
+        return latent, rope, keys.to(s.dtype)
+
     def write(
         self,
         layer: int,

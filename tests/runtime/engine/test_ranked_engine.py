@@ -21,6 +21,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.errors import CheckpointError
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
@@ -179,3 +180,49 @@ def test_a_weight_sync_reloads_every_rank_and_a_misfit_checkpoint_changes_none(
     v2_model = load_model(v2, dtype=torch.float64)
     assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens
     assert again == v1_tokens
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [ParallelLayout(pcp=2, dcp=2, interleave=4), ParallelLayout(pcp=2, ep=2)],
+    ids=["pcp2-dcp2-i4", "pcp2-ep2"],
+)
+def test_a_prefix_hit_on_ranks_is_seeded_from_the_pool_with_identical_tokens(
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt, layout: ParallelLayout
+) -> None:
+    """The engine's pool mirrors the ranks' rows; a second request sharing 160 prompt tokens
+    (10 blocks) is admitted with them cached, and the ranks' new sequence starts from the
+    pool's rows (each DCP rank keeping its own tokens): its tokens equal one rank's."""
+    prefix = prompt(160, 7)
+    first, second = prefix + prompt(20, 8), prefix + prompt(15, 9)
+    engine = Engine.from_checkpoint(sparse_dir, config(layout))
+    try:
+        a = engine.generate(first, greedy(6))
+        b = engine.generate(second, greedy(6))
+        ranks = engine.stats().ranks
+    finally:
+        engine.shutdown()
+    assert a.num_cached_tokens == 0 and b.num_cached_tokens == 160
+    for got, p in ((a, first), (b, second)):
+        assert got.output_token_ids == one_sequence(inner(sparse64), p, 6)
+    assert all(r.sequences == 0 for r in ranks)
+
+
+def test_fp8_kv_on_ranks_gives_the_one_rank_fp8_engines_tokens(
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    """Every rank rounds its rows through fp8 as a one-rank fp8 pool keeps them (latent and
+    index keys e4m3 with group scales, RoPE BF16), so concurrent chunked requests on PCP2×DCP2
+    ranks give the one-rank fp8 engine's tokens, which differ from full precision's."""
+    fp8 = Fp8Format(16)
+    reqs = [
+        EngineRequest(f"f{i}", prompt(n, 500 + i), greedy(8)) for i, n in enumerate([40, 130, 260])
+    ]
+    one = Engine(sparse64, config(ParallelLayout(), kv_fp8=fp8))
+    want = run_all(one, reqs)
+    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2), kv_fp8=fp8))
+    try:
+        got = run_all(engine, reqs)
+    finally:
+        engine.shutdown()
+    assert got == want

@@ -93,3 +93,21 @@ def test_a_packed_row_width_gives_back_its_element_count(group: int) -> None:
         assert fmt.elements_in_row(fmt.row_bytes(elements)) == elements
     with pytest.raises(ValueError, match="no fp8 row"):
         Fp8Format(128).elements_in_row(134)  # 128 + 4 and 129 + 8 bracket it: no row is 134
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packing_rows_read_back_gives_the_same_bytes(dtype: torch.dtype) -> None:
+    """Rounding is idempotent: rows a rank rounded through fp8 (parallel/sparse_mla/store.py)
+    re-pack, in the engine's pool, to the bytes their first packing gave (scales included),
+    for MLA rows (latent + BF16 RoPE) and indexer rows alike."""
+    fmt = Fp8Format(16)
+    gen = torch.Generator().manual_seed(3)
+    scale = torch.rand(4000, 1, generator=gen, dtype=dtype) * 20
+    latent = torch.randn(4000, 32, generator=gen, dtype=dtype) * scale
+    rope = torch.randn(4000, 8, generator=gen, dtype=dtype)
+    first = pack_mla(latent, rope, fmt)
+    lat, rop = unpack_mla(first, 32, 8, fmt)
+    assert torch.equal(pack_mla(lat.to(dtype), rop.to(dtype), fmt), first)
+    for rows in (latent, sample((4000, 32), 5).to(dtype)):  # the latter over many binades
+        keys = pack(rows, fmt)
+        assert torch.equal(pack(unpack(keys, 32, fmt).to(dtype), fmt), keys)

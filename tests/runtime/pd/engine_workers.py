@@ -73,7 +73,12 @@ class Workers:
         return engine, connector
 
     def ranked_prefill(
-        self, checkpoint: Path, layout: ParallelLayout, block_size: int = 16, kind: str = "tcp"
+        self,
+        checkpoint: Path,
+        layout: ParallelLayout,
+        block_size: int = 16,
+        kind: str = "tcp",
+        kv_fp8: Fp8Format | None = None,
     ) -> Engine:
         """A P/D prefill whose forwards run on rank processes of `layout` (gloo), started from
         the checkpoint (its ranks load it too)."""
@@ -85,6 +90,7 @@ class Workers:
             max_num_seqs=4,
             parallel=layout,
             collective_timeout_s=60.0,
+            kv_fp8=kv_fp8,
         )
         settings = ConnectorSettings(kind, "prefill", side_port=0, lease_seconds=30.0)  # type: ignore[arg-type]
         connector = build_connector(settings)

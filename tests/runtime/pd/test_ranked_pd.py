@@ -1,8 +1,8 @@
 """P/D from a prefill's ranks: a prefill whose forwards run on PCP/DCP gloo rank processes
 exports each step's new rows into its own paged latent pool, and a one-rank decode pulls them
 over TCP and NIXL (different block sizes) and continues with the one-rank greedy tokens,
-prompts past the indexer's top-k included; each DCP rank sends only its own tokens, so the pool
-holds every token once. A decode role on ranks, and fp8 KV on ranks, are refused clearly."""
+prompts past the indexer's top-k included, fp8 KV too; each DCP rank sends only its own
+tokens, so the pool holds every token once. A decode role on ranks is refused clearly."""
 
 from __future__ import annotations
 
@@ -73,6 +73,20 @@ def test_a_decode_role_on_ranks_is_refused_before_any_rank_starts(
         connector.close()
 
 
-def test_fp8_kv_on_ranks_is_refused() -> None:
-    with pytest.raises(ValueError, match="kv_fp8 cannot run on ranks"):
-        EngineConfig(parallel=ParallelLayout(pcp=2), kv_fp8=Fp8Format(16))
+def test_fp8_rows_from_ranks_equal_the_one_rank_fp8_engines(
+    workers: Workers, sparse_checkpoint: Path
+) -> None:
+    """PCP2×DCP2 ranks round their rows through fp8 as a one-rank fp8 pool keeps them; the pool
+    re-packs them to the same bytes, and the decode continues with the one-rank fp8 tokens."""
+    fp8 = Fp8Format(16)
+    aggregated, _ = workers.engine(kv_fp8=fp8)
+    layout = ParallelLayout(pcp=2, dcp=2)
+    prefill = workers.ranked_prefill(sparse_checkpoint, layout, block_size=32, kv_fp8=fp8)
+    decode, _ = workers.engine("decode", block_size=16, kv_fp8=fp8)
+    for i, n in enumerate(LENGTHS):
+        tokens = prompt(n, seed=40 + i)
+        expected = run(aggregated, f"a{i}", tokens, MAX_TOKENS).result().output_token_ids
+        params = prefilled(prefill, f"p{i}", tokens)
+        out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
+        assert out.output_token_ids == expected, f"prompt of {n} tokens"
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")

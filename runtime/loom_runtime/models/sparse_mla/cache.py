@@ -68,6 +68,10 @@ class SparseMlaCache:
         rows = (self.latent, self.rope_keys, self.index_keys)
         return sum(t.shape[0] * t.shape[2] * t.element_size() for t in rows)
 
+    def has_index(self, layer: int) -> bool:
+        """Whether `layer` keeps index keys here (a full indexer layer)."""
+        return layer in self._index_slot
+
     def check_room(self, new_tokens: int) -> None:
         if self.length + new_tokens > self.capacity:
             raise ValueError(

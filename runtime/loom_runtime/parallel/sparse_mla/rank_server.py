@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
 from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext
@@ -36,18 +37,22 @@ class RankServeSpec:
     capacity: int  # rows a sequence may reach: the engine's max_model_len
     block_size: int
     dcp_backend: DcpBackend = "ag_rs"
-    export_rows: bool = False  # a P/D prefill: send each step's new rows to the engine
+    export_rows: bool = False  # send each step's new rows to the engine (its pool mirrors them)
+    kv_fp8: Fp8Format | None = None  # rows rounded through fp8 as the engine's fp8 pool keeps them
 
 
 @dataclass(frozen=True)
 class RankWork:
     """One sequence's share of a step: `token_ids` at positions start.. (start 0: a new
-    sequence, replacing any earlier one of that id, as after a preemption)."""
+    sequence, replacing any earlier one of that id, as after a preemption). `prefix`: a new
+    sequence that starts at a cached prefix, the rows of its tokens 0..start-1 (each rank
+    keeps the ones it owns)."""
 
     request_id: str
     token_ids: tuple[int, ...]
     start: int
     want_logits: bool
+    prefix: HeldRows | None = None
 
 
 @dataclass(frozen=True)
@@ -161,9 +166,11 @@ class RankSequences:
         return tuple(out)
 
     def _run(self, work: RankWork) -> torch.Tensor | None:
-        if work.start == 0:
+        if work.start == 0 or work.prefix is not None:
             self.live[work.request_id] = self._new_sequence(self.spec.capacity)
         seq = self.live.get(work.request_id)
+        if seq is not None and work.prefix is not None:
+            seq.store.seed(work.prefix)
         if seq is None or seq.length != work.start:
             held = "no sequence" if seq is None else f"{seq.length} tokens"
             raise RuntimeError(
@@ -178,7 +185,9 @@ class RankSequences:
         return logits[-1] if work.want_logits else None
 
     def _new_sequence(self, capacity: int) -> ParallelSequence:
-        return ParallelSequence(self.model, self.plan, capacity, self.experts, self.spec.block_size)
+        return ParallelSequence(
+            self.model, self.plan, capacity, self.experts, self.spec.block_size, self.spec.kv_fp8
+        )
 
 
 def serve_rank(ctx: RankContext, spec: RankServeSpec, conns: tuple[Connection, ...]) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.sparse_mla.cache import SparseMlaCache
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 from loom_runtime.parallel.collectives import all_gather_rows, broadcast
@@ -33,7 +34,9 @@ class ParallelSequence:
         capacity: int,
         experts: Mapping[int, ExpertParallelMoe] | None = None,
         block_size: int = 16,
+        kv_fp8: Fp8Format | None = None,
     ) -> None:
+        """`kv_fp8`: every kept row is rounded through that format (the fp8 KV numerics)."""
         plan.check(model.config)
         self.model = model
         self.plan = plan
@@ -44,9 +47,9 @@ class ParallelSequence:
             shard = ShardMap(plan.dcp.size, plan.layout.interleave, plan.dcp.index)
             rows = shard_capacity(capacity, shard, block_size)
             cache = SparseMlaCache(model.config, rows, model.dtype, model.device)
-            self.store = ShardStore(cache, shard, plan.dcp)
+            self.store = ShardStore(cache, shard, plan.dcp, kv_fp8)
         else:
-            self.store = FullStore(model.new_cache(capacity))
+            self.store = FullStore(model.new_cache(capacity), kv_fp8)
 
     @property
     def length(self) -> int:

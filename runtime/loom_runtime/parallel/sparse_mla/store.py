@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loom_runtime.kv.fp8 import Fp8Format, pack, pack_mla, unpack, unpack_mla
 from loom_runtime.models.sparse_mla.cache import LayerRows, SparseMlaCache
 from loom_runtime.parallel.collectives import Comm, all_gather_rows
 from loom_runtime.parallel.dcp_shard import ShardMap
@@ -39,6 +40,42 @@ class HeldRows:
         )
 
 
+def as_stored(
+    fp8: Fp8Format | None,
+    latent: torch.Tensor,
+    rope_keys: torch.Tensor,
+    index_keys: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """New rows as an fp8 paged cache gives them back once written (kv/fp8.py: e4m3 latent and
+    index keys with group scales, BF16 RoPE), in their own dtype; as they are without fp8. A
+    rank attends over these, so its numerics are the one-rank fp8 engine's; the rounding is
+    idempotent, so the engine's pool re-packs them to the same bytes."""
+    if fp8 is None:
+        return latent, rope_keys, index_keys
+    lat, rope = unpack_mla(
+        pack_mla(latent, rope_keys, fp8), latent.shape[-1], rope_keys.shape[-1], fp8
+    )
+    keys = None
+    if index_keys is not None:
+        keys = unpack(pack(index_keys, fp8), index_keys.shape[-1], fp8).to(index_keys.dtype)
+    return lat.to(latent.dtype), rope.to(rope_keys.dtype), keys
+
+
+def _seed(cache: SparseMlaCache, rows: HeldRows, keep: slice | torch.Tensor) -> None:
+    """Write rows[keep] of every layer at the empty cache's start and commit them."""
+    if cache.length:
+        raise ValueError(f"seed a new sequence, not one of {cache.length} tokens")
+    index = iter(range(rows.index_keys.shape[0]))
+    n = 0
+    for layer in range(rows.latent.shape[0]):
+        device = cache.latent.device
+        latent = rows.latent[layer][keep].to(device)
+        keys = rows.index_keys[next(index)][keep].to(device) if cache.has_index(layer) else None
+        cache.write(layer, latent, rows.rope_keys[layer][keep].to(device), keys)
+        n = int(latent.shape[0])
+    cache.advance(n)
+
+
 def _blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
@@ -46,8 +83,9 @@ def _blocks(tokens: int, block_size: int) -> int:
 class FullStore:
     """Every row of the sequence on this rank."""
 
-    def __init__(self, cache: SparseMlaCache) -> None:
+    def __init__(self, cache: SparseMlaCache, fp8: Fp8Format | None = None) -> None:
         self.cache = cache
+        self.fp8 = fp8  # rows rounded through this format before they are kept
         self._new = 0
 
     @property
@@ -74,6 +112,7 @@ class FullStore:
         index_keys: torch.Tensor | None,
         sharded: bool,
     ) -> LayerRows:
+        latent, rope_keys, index_keys = as_stored(self.fp8, latent, rope_keys, index_keys)
         return self.cache.write(layer, latent, rope_keys, index_keys)
 
     def advance(self) -> None:
@@ -82,6 +121,10 @@ class FullStore:
 
     def block_bytes(self, block_size: int) -> int:
         return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+    def seed(self, rows: HeldRows) -> None:
+        """Start the sequence from a cached prefix: rows of tokens 0..n-1, every one kept."""
+        _seed(self.cache, rows, slice(None))
 
     def rows_between(self, start: int, end: int) -> HeldRows:
         """Every row of tokens start..end-1 (all are here)."""
@@ -92,10 +135,13 @@ class FullStore:
 class ShardStore:
     """This DCP rank's tokens only: its cache rows are the owned tokens in position order."""
 
-    def __init__(self, cache: SparseMlaCache, shard: ShardMap, comm: Comm) -> None:
+    def __init__(
+        self, cache: SparseMlaCache, shard: ShardMap, comm: Comm, fp8: Fp8Format | None = None
+    ) -> None:
         if comm.size != shard.world or comm.index != shard.rank:
             raise ValueError(f"shard {shard} does not match its DCP group {comm.ranks}")
         self.cache = cache
+        self.fp8 = fp8  # rows rounded through this format before they are kept
         self.shard = shard
         self.comm = comm
         self.length = 0  # the whole sequence's, over every rank
@@ -145,6 +191,7 @@ class ShardStore:
     ) -> LayerRows:
         """Store the owned new rows; the rows to attend over: this rank's shard (`sharded`)
         or a temporary full copy, the other ranks' earlier rows gathered (prefill)."""
+        latent, rope_keys, index_keys = as_stored(self.fp8, latent, rope_keys, index_keys)
         own = self._own
         keys = None if index_keys is None else index_keys[own]
         rows = self.cache.write(layer, latent[own], rope_keys[own], keys)
@@ -160,6 +207,15 @@ class ShardStore:
     def block_bytes(self, block_size: int) -> int:
         """Bytes of the KV blocks this rank's rows fill (the last one partly)."""
         return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+    def seed(self, rows: HeldRows) -> None:
+        """Start the sequence from a cached prefix (rows of tokens 0..n-1): the owned ones."""
+        if self.length:
+            raise ValueError(f"seed a new sequence, not one of {self.length} tokens")
+        p = rows.positions
+        own = torch.where((p // self.shard.interleave) % self.shard.world == self.shard.rank)[0]
+        _seed(self.cache, rows, own)
+        self.length = int(p.shape[0])
 
     def rows_between(self, start: int, end: int) -> HeldRows:
         """The rows of tokens start..end-1 this rank owns (the others are on its peers)."""
