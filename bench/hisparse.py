@@ -57,7 +57,7 @@ def prompt_of(loaded: LoadedModel, length: int) -> list[int]:
 def one(loaded: LoadedModel, length: int, hot: int, steps: int) -> tuple[tuple[int, ...], Run]:
     blocks = -(-(length + steps) // BLOCK) + 1
     spec = loaded.config.kv_spec(BLOCK, 1, torch.float64)
-    host_block = BLOCK * spec.num_layers * spec.row_width * 8  # type: ignore[attr-defined]
+    host_block = spec.bytes_per_block  # the host tier holds whole latent blocks
     config = EngineConfig(
         dtype=torch.float64,
         max_model_len=length + steps + BLOCK,

@@ -2,10 +2,11 @@
 
 Sized with the runtime's own specs (the figures the engine allocates by): all on the device a
 sequence costs its blocks' full latent cache; under HiSparse its blocks' indexer keys plus one
-request's hot buffers (kv/hisparse_cache.py `HiSparseSpec`), and its latent rows go to the host
-pool, whose size for that many sequences is reported too. Pure arithmetic: no forward runs (the
-engine test `test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool` checks the engine
-admits by these figures).
+request's hot buffers (kv/hisparse_cache.py `HiSparseSpec`), and its whole latent blocks (rows
+and keys) go to the host pool, whose size for that many sequences is reported too. Pure
+arithmetic: no forward runs (the engine test
+`test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool` checks the engine admits by
+these figures).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Capacity:
     device_budget_bytes: int
     sequences_on_device: int
     sequences_hisparse: int
-    host_pool_bytes: int  # what the HiSparse sequences' latent rows need on the host
+    host_pool_bytes: int  # what the HiSparse sequences' latent blocks need on the host
 
     @property
     def ratio(self) -> float:

@@ -50,8 +50,8 @@ class EngineConfig:
     # sparse-mla only): the forward runs on layout.world rank processes (PCP, DCP, EP) that the
     # engine drives step by step (engine/ranked_runner.py, docs/parallel.md). One replica per
     # worker (dp 1) and no tp. The ranks keep each request's rows themselves; the engine's pool
-    # mirrors them for prefix caching and a P/D prefill's connector. No offload, HiSparse or
-    # decode role on ranks.
+    # mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
+    # connector. No HiSparse or decode role on ranks.
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
@@ -147,10 +147,7 @@ class EngineConfig:
                 f"EngineConfig.parallel {layout.describe()}: tensor parallelism (tp > 1) is not "
                 "built in the native runtime; split sparse-mla with pcp, dcp and ep"
             )
-        extras = {
-            "kv_offload_gib": self.kv_offload_gib > 0,
-            "hisparse_host_pool_gib": self.hisparse,
-        }
+        extras = {"hisparse_host_pool_gib": self.hisparse}
         if on := [name for name, used in extras.items() if used]:
             raise ValueError(
                 f"EngineConfig.parallel {layout.describe()}: {', '.join(on)} cannot run on "

@@ -129,9 +129,8 @@ class Engine:
         if disagg is not None and not cache.transferable:
             raise TransferError(
                 f"P/D serving moves paged head caches and sparse-mla latent caches; the "
-                f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet "
-                "(HiSparse decode is not served over P/D): serve it with an aggregated role, "
-                "or without HiSparse"
+                f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
+                "serve it with an aggregated role"
             )
         # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
         self._kv_cache_bytes = (
@@ -176,8 +175,11 @@ class Engine:
         self.disagg = disagg
         remote = None
         if disagg is not None and connector is not None:
-            connector.bind(cache.data, self._wake, config.kv_fp8, cache.spec)
-            remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs)
+            # under HiSparse the host tier is the whole latent cache: pulls land there
+            pool = cache if self._hisparse is None else self._hisparse.host
+            connector.bind(pool.data, self._wake, config.kv_fp8, pool.spec)
+            arrived = None if self._hisparse is None else self._hisparse.keys_arrived
+            remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs, arrived)
         self._reloads = (
             HostReloads(self._loop, self._offload, config.max_num_seqs, self._wake)
             if self._offload is not None and config.kv_reload_async

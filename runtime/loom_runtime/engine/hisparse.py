@@ -49,5 +49,6 @@ def hisparse_stats(cache: HiSparseKVCache) -> dict[str, int]:
         "hisparse_resident_rows": c.resident,
         "hisparse_h2d_bytes": c.h2d_bytes,
         "hisparse_prefill_h2d_bytes": c.prefill_h2d_bytes,
+        "hisparse_keys_h2d_bytes": c.keys_h2d_bytes,
         "hisparse_hot_requests": cache.hot_requests,
     }

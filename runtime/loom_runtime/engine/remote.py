@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
@@ -67,8 +67,12 @@ class RemoteKV:
         connector: KVConnectorPort,
         settings: DisaggSettings,
         max_pulls: int,
+        on_pulled: Callable[[list[int]], None] | None = None,
     ) -> None:
+        """`on_pulled`: called with the block ids a finished pull wrote, before the request
+        computes again (HiSparse copies their indexer keys to the device)."""
         self.loop = loop
+        self.on_pulled = on_pulled
         self.kv = loop.kv
         self.connector = connector
         self.settings = settings
@@ -145,6 +149,7 @@ class RemoteKV:
             if state.finished:  # aborted while pulling: its blocks are no longer written
                 out.failed.append(state)
             elif done.error is None:
+                self._arrived(state)
                 state.num_computed = state.num_prompt_tokens - 1
                 self._count(kv_pulled_tokens=done.num_tokens, kv_pulled_bytes=done.nbytes)
                 out.ready.append(state)
@@ -203,6 +208,15 @@ class RemoteKV:
             self._failed(state, str(exc), out, holds_blocks=True)
             return
         self.pulling[state.request_id] = state
+
+    def _arrived(self, state: ARDecodeState) -> None:
+        """Hand `on_pulled` the blocks the pull wrote: tokens num_computed .. P-2 (a prefix hit
+        covers whole blocks, so the first one starts a block)."""
+        if self.on_pulled is None:
+            return
+        first = state.num_computed // self.kv.block_size
+        last = self.kv.blocks_for(state.num_prompt_tokens - 1)
+        self.on_pulled(list(state.table.block_ids[first:last]))
 
     def _mismatch(self, state: ARDecodeState) -> str | None:
         params = state.request.kv_transfer

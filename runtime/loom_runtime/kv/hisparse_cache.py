@@ -1,5 +1,6 @@
-"""The two tiers of Hybrid HiSparse decode: every token's latent + RoPE rows in a host pool, the
-indexer keys on the device, and per request a device hot buffer of recently selected rows.
+"""The two tiers of Hybrid HiSparse decode: every token's rows in a host pool (a whole latent
+cache: latent + RoPE rows and indexer keys, what P/D moves), a copy of the indexer keys on the
+device, and per request a device hot buffer of recently selected rows.
 
 Owns the tiers' memory, the copies between them and their byte counts; never selects rows or
 decides which block belongs to whom (the indexer and the block pool do).
@@ -23,9 +24,11 @@ def default_hot_slots(index_topk: int) -> int:
 
 @dataclass(frozen=True)
 class HiSparseSpec:
-    """A latent cache split in two tiers. Block b of `latent` exists in both: its latent + RoPE
-    rows in the host tier, its indexer key rows on the device. `hot_slots` rows per layer per
-    request sit on the device in a hot buffer; at most `max_requests` such buffers at once."""
+    """A latent cache in two tiers. Block b of `latent` exists in both: the host tier holds all
+    of it (latent + RoPE rows and indexer key rows, `latent`'s own layout, so P/D pulls land
+    there), the device its indexer key rows again (what decode selection reads). `hot_slots`
+    rows per layer per request sit on the device in a hot buffer; at most `max_requests` such
+    buffers at once."""
 
     latent: LatentKVCacheSpec
     hot_slots: int
@@ -48,8 +51,8 @@ class HiSparseSpec:
 
     @property
     def host_spec(self) -> LatentKVCacheSpec:
-        """The host tier: latent + RoPE rows only (no indexer keys)."""
-        return replace(self.latent, index_layers=())
+        """The host tier: the whole latent cache (its keys too: the P/D layout moves them)."""
+        return self.latent
 
     @property
     def row_bytes(self) -> int:
@@ -58,14 +61,21 @@ class HiSparseSpec:
         return s.stored_row_width * s.storage_dtype.itemsize
 
     @property
+    def index_row_bytes(self) -> int:
+        """Bytes of one token's stored indexer key row in one layer."""
+        s = self.latent
+        return s.stored_index_width * s.storage_dtype.itemsize
+
+    @property
     def host_bytes_per_block(self) -> int:
+        """Host bytes one block costs: latent + RoPE rows and indexer key rows."""
         return self.host_spec.bytes_per_block
 
     @property
     def device_bytes_per_block(self) -> int:
         """Device bytes one block costs: its indexer key rows only."""
         s = self.latent
-        return s.block_size * len(s.index_layers) * s.stored_index_width * s.storage_dtype.itemsize
+        return s.block_size * len(s.index_layers) * self.index_row_bytes
 
     @property
     def bytes_per_block(self) -> int:
@@ -134,8 +144,9 @@ class TierCounters:
     misses: int = 0  # selected rows a decode copied in from the host tier
     resident: int = 0  # selected rows computed in the same step (already on the device)
     h2d_bytes: int = 0  # bytes of those misses' host -> device copies
+    keys_h2d_bytes: int = 0  # bytes of pulled (P/D) blocks' indexer keys copied host -> device
     prefill_h2d_bytes: int = 0  # bytes of prefill chunks' temporary host -> device gathers
-    d2h_bytes: int = 0  # bytes of new rows written to the host tier
+    d2h_bytes: int = 0  # bytes of new rows (and their indexer keys) written to the host tier
 
 
 class HotRows:
@@ -150,11 +161,14 @@ class HotRows:
 
 
 class HiSparseKVCache:
-    """`host` holds every block's latent + RoPE rows (a LatentKVCache on the host device);
-    `data` is the device tier, [num_blocks, block elements] of indexer key rows (the
-    KVStore's tensor). Hot buffers are created per request id and released by the engine."""
+    """`host` holds every block whole (a LatentKVCache of the latent spec on the host device:
+    what the P/D connector binds); `data` is the device tier, [num_blocks, block elements] of
+    indexer key rows (the KVStore's tensor). Every write stores the keys in both tiers, so the
+    host copy is always a valid latent cache; keys that arrive in the host tier by a pull are
+    copied to the device by `keys_arrived`. Hot buffers are created per request id and released
+    by the engine."""
 
-    transferable = False  # HiSparse decode is not served over P/D yet: the engine refuses the role
+    transferable = True  # P/D moves `host` (the connector's LatentLayout of the latent spec)
 
     def __init__(
         self,
@@ -193,16 +207,18 @@ class HiSparseKVCache:
         rope_keys: torch.Tensor,
         index_keys: torch.Tensor | None,
     ) -> None:
-        """New tokens' rows at flat slots: latent + RoPE to the host tier, keys on the device."""
-        host = self.host.data.device
-        self.host.write(layer, slots.to(host), latent.to(host), rope_keys.to(host), None)
-        self.counters.d2h_bytes += int(slots.shape[0]) * self.spec.row_bytes
+        """New tokens' rows at flat slots: every row to the host tier, the keys on the device
+        too (the host keys keep the tier a whole latent cache, for a P/D prefill to serve)."""
         slot = self._index_slot.get(layer)
-        if slot is None:
-            return
-        if index_keys is None:
+        if slot is not None and index_keys is None:
             raise ValueError(f"layer {layer} runs its own indexer: write needs its index keys")
-        s = self.spec.latent
+        host, s = self.host.data.device, self.spec.latent
+        host_keys = None if slot is None or index_keys is None else index_keys.to(host)
+        self.host.write(layer, slots.to(host), latent.to(host), rope_keys.to(host), host_keys)
+        row = self.spec.row_bytes + (0 if host_keys is None else self.spec.index_row_bytes)
+        self.counters.d2h_bytes += int(slots.shape[0]) * row
+        if slot is None or index_keys is None:
+            return
         keys = index_keys.to(s.dtype) if s.fp8 is None else pack(index_keys, s.fp8)
         bs = s.block_size
         self.index_rows[slots // bs, slot, slots % bs] = keys
@@ -219,14 +235,26 @@ class HiSparseKVCache:
 
     def load_blocks(self, source: LatentKVCache, blocks: torch.Tensor) -> None:
         """Copy `blocks` (int64 [N]) of an all-on-device latent cache of the same spec (a
-        prefill's, or a transfer's landing buffer) into the tiers: rows to the host, keys here."""
+        prefill's, or a transfer's landing buffer) into the tiers: whole blocks to the host,
+        their keys here too."""
         if source.spec != self.spec.latent:
             raise ValueError("load_blocks needs a latent cache of this cache's spec")
         host = self.host.data.device
-        rows = source.rows.index_select(0, blocks).to(host)
-        self.host.rows.index_copy_(0, blocks.to(host), rows)
-        self.counters.d2h_bytes += rows.nbytes
+        whole = source.data.index_select(0, blocks).to(host)
+        self.host.data.index_copy_(0, blocks.to(host), whole)
+        self.counters.d2h_bytes += whole.nbytes
         self.index_rows.index_copy_(0, blocks, source.index_rows.index_select(0, blocks))
+
+    def keys_arrived(self, blocks: list[int]) -> None:
+        """A P/D pull wrote these blocks into the host tier: copy their indexer key rows
+        host -> device (the selection reads the device copy). Counted in `keys_h2d_bytes`."""
+        if not blocks or not self._index_slot:
+            return
+        ids = torch.tensor(blocks, dtype=torch.long)
+        keys = self.host.index_rows.index_select(0, ids.to(self.host.data.device))
+        arrived = keys.to(self.device)  # the host -> device copy
+        self.index_rows.index_copy_(0, ids.to(self.device), arrived)
+        self.counters.keys_h2d_bytes += arrived.nbytes
 
     def index_keys(self, layer: int, blocks: torch.Tensor) -> torch.Tensor | None:
         """Index keys [N * block_size, index_dim] of `blocks` in `layer`, or None on a

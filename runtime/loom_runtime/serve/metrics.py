@@ -87,7 +87,7 @@ def _hisparse_metrics(
     looked_up = s.hisparse_hot_hits + s.hisparse_hot_misses
     yield gauge(
         "loom:hisparse_host_pool_bytes",
-        "Bytes of the HiSparse host pool of latent KV rows (0: HiSparse off).",
+        "Bytes of the HiSparse host pool of latent KV rows and keys (0: HiSparse off).",
         s.hisparse_host_pool_bytes,
     )
     yield gauge(
@@ -112,6 +112,11 @@ def _hisparse_metrics(
         "loom:hisparse_prefill_h2d_bytes",
         "Bytes copied host -> device for one prefill step each (not kept).",
         s.hisparse_prefill_h2d_bytes,
+    )
+    yield counter(
+        "loom:hisparse_keys_h2d_bytes",
+        "Bytes of P/D-pulled blocks' indexer keys copied host -> device.",
+        s.hisparse_keys_h2d_bytes,
     )
     yield gauge(
         "loom:hisparse_hot_requests", "Requests holding a hot buffer.", s.hisparse_hot_requests

@@ -30,10 +30,11 @@ from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
 
 
 def pool_gib(loaded: LoadedModel, blocks: int) -> float:
-    """A host pool of exactly `blocks` float64 blocks of 16 tokens."""
+    """A host pool of exactly `blocks` float64 blocks of 16 tokens (whole latent blocks: rows
+    and indexer keys)."""
     spec = loaded.config.kv_spec(16, 1, torch.float64)
     assert isinstance(spec, LatentKVCacheSpec)
-    return blocks * 16 * spec.num_layers * spec.row_width * 8 / (1 << 30)
+    return blocks * spec.bytes_per_block / (1 << 30)
 
 
 def hisparse_of(engine: Engine) -> HiSparseKVCache:
@@ -66,7 +67,7 @@ def test_concurrent_chunked_requests_equal_the_one_sequence_forward(
     assert s.hisparse_hot_hits > 0 and s.hisparse_prefill_h2d_bytes > 0
     assert s.hisparse_h2d_bytes == s.hisparse_hot_misses * 40 * 8  # a 40-float64 row each
     assert s.hisparse_hot_requests == 0  # finishing released every hot buffer
-    assert s.hisparse_host_pool_bytes == 64 * 16 * 4 * 40 * 8
+    assert s.hisparse_host_pool_bytes == 64 * 16 * (4 * 40 + 2 * 16) * 8  # rows and keys
 
 
 def test_preempted_requests_finish_with_the_one_sequence_tokens_and_free_both_tiers(

@@ -130,8 +130,8 @@ def test_a_rank_that_dies_fails_the_step_with_rank_failure(
 def test_settings_the_ranks_cannot_serve_are_refused(sparse_dir: Path) -> None:
     with pytest.raises(ValueError, match="one replica"):
         config(ParallelLayout(dp=2, ep=2))
-    with pytest.raises(ValueError, match="kv_offload_gib cannot run on ranks"):
-        config(ParallelLayout(pcp=2), kv_offload_gib=1.0)
+    with pytest.raises(ValueError, match="hisparse_host_pool_gib cannot run on ranks"):
+        config(ParallelLayout(pcp=2), hisparse_host_pool_gib=1.0)
     with pytest.raises(ValueError, match="dcp_backend"):
         config(ParallelLayout(pcp=2), dcp_backend="ring")
 
@@ -226,3 +226,25 @@ def test_fp8_kv_on_ranks_gives_the_one_rank_fp8_engines_tokens(
     finally:
         engine.shutdown()
     assert got == want
+
+
+def test_an_offloaded_prefix_reloads_into_the_pool_and_seeds_the_ranks(
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    """CPU KV offload on ranks (the reference prefill's agentic-turn reuse): 8 blocks of 16, so
+    the second prompt evicts the first's cached blocks to the host tier; the first prompt's
+    next turn reloads them into the mirrored pool, the ranks are seeded from it, and every
+    turn gives one rank's tokens, with fewer tokens run than recomputing."""
+    first, other = prompt(81, 1), prompt(100, 2)
+    cfg = config(ParallelLayout(pcp=2, dcp=2), num_blocks=8, max_model_len=128,
+                 kv_offload_gib=0.01)  # fmt: skip
+    engine = Engine.from_checkpoint(sparse_dir, cfg)
+    try:
+        got = [engine.generate(p, greedy(8)) for p in (first, other, first)]
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    for result, p in zip(got, (first, other, first), strict=True):
+        assert result.output_token_ids == one_sequence(inner(sparse64), p, 8)
+    assert stats.kv_offloaded_blocks > 0 and stats.kv_reload_tokens > 0
+    assert got[2].num_cached_tokens >= stats.kv_reload_tokens

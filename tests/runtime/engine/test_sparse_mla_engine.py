@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from unittest.mock import MagicMock
 
-import pytest
 import torch
 from tests.runtime.engine.sparse_mla_helpers import (
     Prompt,
@@ -26,7 +25,6 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import EngineRequest
-from loom_runtime.errors import TransferError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.latent_cache import LatentKVCache, LatentKVCacheSpec
 from loom_runtime.models.loader import LoadedModel
@@ -138,9 +136,19 @@ def test_a_pd_role_binds_the_latent_cache_with_its_spec(sparse64: LoadedModel) -
     assert kv.nbytes == 8 * spec.bytes_per_block
 
 
-def test_a_hisparse_pd_role_is_refused_with_a_clear_error(sparse64: LoadedModel) -> None:
+def test_a_hisparse_pd_role_binds_its_host_tier_as_the_whole_latent_cache(
+    sparse64: LoadedModel,
+) -> None:
+    """P/D moves the host tier (rows and keys, the ordinary latent layout), not the device's
+    key-only tensor; the device figures stay those of the keys and hot buffers."""
     connector = MagicMock()
-    config = EngineConfig(dtype=torch.float64, max_model_len=128, hisparse_host_pool_gib=0.01)
-    with pytest.raises(TransferError, match="HiSparse decode is not served over P/D"):
-        Engine(sparse64, config, None, DisaggSettings(role="decode"), connector)
-    connector.bind.assert_not_called()
+    config = EngineConfig(
+        dtype=torch.float64, num_blocks=8, max_model_len=128, hisparse_host_pool_gib=0.01
+    )
+    engine = Engine(sparse64, config, None, DisaggSettings(role="decode"), connector)
+    (kv, _, fp8, spec), _ = connector.bind.call_args
+    assert spec == sparse64.config.kv_spec(16, 8, torch.float64, None) and fp8 is None
+    assert kv.nbytes == 8 * spec.bytes_per_block and kv.device.type == "cpu"
+    stats, keys = engine.stats(), 8 * 16 * 2 * 16 * 8  # 2 indexer layers of 16 float64s
+    assert stats.hisparse_host_pool_bytes == kv.nbytes
+    assert stats.kv_cache_bytes == keys + config.max_num_seqs * 4 * 129 * 40 * 8  # + hot buffers

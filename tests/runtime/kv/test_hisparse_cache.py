@@ -1,7 +1,8 @@
-"""The HiSparse tiers: a block's latent + RoPE rows live on the host and only its indexer keys on
-the device (the two add up to the latent cache's block), a decode's selected rows come back as
-written, only misses cross host -> device and are counted in stored bytes (packed fp8 too), hot
-buffers are bounded per request, and the planner sizes blocks from the host pool."""
+"""The HiSparse tiers: a whole latent block lives on the host (rows and indexer keys: the layout
+P/D moves) and only its indexer keys on the device, both tiers' keys agree after writes, loads and
+pulls, a decode's selected rows come back as written, only misses cross host -> device and are
+counted in stored bytes (packed fp8 too), hot buffers are bounded per request, and the planner
+sizes blocks from the host pool."""
 
 from __future__ import annotations
 
@@ -45,12 +46,12 @@ def filled(spec: LatentKVCacheSpec, hot_slots: int = 8) -> tuple[HiSparseKVCache
     return hs, dev
 
 
-def test_the_tiers_split_a_latent_block_rows_on_the_host_keys_on_the_device() -> None:
+def test_the_host_tier_is_a_whole_latent_block_and_the_device_holds_its_keys() -> None:
     spec = HiSparseSpec(LATENT, hot_slots=default_hot_slots(64), max_requests=3)
     assert spec.hot_slots == 129
-    assert spec.host_bytes_per_block == 16 * 4 * 40 * 8
+    assert spec.host_bytes_per_block == 16 * 4 * 40 * 8 + 16 * 2 * 16 * 8
+    assert spec.host_bytes_per_block == LATENT.bytes_per_block and spec.host_spec == LATENT
     assert spec.device_bytes_per_block == spec.bytes_per_block == 16 * 2 * 16 * 8
-    assert spec.host_bytes_per_block + spec.device_bytes_per_block == LATENT.bytes_per_block
     assert spec.hot_bytes_per_request == 4 * 129 * 40 * 8
     cache = spec.allocate()
     assert cache.data.nbytes == 6 * spec.device_bytes_per_block
@@ -98,11 +99,44 @@ def test_load_blocks_copies_a_device_cache_into_the_tiers() -> None:
     _, dev = filled(LATENT)
     hs = HiSparseSpec(LATENT, hot_slots=4, max_requests=1).allocate()
     hs.load_blocks(dev, torch.tensor([4, 1]))
-    assert torch.equal(hs.host.rows[4], dev.rows[4]) and torch.equal(
-        hs.index_rows[1], dev.index_rows[1]
-    )
+    assert torch.equal(hs.host.data[4], dev.data[4]) and torch.equal(hs.host.data[1], dev.data[1])
+    assert torch.equal(hs.index_rows[1], dev.index_rows[1])
     assert hs.host.rows[0].abs().sum() == 0
     assert hs.counters.d2h_bytes == 2 * hs.spec.host_bytes_per_block
+
+
+@pytest.mark.parametrize("fp8", [None, Fp8Format(16)])
+def test_writes_keep_the_host_tier_a_whole_latent_cache(fp8: Fp8Format | None) -> None:
+    """Every write stores the keys in both tiers: the host tier's bytes equal an all-on-device
+    cache's (what a HiSparse prefill serves over P/D), packed fp8 included."""
+    spec = LatentKVCacheSpec(**{**LATENT.__dict__, "fp8": fp8})
+    hs, dev = filled(spec)
+    assert torch.equal(hs.host.data, dev.data)
+    assert torch.equal(hs.index_rows, hs.host.index_rows.to(hs.device))
+    per_token = 4 * hs.spec.row_bytes + 2 * hs.spec.index_row_bytes
+    assert hs.counters.d2h_bytes == 6 * 16 * per_token
+
+
+@pytest.mark.parametrize("fp8", [None, Fp8Format(16)])
+def test_keys_arrived_copies_pulled_blocks_keys_to_the_device(fp8: Fp8Format | None) -> None:
+    """A pull writes whole blocks into the host tier (as stored bytes); `keys_arrived` copies
+    just those blocks' key rows to the device, so selection reads the pulled keys."""
+    spec = LatentKVCacheSpec(**{**LATENT.__dict__, "fp8": fp8})
+    _, dev = filled(spec)
+    hs = HiSparseSpec(spec, hot_slots=4, max_requests=1).allocate()
+    hs.host.data[[2, 5]] = dev.data[[2, 5]]  # what the connector's pull does
+    assert hs.index_keys(0, torch.tensor([2])).abs().sum() == 0  # type: ignore[union-attr]
+    hs.keys_arrived([2, 5])
+    for layer in (0, 2):
+        keys, want = (
+            hs.index_keys(layer, torch.tensor([5, 2])),
+            dev.gather(layer, torch.tensor([5, 2]))[2],
+        )
+        assert keys is not None and want is not None and torch.equal(keys, want)
+    assert hs.index_rows[[0, 1, 3, 4]].abs().sum() == 0  # other blocks untouched
+    assert hs.counters.keys_h2d_bytes == 2 * hs.spec.device_bytes_per_block
+    hs.keys_arrived([])
+    assert hs.counters.keys_h2d_bytes == 2 * hs.spec.device_bytes_per_block
 
 
 def test_hot_buffers_are_bounded_and_released() -> None:

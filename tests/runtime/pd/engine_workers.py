@@ -43,8 +43,12 @@ class Workers:
         kind: str = "tcp",
         mtp_draft_tokens: int = 0,
         drafter: Drafter | None = None,
+        hisparse_host_pool_gib: float = 0.0,
+        hisparse_hot_slots: int | None = None,
     ) -> tuple[Engine, KVConnector | None]:
         config = EngineConfig(
+            hisparse_host_pool_gib=hisparse_host_pool_gib,
+            hisparse_hot_slots=hisparse_hot_slots,
             dtype=torch.float64,
             kv_fp8=kv_fp8,
             kv_offload_gib=kv_offload_gib,

@@ -151,6 +151,7 @@ def test_hisparse_tiers_are_exported_with_the_hot_buffer_hit_rate() -> None:
         hisparse_hot_misses=90,
         hisparse_h2d_bytes=90 * 656,
         hisparse_prefill_h2d_bytes=4096,
+        hisparse_keys_h2d_bytes=640,
         hisparse_hot_requests=2,
     )
     s = _samples(ServerMetrics("tiny", Snapshot(stats, in_flight=0)))
@@ -161,6 +162,7 @@ def test_hisparse_tiers_are_exported_with_the_hot_buffer_hit_rate() -> None:
     assert s[("loom:hisparse_hot_misses_total", m)] == 90
     assert s[("loom:hisparse_h2d_bytes_total", m)] == 90 * 656
     assert s[("loom:hisparse_prefill_h2d_bytes_total", m)] == 4096
+    assert s[("loom:hisparse_keys_h2d_bytes_total", m)] == 640
     assert s[("loom:hisparse_hot_requests", m)] == 2
     off = _samples(ServerMetrics("tiny", Snapshot(STATS, in_flight=0)))
     assert off[("loom:hisparse_hot_hit_rate", m)] == 0.0  # nothing looked up: no division

@@ -98,8 +98,8 @@ def test_an_fp8_kv_card_serves_and_reports_the_planners_fp8_bytes(
 def test_a_hisparse_worker_serves_the_same_tokens_and_reports_its_tiers(
     launch: Any, sparse_dir: Path
 ) -> None:
-    host_block = 16 * 4 * (32 + 8) * 4  # float32 latent + RoPE rows of 4 layers
-    with launch(sparse_dir, "--hisparse-host-pool-gib", "0.001") as hi:  # 104 blocks fit
+    host_block = 16 * (4 * (32 + 8) + 2 * 16) * 4  # float32 rows of 4 layers, keys of 2
+    with launch(sparse_dir, "--hisparse-host-pool-gib", "0.002") as hi:  # 174 blocks fit
         got = greedy_tokens(hi)
         want = one_sequence_tokens(load_sparse_mla(sparse_dir, dtype=torch.float32))
         assert got == want
