@@ -115,12 +115,6 @@ class EngineConfig:
                 f"EngineConfig.mtp_draft_tokens must be >= 0 (tokens the MTP layer drafts per "
                 f"step; 0 turns MTP speculation off), got {self.mtp_draft_tokens}"
             )
-        if self.mtp_draft_tokens > 0 and self.hisparse:
-            raise ValueError(
-                "EngineConfig: MTP speculation (mtp_draft_tokens) and HiSparse "
-                "(hisparse_host_pool_gib) cannot be combined yet: the hot buffers hold no MTP "
-                "rows; set one of them to 0"
-            )
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
 

@@ -99,7 +99,7 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        check_mtp(loaded.config, config)
+        check_mtp(loaded.config, config, "aggregated" if disagg is None else disagg.role)
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
@@ -155,8 +155,8 @@ class Engine:
         self._ranks = ranks
         self._spec: SpecForward | None = None
         executor: TokenForward | SpecForward
-        if k:
-            assert isinstance(cache, LatentKVCache)  # mtp_kv_spec allocated it
+        if k and ranks is None:
+            assert isinstance(cache, LatentKVCache | HiSparseKVCache)  # from mtp_kv_spec
             mtp = MtpRunner(loaded.model, cache)
             self._runner: TokenRunner | MtpRunner = mtp
             executor = self._spec = SpecForward(mtp, k, drafter)
@@ -170,7 +170,7 @@ class Engine:
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.use_prefix_cache,
             on_free=self._on_free(),
-            draft_tokens=k,
+            draft_tokens=k if ranks is None else 0,  # a ranked prefill keeps MTP rows, no drafts
         )
         self.disagg = disagg
         remote = None
@@ -519,14 +519,22 @@ class Engine:
 
     def _on_free(self) -> Callable[[str], None] | None:
         """What frees a request's device state kept beside its blocks: its rows on the ranks,
-        its HiSparse hot buffer, or its MTP state (at most one of them is on)."""
+        its HiSparse hot buffers, its MTP state (each that is on)."""
+        frees: list[Callable[[str], None]] = []
         if self._ranks is not None:
-            return self._ranks.release
+            frees.append(self._ranks.release)
         if self._hisparse is not None:
-            return self._hisparse.release
+            frees.append(self._hisparse.release)
         if isinstance(self._runner, MtpRunner):
-            return self._runner.release
-        return None
+            frees.append(self._runner.release)
+        if len(frees) <= 1:
+            return frees[0] if frees else None
+
+        def free_all(request_id: str) -> None:
+            for free in frees:
+                free(request_id)
+
+        return free_all
 
     def _offload_stats(self) -> dict[str, int]:
         """The CPU KV offload fields of EngineStats (none when offload is off)."""

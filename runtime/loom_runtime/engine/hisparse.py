@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.mtp_runner import mtp_kv_spec
+from loom_runtime.kv.cache import KVSpec
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache, default_hot_slots, plan_hisparse
 from loom_runtime.kv.latent_cache import LatentKVCacheSpec
 from loom_runtime.models.causal_lm import DecoderConfig
@@ -20,7 +22,11 @@ def hisparse_cache(
     """The tiers for `model`: the block pool is as many blocks as `hisparse_host_pool_gib`
     holds (or `num_blocks`), the device holds their indexer keys and `max_num_seqs` hot buffers
     (within `kv_cache_bytes` when given); ValueError for a model without latent rows."""
-    latent = model.kv_spec(config.block_size, 1, config.dtype, config.kv_fp8)
+    latent: KVSpec
+    if config.mtp_draft_tokens:  # the MTP layer's rows are one more layer of both tiers
+        latent = mtp_kv_spec(model, config.block_size, 1, config.dtype, config.kv_fp8)
+    else:
+        latent = model.kv_spec(config.block_size, 1, config.dtype, config.kv_fp8)
     topk = getattr(model, "index_topk", None)
     if not isinstance(latent, LatentKVCacheSpec) or not isinstance(topk, int):
         raise ValueError(

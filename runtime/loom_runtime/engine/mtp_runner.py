@@ -18,10 +18,13 @@ import torch
 from loom_runtime.engine.runner import ModelRunner, TokenWork
 from loom_runtime.errors import SpeculativeConfigError
 from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache, LatentKVCacheSpec
+from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.causal_lm import CausalLM, DecoderConfig
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
+from loom_runtime.models.sparse_mla.hisparse_hooks import HiSparseHooks
 from loom_runtime.models.sparse_mla.paged_hooks import PagedHooks
 
 MTP_LAYERS = 1
@@ -61,9 +64,14 @@ class TrunkOutput:
 
 class MtpRunner:
     """Runs a SparseMlaCausalLM's trunk and MTP layer over `cache` (allocated from
-    `mtp_kv_spec`). Counts trunk tokens and forwards like ModelRunner."""
+    `mtp_kv_spec`: a paged latent cache, or HiSparse's two tiers). Counts trunk tokens and
+    forwards like ModelRunner.
 
-    def __init__(self, model: CausalLM, cache: LatentKVCache) -> None:
+    Under HiSparse the draft forwards read their context straight from the host tier, never
+    through a hot buffer: they read (and write) scratch rows, which a hot buffer would keep
+    after `extend` overwrote them. The trunk and `extend` use the hot buffers as a decode does."""
+
+    def __init__(self, model: CausalLM, cache: LatentKVCache | HiSparseKVCache) -> None:
         if not isinstance(model, SparseMlaCausalLM) or not model.model.mtp:
             raise SpeculativeConfigError("MTP speculation needs a sparse-mla model with MTP layers")
         self.base = ModelRunner(model, cache)
@@ -120,13 +128,20 @@ class MtpRunner:
                 for i in active
             ]
             batch = self.base.build_batch(steps)
-            hidden = self.layer.forward(
-                hidden[keep], batch.input_ids, batch.positions, PagedHooks(self.cache, batch)
-            )
+            hooks = self._hooks(batch, hot=False)
+            hidden = self.layer.forward(hidden[keep], batch.input_ids, batch.positions, hooks)
             for i, t in zip(active, self._argmax(hidden), strict=True):
                 drafts[i].append(t)
             j += 1
         return [tuple(drafts.get(i, ())) for i in range(len(works))]
+
+    def _hooks(self, batch: ForwardBatch, hot: bool = True) -> PagedHooks | HiSparseHooks:
+        """The forward's hooks: over the paged cache, or over HiSparse's tiers (with each
+        request's hot buffers, or none: read from the host tier)."""
+        if isinstance(self.cache, LatentKVCache):
+            return PagedHooks(self.cache, batch)
+        rows = [self.cache.hot_rows(r) if hot else None for r in batch.request_ids]
+        return HiSparseHooks(self.cache, batch, rows)
 
     def _argmax(self, hidden: torch.Tensor) -> list[int]:
         return [int(t) for t in torch.argmax(self.layer.logits(hidden), dim=-1).tolist()]
@@ -138,9 +153,7 @@ class MtpRunner:
         """One trunk forward over every work (a verify's token_ids hold its drafts)."""
         batch = self.base.build_batch(works)
         self.base.set_threads(batch.num_tokens)
-        hidden = self.model.hidden_states(
-            batch.input_ids, batch.positions, PagedHooks(self.cache, batch)
-        )
+        hidden = self.model.hidden_states(batch.input_ids, batch.positions, self._hooks(batch))
         normed = self.model.normed(hidden)
         self.base.tokens_run += batch.num_tokens
         self.base.forwards += 1
@@ -183,8 +196,7 @@ class MtpRunner:
         if not steps:
             return
         batch = self.base.build_batch(steps)
-        out = self.layer.forward(
-            trunk.normed[rows], batch.input_ids, batch.positions, PagedHooks(self.cache, batch)
-        )
+        hooks = self._hooks(batch)
+        out = self.layer.forward(trunk.normed[rows], batch.input_ids, batch.positions, hooks)
         for n, w in enumerate(steps):
             self._last[w.request_id] = out[batch.query_start[n + 1] - 1].clone()

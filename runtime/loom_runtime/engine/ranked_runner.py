@@ -164,7 +164,9 @@ class RankedRunner:
                     "hold it, and no mirrored pool has its rows (prefix caching needs one)"
                 )
             prefix = _read_rows(self._mirror, work, work.start)
-        return RankWork(work.request_id, work.token_ids, work.start, work.want_logits, prefix)
+        return RankWork(
+            work.request_id, work.token_ids, work.start, work.want_logits, prefix, work.next_id
+        )
 
     def load_weights(self, checkpoint: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Every rank loads the checkpoint's weights (after every sequence was released; the
@@ -272,6 +274,7 @@ def start_ranks(
         dcp_backend=config.dcp_backend,
         export_rows=export_rows,
         kv_fp8=config.kv_fp8,
+        mtp=config.mtp_draft_tokens > 0,
     )
     ranks = RankConfig(
         world=config.parallel.world,

@@ -1,6 +1,6 @@
 """An engine asked for MTP speculation (`mtp_draft_tokens`) refuses, with a typed error naming
-the model and the fix, a model without MTP layers or outside sparse-mla, parallel ranks and
-HiSparse; an aggregated sparse-mla engine runs it (its cache then holds the MTP
+the model and the fix, a model without MTP layers or outside sparse-mla and parallel ranks
+outside a P/D prefill; an aggregated sparse-mla engine runs it (its cache then holds the MTP
 layer's rows, as the planner counts them); with MTP off nothing changes."""
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ def test_a_negative_draft_count_is_refused() -> None:
         EngineConfig(mtp_draft_tokens=-1)
 
 
-def test_mtp_beside_hisparse_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"MTP speculation .* and HiSparse"):
-        EngineConfig(mtp_draft_tokens=2, hisparse_host_pool_gib=1.0)
-
-
 def test_a_model_outside_sparse_mla_is_refused(tiny64: LoadedModel) -> None:
     with pytest.raises(SpeculativeConfigError, match=r"needs a sparse-mla model.*'llama'"):
         Engine(tiny64, MTP3)
@@ -46,10 +41,12 @@ def test_a_checkpoint_without_mtp_layers_is_refused(sparse64: LoadedModel) -> No
         check_mtp(bare, MTP3)
 
 
-def test_parallel_ranks_are_refused(sparse64: LoadedModel) -> None:
+@pytest.mark.parametrize("role", ["aggregated", "decode"])
+def test_parallel_ranks_outside_a_prefill_are_refused(sparse64: LoadedModel, role: str) -> None:
     ranked = replace(MTP3, parallel=ParallelLayout(pcp=2))
-    with pytest.raises(SpeculativeConfigError, match="one rank only; this role runs 2 ranks"):
-        check_mtp(sparse64.config, ranked)
+    with pytest.raises(SpeculativeConfigError, match=f"P/D prefill only .* a {role} role"):
+        check_mtp(sparse64.config, ranked, role)
+    check_mtp(sparse64.config, ranked, "prefill")  # its ranks compute the prompt's MTP rows
 
 
 def test_an_aggregated_engine_runs_it_with_the_mtp_layers_rows_in_its_cache(

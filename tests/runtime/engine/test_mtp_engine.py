@@ -28,6 +28,7 @@ from loom_runtime.engine.mtp_speculator import MtpDrafter, MtpSpeculator
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK
 
 K = 3
 LENGTHS = [5, 40, 70, 130, 260]  # > INDEX_TOPK from 70 on; > 96 (one chunk) from 130 on
@@ -216,3 +217,34 @@ class _OneSequenceRecorder:
         drafts = self.inner.propose(k)
         self.seen[self.inner.cache.length] = tuple(drafts)
         return drafts
+
+
+def hisparse_config(loaded: LoadedModel, blocks: int = 80) -> EngineConfig:
+    """MTP over HiSparse's tiers: a host pool of `blocks` whole blocks (the MTP layer's rows
+    included) and hot buffers of top-k + 1 rows, smaller than the longer contexts."""
+    spec = loaded.config.kv_spec(16, 1, torch.float64, mtp_layers=1)  # type: ignore[call-arg]
+    gib = blocks * spec.bytes_per_block / (1 << 30)
+    return replace(config(K), hisparse_host_pool_gib=gib, hisparse_hot_slots=INDEX_TOPK + 1)
+
+
+def test_mtp_over_hisparse_keeps_the_tokens_and_drafts_as_on_the_device(
+    sparse64: LoadedModel, prompt: Prompt, plain_run: dict[str, tuple[int, ...]]
+) -> None:
+    """The MTP layer's rows are one more layer of both HiSparse tiers; drafts read the host
+    tier directly (their scratch rows never enter a hot buffer). MTP on HiSparse == MTP off,
+    with forced acceptances, and its drafts equal the all-on-device MTP engine's."""
+    reqs = requests(prompt)
+    oracle = OracleDrafter(full_tokens(reqs, plain_run), sparse64.config.vocab_size)
+    engine, got = serve(sparse64, hisparse_config(sparse64), reqs, oracle)
+    assert got == plain_run
+    spec = engine.stats().spec
+    assert spec is not None and spec.num_accepted_tokens > spec.num_drafts
+    assert engine.stats().hisparse_hot_misses > 0 and engine.stats().hisparse_hot_requests == 0
+    spies = RecordingDrafter(), RecordingDrafter()
+    greedy_reqs = [r for r in reqs if r.sampling.temperature == 0.0]
+    for spy, cfg in zip(spies, (config(K), hisparse_config(sparse64)), strict=True):
+        spied = Engine(sparse64, cfg, drafter=spy)
+        spy.watch(spied)
+        assert run_all(spied, greedy_reqs) == {r.request_id: plain_run[r.request_id]
+                                               for r in greedy_reqs}  # fmt: skip
+    assert spies[1].seen == spies[0].seen and spies[0].seen

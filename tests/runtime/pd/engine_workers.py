@@ -83,6 +83,7 @@ class Workers:
         block_size: int = 16,
         kind: str = "tcp",
         kv_fp8: Fp8Format | None = None,
+        mtp_draft_tokens: int = 0,
     ) -> Engine:
         """A P/D prefill whose forwards run on rank processes of `layout` (gloo), started from
         the checkpoint (its ranks load it too)."""
@@ -95,6 +96,7 @@ class Workers:
             parallel=layout,
             collective_timeout_s=60.0,
             kv_fp8=kv_fp8,
+            mtp_draft_tokens=mtp_draft_tokens,
         )
         settings = ConnectorSettings(kind, "prefill", side_port=0, lease_seconds=30.0)  # type: ignore[arg-type]
         connector = build_connector(settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.runtime.engine.sparse_mla_helpers import one_sequence
+from tests.runtime.engine.sparse_mla_helpers import RecordingDrafter, one_sequence
 from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 from tests.runtime.pd.test_sparse_mla_pd import prefilled, prompt
 
@@ -89,4 +89,29 @@ def test_fp8_rows_from_ranks_equal_the_one_rank_fp8_engines(
         params = prefilled(prefill, f"p{i}", tokens)
         out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
         assert out.output_token_ids == expected, f"prompt of {n} tokens"
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")
+
+
+def test_mtp_rows_from_ranks_let_the_decode_draft_as_the_aggregated_engine(
+    workers: Workers, sparse_checkpoint: Path, sparse64: LoadedModel
+) -> None:
+    """PCP2×DCP2 ranks compute the prompt's MTP rows beside the trunk's (PCP-gathered,
+    DCP-sharded) and export them; the MTP decode's tokens equal one rank's, and every draft it
+    proposes equals the aggregated MTP engine's at the same position."""
+    spies = RecordingDrafter(), RecordingDrafter()
+    aggregated, _ = workers.engine(mtp_draft_tokens=3, drafter=spies[0])
+    layout = ParallelLayout(pcp=2, dcp=2)
+    prefill = workers.ranked_prefill(sparse_checkpoint, layout, block_size=32, mtp_draft_tokens=3)
+    decode, _ = workers.engine("decode", block_size=16, mtp_draft_tokens=3, drafter=spies[1])
+    spies[0].watch(aggregated)
+    spies[1].watch(decode)
+    assert isinstance(sparse64.model, SparseMlaCausalLM)
+    for i, n in enumerate(LENGTHS):
+        tokens = prompt(n, seed=50 + i)
+        expected = one_sequence(sparse64.model.model, tokens, MAX_TOKENS)
+        assert run(aggregated, f"a{i}", tokens, MAX_TOKENS).result().output_token_ids == expected
+        params = prefilled(prefill, f"p{i}", tokens)
+        out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
+        assert out.output_token_ids == expected, f"prompt of {n} tokens"
+        assert spies[1].seen[f"d{i}"] == spies[0].seen[f"a{i}"]
         wait_for(lambda: whole(decode), "the decode's pool to be whole")

@@ -183,7 +183,7 @@ def test_parallel_flags_become_the_engines_layout(tmp_path: Path) -> None:
         (("--dp", "2", "--ep", "2"), "one replica"),
         (("--tp", "2"), "tensor parallelism"),
         (("--pcp", "2", "--dcp", "3"), "dcp"),
-        (("--pcp", "2", "--kv-offload-gib", "1"), "cannot run on ranks"),
+        (("--pcp", "2", "--hisparse-host-pool-gib", "1"), "cannot run on ranks"),
     ],
 )
 def test_parallel_layouts_the_worker_cannot_run_are_usage_errors(
@@ -199,7 +199,6 @@ def test_mtp_draft_tokens_become_the_engines_draft_count(tmp_path: Path) -> None
     assert engine.mtp_draft_tokens == 3
     with pytest.raises(UsageError, match="mtp_draft_tokens must be >= 0"):
         plan_worker(_args(_card(tmp_path), "--mtp-draft-tokens", "-1"), {})
-    with pytest.raises(UsageError, match=r"MTP speculation .* and HiSparse"):
-        plan_worker(
-            _args(_card(tmp_path), "--mtp-draft-tokens", "2", "--hisparse-host-pool-gib", "1"), {}
-        )
+    both = _args(_card(tmp_path), "--mtp-draft-tokens", "2", "--hisparse-host-pool-gib", "1")
+    beside = plan_worker(both, {}).engine  # MTP's rows are one more layer of HiSparse's tiers
+    assert (beside.mtp_draft_tokens, beside.hisparse_host_pool_gib) == (2, 1.0)

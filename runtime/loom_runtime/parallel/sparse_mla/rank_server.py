@@ -39,6 +39,7 @@ class RankServeSpec:
     dcp_backend: DcpBackend = "ag_rs"
     export_rows: bool = False  # send each step's new rows to the engine (its pool mirrors them)
     kv_fp8: Fp8Format | None = None  # rows rounded through fp8 as the engine's fp8 pool keeps them
+    mtp: bool = False  # a P/D prefill with MTP: keep (and export) the MTP layer's prompt rows
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class RankWork:
     start: int
     want_logits: bool
     prefix: HeldRows | None = None
+    next_id: int | None = None  # the token after token_ids, when known (the MTP rows read it)
 
 
 @dataclass(frozen=True)
@@ -178,15 +180,18 @@ class RankSequences:
                 f"this rank holds {held}: the ranks fell out of step with the engine"
             )
         ids = torch.tensor(work.token_ids, dtype=torch.long)
-        if work.start > 0 and len(ids) == 1:
+        if work.start > 0 and len(ids) == 1 and not self.spec.mtp:
             logits = seq.decode(ids)
-        else:  # a prompt chunk: split over the PCP group when every chunk gets a token
-            logits = seq.prefill(ids, split=len(ids) >= 2 * self.plan.pcp.size)
+        else:  # a prompt chunk (every work with MTP rows): split over the PCP group when every
+            # chunk gets a token
+            split = len(ids) >= 2 * self.plan.pcp.size
+            logits = seq.prefill(ids, split=split, next_id=work.next_id)
         return logits[-1] if work.want_logits else None
 
     def _new_sequence(self, capacity: int) -> ParallelSequence:
+        s = self.spec
         return ParallelSequence(
-            self.model, self.plan, capacity, self.experts, self.spec.block_size, self.spec.kv_fp8
+            self.model, self.plan, capacity, self.experts, s.block_size, s.kv_fp8, s.mtp
         )
 
 

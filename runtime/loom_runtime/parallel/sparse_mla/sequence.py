@@ -35,28 +35,42 @@ class ParallelSequence:
         experts: Mapping[int, ExpertParallelMoe] | None = None,
         block_size: int = 16,
         kv_fp8: Fp8Format | None = None,
+        mtp: bool = False,
     ) -> None:
-        """`kv_fp8`: every kept row is rounded through that format (the fp8 KV numerics)."""
+        """`kv_fp8`: every kept row is rounded through that format (the fp8 KV numerics).
+        `mtp`: the store also keeps the first MTP layer's rows, which `prefill` computes for
+        the prompt (a P/D prefill's: the decode drafts from them)."""
         plan.check(model.config)
+        if mtp and not model.mtp:
+            raise ValueError("mtp rows need a checkpoint with an MTP layer")
         self.model = model
         self.plan = plan
         self.experts = experts or {}
         self.block_size = block_size
+        self.mtp = mtp
+        layers = range(model.config.num_hidden_layers + (1 if mtp else 0))
         self.store: FullStore | ShardStore
         if plan.dcp.size > 1:
             shard = ShardMap(plan.dcp.size, plan.layout.interleave, plan.dcp.index)
             rows = shard_capacity(capacity, shard, block_size)
-            cache = SparseMlaCache(model.config, rows, model.dtype, model.device)
+        else:
+            rows = capacity
+        cache = SparseMlaCache(model.config, rows, model.dtype, model.device, layers)
+        if plan.dcp.size > 1:
             self.store = ShardStore(cache, shard, plan.dcp, kv_fp8)
         else:
-            self.store = FullStore(model.new_cache(capacity), kv_fp8)
+            self.store = FullStore(cache, kv_fp8)
 
     @property
     def length(self) -> int:
         return self.store.length
 
     def prefill(
-        self, input_ids: torch.Tensor, all_logits: bool = False, split: bool = True
+        self,
+        input_ids: torch.Tensor,
+        all_logits: bool = False,
+        split: bool = True,
+        next_id: int | None = None,
     ) -> torch.Tensor:
         """Logits of the prompt (chunk) input_ids ([T], the same on every rank): [T, vocab]
         with `all_logits`, else the last token's [1, vocab]. With `split` each PCP rank
@@ -75,7 +89,10 @@ class ParallelSequence:
             pcp_split = PcpSplit(counts=chunks.counts, restore=restore)
         self.store.begin(new)
         hooks = ParallelHooks(self.plan, self.store, pcp_split, False, self.experts)
-        hidden = self.model.hidden_states(input_ids.to(device)[share], start + share, hooks)
+        ids = input_ids.to(device)
+        hidden = self.model.hidden_states(ids[share], start + share, hooks)
+        if self.mtp:
+            self._mtp_rows(ids, next_id, hidden, share, start, hooks)
         self.store.advance()
         return self.model.logits(self._prompt_hidden(hidden, chunks, all_logits))
 
@@ -92,6 +109,23 @@ class ParallelSequence:
         hidden = self.model.hidden_states(input_ids.to(device), positions, hooks)
         self.store.advance()
         return self.model.logits(hidden)
+
+    def _mtp_rows(
+        self,
+        ids: torch.Tensor,
+        next_id: int | None,
+        hidden: torch.Tensor,
+        share: torch.Tensor,
+        start: int,
+        hooks: ParallelHooks,
+    ) -> None:
+        """The MTP layer's rows of this forward's tokens (kept like a layer's: PCP-gathered,
+        DCP-sharded): at position i it reads the trunk's state of token i and token i + 1. The
+        chunk's last row reads `next_id`; at a prompt's end it is not known yet (None: 0
+        stands in, and that one row is not what a decode reads, since a decode recomputes
+        the prompt's last token itself)."""
+        after = torch.cat((ids[1:], ids.new_tensor([0 if next_id is None else next_id])))
+        self.model.mtp[0].forward(self.model.normed(hidden), after[share], start + share, hooks)
 
     def kv_block_bytes(self) -> int:
         return self.store.block_bytes(self.block_size)
