@@ -51,7 +51,7 @@ class EngineConfig:
     # engine drives step by step (engine/ranked_runner.py, docs/parallel.md). One replica per
     # worker (dp 1) and no tp. The ranks keep each request's rows themselves; the engine's pool
     # mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
-    # connector. No HiSparse or decode role on ranks.
+    # connector (a decode's pull lands there and seeds the ranks). No HiSparse on ranks.
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step

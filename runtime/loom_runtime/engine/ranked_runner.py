@@ -305,14 +305,11 @@ def check_ranks(
             f"{where}: ranks inside the engine run the sparse-mla family only (PCP, DCP, EP); "
             f"the {model.model_type} model has no tensor parallelism in the native runtime yet"
         )
-    if disagg is not None and disagg.role != "prefill":
-        raise LayoutError(
-            f"{where}: a {disagg.role} role on ranks is not built yet (the pulled KV would "
-            "have to reach the ranks); serve the decode on one rank per replica (parallelism "
-            "dp only, as replicas), or the role aggregated"
-        )
     if disagg is not None and ranks is not None and not ranks.spec.export_rows:
-        raise LayoutError(f"{where}: a P/D prefill's ranks must export their rows")
+        raise LayoutError(
+            f"{where}: a P/D {disagg.role}'s ranks must export their rows (its pool is what the "
+            "connector moves, and what a pulled request's ranks are seeded from)"
+        )
     if not starting and (ranks is None or ranks.world != layout.world):
         have = "none" if ranks is None else f"{ranks.world}"
         raise LayoutError(f"{where} needs {layout.world} ranks, the engine was given {have}")

@@ -76,17 +76,18 @@ class Workers:
         self.engines.append(engine)
         return engine, connector
 
-    def ranked_prefill(
+    def ranked_engine(
         self,
         checkpoint: Path,
         layout: ParallelLayout,
+        role: str = "prefill",
         block_size: int = 16,
         kind: str = "tcp",
         kv_fp8: Fp8Format | None = None,
         mtp_draft_tokens: int = 0,
     ) -> Engine:
-        """A P/D prefill whose forwards run on rank processes of `layout` (gloo), started from
-        the checkpoint (its ranks load it too)."""
+        """A P/D engine (`role`) whose forwards run on rank processes of `layout` (gloo),
+        started from the checkpoint (its ranks load it too)."""
         config = EngineConfig(
             dtype=torch.float64,
             block_size=block_size,
@@ -98,11 +99,14 @@ class Workers:
             kv_fp8=kv_fp8,
             mtp_draft_tokens=mtp_draft_tokens,
         )
-        settings = ConnectorSettings(kind, "prefill", side_port=0, lease_seconds=30.0)  # type: ignore[arg-type]
+        settings = ConnectorSettings(kind, role, side_port=0, lease_seconds=30.0)  # type: ignore[arg-type]
         connector = build_connector(settings)
         self.connectors.append(connector)
         engine = Engine.from_checkpoint(
-            checkpoint, config, disagg=DisaggSettings("prefill"), connector=connector
+            checkpoint,
+            config,
+            disagg=DisaggSettings(role),
+            connector=connector,  # type: ignore[arg-type]
         )
         engine.start()
         self.engines.append(engine)

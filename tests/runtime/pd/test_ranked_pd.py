@@ -2,7 +2,8 @@
 exports each step's new rows into its own paged latent pool, and a one-rank decode pulls them
 over TCP and NIXL (different block sizes) and continues with the one-rank greedy tokens,
 prompts past the indexer's top-k included, fp8 KV too; each DCP rank sends only its own
-tokens, so the pool holds every token once. A decode role on ranks is refused clearly."""
+tokens, so the pool holds every token once. And P/D into ranks: a ranked decode's pool takes
+the pull, and its ranks are seeded from it."""
 
 from __future__ import annotations
 
@@ -13,14 +14,10 @@ from tests.runtime.engine.sparse_mla_helpers import RecordingDrafter, one_sequen
 from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 from tests.runtime.pd.test_sparse_mla_pd import prefilled, prompt
 
-from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
-from loom_runtime.parallel.layout import LayoutError, ParallelLayout
-from loom_runtime.transfer.connector import ConnectorSettings, build_connector
+from loom_runtime.parallel.layout import ParallelLayout
 
 MAX_TOKENS = 6
 LENGTHS = (9, 150, 300)
@@ -39,7 +36,7 @@ def test_a_ranked_prefill_feeds_a_one_rank_decode_with_the_one_rank_tokens(
     workers: Workers, sparse_checkpoint: Path, sparse64: LoadedModel, layout: ParallelLayout,
     kind: str,
 ) -> None:  # fmt: skip
-    prefill = workers.ranked_prefill(sparse_checkpoint, layout, block_size=32, kind=kind)
+    prefill = workers.ranked_engine(sparse_checkpoint, layout, block_size=32, kind=kind)
     decode, _ = workers.engine("decode", block_size=16, kind=kind)
     assert isinstance(sparse64.model, SparseMlaCausalLM)
     per_token = decode.stats().kv_bytes_per_token
@@ -59,18 +56,26 @@ def test_a_ranked_prefill_feeds_a_one_rank_decode_with_the_one_rank_tokens(
     assert len(ranks) == layout.world and all(r.sequences == 0 for r in ranks)
 
 
-def test_a_decode_role_on_ranks_is_refused_before_any_rank_starts(
-    sparse_checkpoint: Path,
+@pytest.mark.parametrize(
+    "layout", [ParallelLayout(pcp=2, dcp=2), ParallelLayout(pcp=2, ep=2)], ids=["dcp2", "ep2"]
+)
+def test_a_decode_on_ranks_is_seeded_from_its_pulled_pool_with_the_one_rank_tokens(
+    workers: Workers, sparse_checkpoint: Path, sparse64: LoadedModel, layout: ParallelLayout
 ) -> None:
-    config = EngineConfig(parallel=ParallelLayout(pcp=2), max_model_len=64, num_blocks=16)
-    connector = build_connector(ConnectorSettings("tcp", "decode", side_port=0))
-    try:
-        with pytest.raises(LayoutError, match="decode role on ranks is not built"):
-            Engine.from_checkpoint(
-                sparse_checkpoint, config, disagg=DisaggSettings("decode"), connector=connector
-            )
-    finally:
-        connector.close()
+    """P/D into ranks: a one-rank prefill's KV is pulled into the ranked decode's own pool, the
+    ranks' new sequence is seeded from it (each DCP rank its own tokens), and the decode steps
+    run on the ranks (DCP-sharded attention, or EP): one rank's tokens."""
+    prefill, _ = workers.engine("prefill", block_size=32)
+    decode = workers.ranked_engine(sparse_checkpoint, layout, role="decode", block_size=16)
+    assert isinstance(sparse64.model, SparseMlaCausalLM)
+    for i, n in enumerate(LENGTHS):
+        tokens = prompt(n, seed=60 + i)
+        expected = one_sequence(sparse64.model.model, tokens, MAX_TOKENS)
+        params = prefilled(prefill, f"p{i}", tokens)
+        out = run(decode, f"d{i}", tokens, MAX_TOKENS, params).result()
+        assert out.output_token_ids == expected, f"prompt of {n} tokens into {layout.describe()}"
+        wait_for(lambda: whole(decode), "the decode's pool to be whole")
+    assert decode.stats().kv_pulled_tokens == sum(n - 1 for n in LENGTHS)
 
 
 def test_fp8_rows_from_ranks_equal_the_one_rank_fp8_engines(
@@ -81,7 +86,7 @@ def test_fp8_rows_from_ranks_equal_the_one_rank_fp8_engines(
     fp8 = Fp8Format(16)
     aggregated, _ = workers.engine(kv_fp8=fp8)
     layout = ParallelLayout(pcp=2, dcp=2)
-    prefill = workers.ranked_prefill(sparse_checkpoint, layout, block_size=32, kv_fp8=fp8)
+    prefill = workers.ranked_engine(sparse_checkpoint, layout, block_size=32, kv_fp8=fp8)
     decode, _ = workers.engine("decode", block_size=16, kv_fp8=fp8)
     for i, n in enumerate(LENGTHS):
         tokens = prompt(n, seed=40 + i)
@@ -101,7 +106,7 @@ def test_mtp_rows_from_ranks_let_the_decode_draft_as_the_aggregated_engine(
     spies = RecordingDrafter(), RecordingDrafter()
     aggregated, _ = workers.engine(mtp_draft_tokens=3, drafter=spies[0])
     layout = ParallelLayout(pcp=2, dcp=2)
-    prefill = workers.ranked_prefill(sparse_checkpoint, layout, block_size=32, mtp_draft_tokens=3)
+    prefill = workers.ranked_engine(sparse_checkpoint, layout, block_size=32, mtp_draft_tokens=3)
     decode, _ = workers.engine("decode", block_size=16, mtp_draft_tokens=3, drafter=spies[1])
     spies[0].watch(aggregated)
     spies[1].watch(decode)
