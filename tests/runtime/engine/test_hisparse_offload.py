@@ -1,7 +1,8 @@
 """Hybrid HiSparse beside CPU KV offload (float64, greedy, tiny sparse-mla): the host pool's
 evicted blocks go to the offload tier whole (rows and indexer keys) and a later prefix hit
 reloads them into the host pool, then copies their keys to the device; the tokens are a plain
-engine's (no HiSparse, no offload), on the copy thread and in the step, plain and fp8 KV."""
+engine's (no HiSparse, no offload), on the copy thread and in the step, plain and fp8 KV, with
+MTP speculation too (the reference decode role: HiSparse, offload, fp8 KV and MTP)."""
 
 from __future__ import annotations
 
@@ -42,14 +43,16 @@ def engine_for(
     hisparse: bool,
     async_reload: bool = True,
     events: EventBuffer | None = None,
+    mtp: int = 0,
 ) -> Engine:
     tiers = {
-        "hisparse_host_pool_gib": host_pool_gib(model, 8),
+        "hisparse_host_pool_gib": host_pool_gib(model, 16),  # holds the 8 blocks, MTP rows too
         "hisparse_hot_slots": INDEX_TOPK + 1,  # smaller than a decode's working set: misses
         "kv_offload_gib": 0.01,
         "kv_reload_async": async_reload,
     }
-    config = EngineConfig(kv_fp8=fp8, **SMALL, **(tiers if hisparse else {}))  # type: ignore[arg-type]
+    on = tiers if hisparse else {}
+    config = EngineConfig(kv_fp8=fp8, mtp_draft_tokens=mtp, **SMALL, **on)  # type: ignore[arg-type]
     return Engine(model, config, events)
 
 
@@ -68,15 +71,19 @@ def prefix_blocks(engine: Engine, prompt: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(ids)
 
 
-@pytest.mark.parametrize("async_reload", [True, False], ids=["copy-thread", "in-step"])
-@pytest.mark.parametrize("fp8", [False, True], ids=["plain-kv", "fp8-kv"])
+@pytest.mark.parametrize(
+    ("async_reload", "fp8", "mtp"),
+    [(True, False, 0), (False, False, 0), (True, True, 0), (False, True, 0), (True, True, 3),
+     (False, False, 3)],
+    ids=["copy-thread", "in-step", "fp8-copy-thread", "fp8-in-step", "fp8-mtp", "mtp-in-step"],
+)  # fmt: skip
 def test_hisparse_offload_reload_equals_a_plain_engine(
-    sparse64: LoadedModel, prompt: Prompt, async_reload: bool, fp8: bool
+    sparse64: LoadedModel, prompt: Prompt, async_reload: bool, fp8: bool, mtp: int
 ) -> None:
     kv_fp8 = Fp8Format(16) if fp8 else None
     events = EventBuffer()
-    engine = engine_for(sparse64, kv_fp8, hisparse=True, async_reload=async_reload, events=events)
-    plain = engine_for(sparse64, kv_fp8, hisparse=False)
+    engine = engine_for(sparse64, kv_fp8, True, async_reload, events, mtp)
+    plain = engine_for(sparse64, kv_fp8, hisparse=False, mtp=mtp)  # MTP drafts the same way
     tiers = tiers_of(engine)
     first, other = prompt(81, 1), prompt(100, 2)
 
@@ -90,16 +97,22 @@ def test_hisparse_offload_reload_equals_a_plain_engine(
     stats = engine.stats()
     assert stats.kv_offloaded_blocks > 0 and stats.kv_reload_tokens > 0
     assert stats.hisparse_hot_misses > 0  # the decode read rows from the host pool
+    assert not mtp or (stats.spec is not None and stats.spec.num_drafts > 0)  # MTP drafted
     # the offload tier's blocks are the host pool's: whole latent blocks, keys included
     assert engine._offload is not None
     assert engine._offload.host.block_bytes == tiers.spec.host_bytes_per_block
     assert stats.kv_reload_bytes == stats.kv_reload_tokens // 16 * tiers.spec.host_bytes_per_block
-    # the reloaded tokens were not run through the model again
-    assert plain.tokens_run - engine.tokens_run == stats.kv_reload_tokens
-    assert got[2].num_cached_tokens == want[2].num_cached_tokens + stats.kv_reload_tokens
-    # bit for bit: the host pool holds again what the first turn wrote ...
-    ids = prefix_blocks(engine, first)
-    assert torch.equal(tiers.host.data[ids], written)
+    # the reloaded tokens were not run through the model again (with MTP a hit run gives up its
+    # last block: the plain engine's one device-resident block, here the last reloaded one)
+    saved = got[2].num_cached_tokens - want[2].num_cached_tokens
+    assert saved == stats.kv_reload_tokens + (16 if mtp else 0)
+    assert plain.tokens_run - engine.tokens_run == saved
+    # bit for bit: the host pool holds again what the first turn wrote in the blocks the third
+    # turn did not compute (kept or reloaded); MTP's given-up block was recomputed in another
+    # chunk, which moves the last float64 bits only
+    ids, kept = prefix_blocks(engine, first), got[2].num_cached_tokens // 16
+    assert torch.equal(tiers.host.data[ids[:kept]], written[:kept])
+    torch.testing.assert_close(tiers.host.data[ids], written, rtol=0, atol=1e-12)
     # ... and the device's key copies of the reloaded blocks are the host pool's keys
     assert torch.equal(tiers.index_rows[ids], tiers.host.index_rows[ids])
     reloaded = stats.kv_reload_tokens // 16
