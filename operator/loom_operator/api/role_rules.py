@@ -79,6 +79,19 @@ def gpu_problems(role: Role) -> list[Problem]:
     return [(("resources", "gpus"), "gpus_not_ranks", msg)]
 
 
+def offload_problems(role: Role) -> list[Problem]:
+    """One CPU KV offload tier per role: `kvOffload.hostGiB`, or beside HiSparse its
+    `offloadGiB`; both would size the same tier twice."""
+    if role.kv_offload is None or role.hi_sparse is None or role.hi_sparse.offload_gib == 0:
+        return []
+    msg = (
+        f"hiSparse.offloadGiB ({role.hi_sparse.offload_gib:g}) and kvOffload.hostGiB "
+        f"({role.kv_offload.host_gib:g}) both size the role's one CPU KV offload tier; "
+        "set one of them (offloadGiB 0, or drop kvOffload)"
+    )
+    return [(("hiSparse", "offloadGiB"), "two_offload_tiers", msg)]
+
+
 def role_set_problems(roles: Roles) -> list[Problem]:
     """At least one role; prefill comes with decode; aggregated stands alone."""
     have = roles.present()
@@ -133,6 +146,7 @@ ENGINE_RULES: tuple[Rule, ...] = (engine_problems,)
 ROLE_RULES: tuple[Rule, ...] = (
     interleave_problems,
     gpu_problems,
+    offload_problems,
 )
 ROLES_RULES: tuple[Rule, ...] = (
     role_set_problems,

@@ -150,7 +150,8 @@ class HiSparse(CardModel):
     host_pool_gib: float = Field(gt=0, alias="hostPoolGiB")
     """Pinned host pool per rank holding the KV cache."""
     offload_gib: float = Field(ge=0, alias="offloadGiB")
-    """Extra host offload per rank."""
+    """Extra host offload per rank: the CPU KV offload tier of the pool's evicted blocks (0:
+    none; set it or kvOffload, not both)."""
 
 
 class MtpSettings(CardModel):

@@ -101,9 +101,9 @@ def runtime_flags(
     dtype = worker_dtype(model, deployment, role)
     if dtype is not None:
         argv += ["--dtype", dtype]
-    if settings.kv_offload is not None:
-        argv += ["--kv-offload-gib", f"{settings.kv_offload.host_gib:g}"]
-    if settings.hi_sparse is not None:  # offloadGiB: the native runtime has none beside it yet
+    if (offload_gib := kv_offload_gib(settings)) > 0:
+        argv += ["--kv-offload-gib", f"{offload_gib:g}"]
+    if settings.hi_sparse is not None:
         argv += ["--hisparse-host-pool-gib", f"{settings.hi_sparse.host_pool_gib:g}"]
     argv += parallel_flags(settings)
     if settings.mtp is not None:
@@ -115,6 +115,15 @@ def runtime_flags(
     if ports.kv_side is not None:
         argv += ["--kv-side-port", str(ports.kv_side)]
     return argv
+
+
+def kv_offload_gib(settings: Role) -> float:
+    """The role's CPU KV offload tier in GiB (0: none): `kvOffload.hostGiB`, or beside HiSparse
+    `hiSparse.offloadGiB` (the runtime's offload then keeps the host pool's evicted blocks). The
+    card refuses both at once (role_rules.offload_problems)."""
+    if settings.kv_offload is not None:
+        return settings.kv_offload.host_gib
+    return settings.hi_sparse.offload_gib if settings.hi_sparse is not None else 0.0
 
 
 PARALLEL_FLAGS = (("dp", "--dp"), ("tp", "--tp"), ("pcp", "--pcp"), ("dcp", "--dcp"),

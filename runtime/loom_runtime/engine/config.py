@@ -34,7 +34,8 @@ class EngineConfig:
     prefix_caching: bool = True
     # CPU KV offload (a role's kvOffload.hostGiB, `--kv-offload-gib`): GiB of host memory that
     # keeps cached blocks the device pool evicts, reloaded on a later prefix hit instead of
-    # recomputed (docs/kv-offload.md). 0: off. Needs prefix_caching.
+    # recomputed (docs/kv-offload.md). 0: off. Needs prefix_caching. Under HiSparse (a decode
+    # role's hiSparse.offloadGiB) it keeps the host pool's evicted blocks (docs/hisparse.md).
     kv_offload_gib: float = 0.0
     # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
     # on (the request waits, holding its blocks); False: inside the step that admits it.
@@ -98,12 +99,6 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.hisparse_host_pool_gib must be >= 0 (GiB of host memory for the "
                 f"HiSparse host pool; 0 turns HiSparse off), got {self.hisparse_host_pool_gib}"
-            )
-        if self.hisparse_host_pool_gib > 0 and self.kv_offload_gib > 0:
-            raise ValueError(
-                "EngineConfig: CPU KV offload (kv_offload_gib) and HiSparse "
-                "(hisparse_host_pool_gib) cannot be combined yet: the offload copies device "
-                "blocks, which under HiSparse hold only indexer keys; set one of them to 0"
             )
         if self.hisparse_hot_slots is not None and self.hisparse_hot_slots < 1:
             raise ValueError(

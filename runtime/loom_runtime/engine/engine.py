@@ -142,11 +142,7 @@ class Engine:
         )
         self._kv_bytes_per_token = per_block // bs
         self._pool = BlockPool(self.num_blocks, bs, events=events)
-        self._offload = (
-            KVOffload(cache.data, config.kv_offload_bytes, bs, events)
-            if config.kv_offload_bytes > 0
-            else None
-        )
+        self._offload = self._kv_offload(cache, config, events)
         hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
         k = config.mtp_draft_tokens
         self._kv = KVAllocator(
@@ -535,6 +531,20 @@ class Engine:
                 free(request_id)
 
         return free_all
+
+    def _kv_offload(
+        self, cache: KVStore, config: EngineConfig, events: KVEventSink | None
+    ) -> KVOffload | None:
+        """CPU KV offload of the pool's blocks (None: off). Under HiSparse the blocks' bytes are
+        the host tier's (rows and keys; the device holds only key copies), so those are what is
+        offloaded and reloaded, and a reload then copies the blocks' keys to the device."""
+        if config.kv_offload_bytes <= 0:
+            return None
+        bs = config.block_size
+        if self._hisparse is None:
+            return KVOffload(cache.data, config.kv_offload_bytes, bs, events)
+        h = self._hisparse
+        return KVOffload(h.host.data, config.kv_offload_bytes, bs, events, h.keys_arrived)
 
     def _offload_stats(self) -> dict[str, int]:
         """The CPU KV offload fields of EngineStats (none when offload is off)."""

@@ -191,7 +191,7 @@ class EngineStats:
     hisparse_resident_rows: int = 0  # decode-selected rows computed in the same step (counter)
     hisparse_h2d_bytes: int = 0  # bytes of those misses' host -> device copies (counter)
     hisparse_prefill_h2d_bytes: int = 0  # prefill chunks' one-step host -> device bytes (counter)
-    hisparse_keys_h2d_bytes: int = 0  # pulled (P/D) blocks' indexer keys host -> device (counter)
+    hisparse_keys_h2d_bytes: int = 0  # pulled or reloaded blocks' keys host -> device (counter)
     hisparse_hot_requests: int = 0  # requests holding a hot buffer now
     ranks: tuple[RankKVStats, ...] = ()  # a parallel engine's ranks (none on one rank)
     spec: SpecDecodeStats | None = None  # MTP speculation's counters (None: speculation off)

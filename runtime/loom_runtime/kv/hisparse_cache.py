@@ -144,7 +144,7 @@ class TierCounters:
     misses: int = 0  # selected rows a decode copied in from the host tier
     resident: int = 0  # selected rows computed in the same step (already on the device)
     h2d_bytes: int = 0  # bytes of those misses' host -> device copies
-    keys_h2d_bytes: int = 0  # bytes of pulled (P/D) blocks' indexer keys copied host -> device
+    keys_h2d_bytes: int = 0  # pulled or reloaded blocks' indexer keys copied host -> device
     prefill_h2d_bytes: int = 0  # bytes of prefill chunks' temporary host -> device gathers
     d2h_bytes: int = 0  # bytes of new rows (and their indexer keys) written to the host tier
 
@@ -164,9 +164,9 @@ class HiSparseKVCache:
     """`host` holds every block whole (a LatentKVCache of the latent spec on the host device:
     what the P/D connector binds); `data` is the device tier, [num_blocks, block elements] of
     indexer key rows (the KVStore's tensor). Every write stores the keys in both tiers, so the
-    host copy is always a valid latent cache; keys that arrive in the host tier by a pull are
-    copied to the device by `keys_arrived`. Hot buffers are created per request id and released
-    by the engine."""
+    host copy is always a valid latent cache; keys that arrive in the host tier by a pull or an
+    offload reload are copied to the device by `keys_arrived`. Hot buffers are created per
+    request id and released by the engine."""
 
     transferable = True  # P/D moves `host` (the connector's LatentLayout of the latent spec)
 
@@ -246,8 +246,9 @@ class HiSparseKVCache:
         self.index_rows.index_copy_(0, blocks, source.index_rows.index_select(0, blocks))
 
     def keys_arrived(self, blocks: list[int]) -> None:
-        """A P/D pull wrote these blocks into the host tier: copy their indexer key rows
-        host -> device (the selection reads the device copy). Counted in `keys_h2d_bytes`."""
+        """A P/D pull or a CPU KV offload reload wrote these blocks into the host tier: copy
+        their indexer key rows host -> device (the selection reads the device copy). Counted in
+        `keys_h2d_bytes`."""
         if not blocks or not self._index_slot:
             return
         ids = torch.tensor(blocks, dtype=torch.long)

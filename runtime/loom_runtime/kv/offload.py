@@ -11,11 +11,18 @@ slab, ordered before any later write of the block by the stream). A reload is th
 `begin_reload` on the step thread (pins the host blocks, resolves the copies), `copy` on any
 thread (on CUDA: on a side stream that first waits for the step's stream, then synchronises,
 so the forward that reads the blocks comes after), `end_reload` on the step thread.
+
+The cache whose blocks are offloaded need not be on the device: under Hybrid HiSparse it is the
+host tier (a whole latent cache, rows and indexer keys; page-locked on a CUDA device), whose
+blocks are the pool's. `data` on the CPU means plain host-to-host copies on the calling thread
+(every write into that tier has finished by then: its device-to-host copies are synchronous),
+an unpinned slab (nothing crosses PCIe from it) and no CUDA stream or event; `on_reloaded`
+then refreshes what the device keeps of the reloaded blocks (HiSparse: their indexer keys).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +38,7 @@ class ReloadJob:
 
     hashes: tuple[BlockHash, ...]
     block_ids: tuple[int, ...]
-    copies: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (device block, host slot)
+    copies: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # (cache block, host slot)
     ready: torch.cuda.Event | None = None  # CUDA: the step stream's work before the job
 
     @property
@@ -48,7 +55,9 @@ class OffloadStats:
 
 
 class KVOffload:
-    """The host tier of one device KV cache (`data`: [num_blocks, ...], block-major)."""
+    """The offload tier of one KV cache (`data`: [num_blocks, ...], block-major; the device
+    cache, or under HiSparse its host tier). `on_reloaded(block_ids)` is called on the step
+    thread when a reload's bytes are in `data` (HiSparse: copy their keys to the device)."""
 
     def __init__(
         self,
@@ -56,8 +65,10 @@ class KVOffload:
         capacity_bytes: int,
         block_size: int,
         events: KVEventSink | None = None,
+        on_reloaded: Callable[[list[int]], None] | None = None,
     ) -> None:
         self._data = data
+        self._on_reloaded = on_reloaded
         self.block_size = block_size
         self.host = HostKVPool(
             capacity_bytes,
@@ -65,7 +76,7 @@ class KVOffload:
             data.dtype,
             block_size,
             events,
-            pin_memory=data.device.type == "cuda",
+            pin_memory=data.device.type == "cuda",  # a host `data` copies host to host
         )
         self._offloaded = 0
         self._reload_blocks = 0
@@ -115,11 +126,13 @@ class KVOffload:
         stream.synchronize()
 
     def end_reload(self, job: ReloadJob, copied: bool = True) -> int:
-        """Step thread, after `copy` (`copied`: it succeeded): release the host blocks and count
-        them; returns the blocks reloaded."""
+        """Step thread, after `copy` (`copied`: it succeeded): release the host blocks, count
+        them and hand their ids to `on_reloaded`; returns the blocks reloaded."""
         self.host.unpin(job.hashes)
         n = job.num_blocks if copied else 0
         self._reload_blocks += n
+        if n and self._on_reloaded is not None:
+            self._on_reloaded(list(job.block_ids))
         return n
 
     def reload(self, hashes: Sequence[BlockHash], block_ids: Sequence[int]) -> int:

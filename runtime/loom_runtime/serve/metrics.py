@@ -115,7 +115,7 @@ def _hisparse_metrics(
     )
     yield counter(
         "loom:hisparse_keys_h2d_bytes",
-        "Bytes of P/D-pulled blocks' indexer keys copied host -> device.",
+        "Bytes of pulled or reloaded blocks' indexer keys copied host -> device.",
         s.hisparse_keys_h2d_bytes,
     )
     yield gauge(

@@ -100,10 +100,12 @@ def test_quantities_accept_ints_and_kubernetes_strings() -> None:
 
 def test_host_memory_fields_use_gib_spelling() -> None:
     role = parse_card(
-        Role, {"kvOffload": {"hostGiB": 512}, "hiSparse": {"hostPoolGiB": 48, "offloadGiB": 16}}
+        Role, {"kvOffload": {"hostGiB": 512}, "hiSparse": {"hostPoolGiB": 48, "offloadGiB": 0}}
     )
     assert role.kv_offload is not None and role.kv_offload.host_gib == 512
     assert role.hi_sparse is not None and role.hi_sparse.host_pool_gib == 48
+    beside = parse_card(Role, {"hiSparse": {"hostPoolGiB": 48, "offloadGiB": 16}})
+    assert beside.hi_sparse is not None and beside.hi_sparse.offload_gib == 16
     assert "kvOffload.hostGib" in [p for p, _ in _problems(Role, {"kvOffload": {"hostGib": 1}})]
 
 
@@ -147,3 +149,10 @@ def test_role_set_rules_run_despite_a_type_error_inside_a_role() -> None:
         ("decode", "missing_decode"),
         ("aggregated", "aggregated_with_pd"),
     ]
+
+
+def test_hisparse_offload_and_kv_offload_are_one_tier_set_once() -> None:
+    both = {"kvOffload": {"hostGiB": 512}, "hiSparse": {"hostPoolGiB": 48, "offloadGiB": 16}}
+    assert _problems(Role, both) == [("hiSparse.offloadGiB", "two_offload_tiers")]
+    with pytest.raises(CardError, match=r"offloadGiB \(16\) and kvOffload.hostGiB \(512\)"):
+        parse_card(Role, both)

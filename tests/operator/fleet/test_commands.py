@@ -88,7 +88,25 @@ def test_a_decode_role_with_hisparse_passes_its_host_pool_to_the_worker() -> Non
         model, with_role(deployment, "decode", hi_sparse=hi_sparse), "decode", PORTS, None
     )
     assert argv[argv.index("--hisparse-host-pool-gib") + 1] == "48"
-    assert "--kv-offload-gib" not in argv  # offloadGiB is not served natively yet
+
+
+def test_a_decode_roles_hisparse_offload_becomes_the_workers_cpu_offload_tier() -> None:
+    model, deployment = cards("tiny-pd.yaml")
+    beside = with_role(deployment, "decode", hi_sparse=HiSparse(hostPoolGiB=48, offloadGiB=16))
+    argv = runtime_flags(model, beside, "decode", PORTS, None)
+    assert argv[argv.index("--hisparse-host-pool-gib") + 1] == "48"
+    assert argv[argv.index("--kv-offload-gib") + 1] == "16"
+    none = with_role(deployment, "decode", hi_sparse=HiSparse(hostPoolGiB=48, offloadGiB=0))
+    assert "--kv-offload-gib" not in runtime_flags(model, none, "decode", PORTS, None)
+    # a role's own kvOffload is its tier when hiSparse has no offloadGiB
+    own = with_role(
+        deployment,
+        "decode",
+        hi_sparse=HiSparse(hostPoolGiB=48, offloadGiB=0),
+        kv_offload=KvOffload(hostGiB=2.5),
+    )
+    argv = runtime_flags(model, own, "decode", PORTS, None)
+    assert argv.count("--kv-offload-gib") == 1 and argv[argv.index("--kv-offload-gib") + 1] == "2.5"
 
 
 def test_a_roles_parallelism_reaches_the_worker_as_rank_flags() -> None:

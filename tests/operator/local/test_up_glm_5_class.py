@@ -80,4 +80,6 @@ def test_every_feature_of_the_reference_deployment_ran(fleet: FleetProcess) -> N
     assert sample(text, "vllm:prefix_cache_hits_total") > 0  # the agentic turn came back
     assert sum(sample(m, "loom:kv_pulled_bytes_total") for m in decodes) > 0  # P/D
     assert all(sample(m, "loom:hisparse_host_pool_bytes") > 0 for m in decodes)
+    # hiSparse.offloadGiB: the decodes' CPU KV offload tier beside the host pool
+    assert all(sample(m, "loom:kv_offload_capacity_bytes") > 0 for m in decodes)
     assert sum(sample(m, "vllm:spec_decode_num_drafts_total") for m in decodes) > 0  # MTP

@@ -202,8 +202,6 @@ def test_models_and_settings_hisparse_cannot_serve_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match="needs a sparse-mla model"):
         Engine(tiny64, EngineConfig(dtype=torch.float64, hisparse_host_pool_gib=0.01))
-    with pytest.raises(ValueError, match="cannot be combined yet"):
-        EngineConfig(hisparse_host_pool_gib=1, kv_offload_gib=1)
     with pytest.raises(ValueError, match="fewer than one request"):
         Engine(
             sparse64,

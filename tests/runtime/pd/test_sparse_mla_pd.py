@@ -196,6 +196,39 @@ def test_a_hisparse_decode_copies_only_the_keys_of_blocks_past_its_prefix_hit(
         wait_for(lambda: whole(decode), "the decode's pool to be whole")
 
 
+def test_a_hisparse_decode_with_kv_offload_reloads_its_prefix_and_pulls_the_rest(
+    workers: Workers, sparse64: LoadedModel
+) -> None:
+    """The reference decode role: HiSparse beside CPU KV offload (`offloadGiB`). The host pool's
+    evicted blocks go to the offload tier; a later pull of the same prompt reloads them into the
+    host pool, pulls only what follows, and copies the keys of both to the device."""
+    aggregated, _ = workers.engine()
+    prefill, _ = workers.engine("prefill", block_size=32)
+    decode, _ = workers.engine(
+        "decode", num_blocks=64, kv_offload_gib=0.05, hisparse_host_pool_gib=HISPARSE_GIB
+    )
+    first, other = prompt(300, seed=60), prompt(900, seed=61)
+    per_block = key_bytes_per_block(sparse64, 16, None)
+    expected = run(aggregated, "a", first, MAX_TOKENS).result().output_token_ids
+    for rid, tokens in (("d1", first), ("d2", other)):  # d2 evicts most of first's 64 blocks
+        out = run(decode, rid, tokens, MAX_TOKENS, prefilled(prefill, f"{rid}-p", tokens))
+        assert rid == "d2" or out.result().output_token_ids == expected
+        wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
+    before = decode.stats()
+    again = run(decode, "d3", first, MAX_TOKENS, prefilled(prefill, "d3-p", first)).result()
+    assert again.output_token_ids == expected
+    s = decode.stats()
+    reloaded = s.kv_reload_tokens - before.kv_reload_tokens
+    hit = s.prefix_hits - before.prefix_hits  # device-resident blocks: their keys are there
+    assert reloaded > 0 and again.num_cached_tokens == hit + reloaded
+    assert s.kv_pulled_tokens - before.kv_pulled_tokens == 299 - again.num_cached_tokens
+    # keys to the device: the reloaded blocks' and the pulled blocks', none of the hits'
+    copied = s.hisparse_keys_h2d_bytes - before.hisparse_keys_h2d_bytes
+    assert copied == (-(-299 // 16) - hit // 16) * per_block
+    wait_for(lambda: whole(prefill), "the prefill to free the pulled lease")
+    wait_for(lambda: whole(decode), "the decode's pool to be whole")
+
+
 def test_a_hisparse_prefill_serves_a_plain_decode_from_its_host_tier(workers: Workers) -> None:
     """Writes keep the host tier's keys current, so a HiSparse engine in the prefill role
     serves whole latent blocks too (the decode sees the aggregated tokens)."""
