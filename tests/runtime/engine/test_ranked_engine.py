@@ -223,9 +223,13 @@ def test_fp8_kv_on_ranks_gives_the_one_rank_fp8_engines_tokens(
     engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2), kv_fp8=fp8))
     try:
         got = run_all(engine, reqs)
+        stats = engine.stats()
     finally:
         engine.shutdown()
     assert got == want
+    # the ranks store packed rows: a token costs each rank what it costs the fp8 pool
+    assert all(r.kv_bytes_per_token == stats.kv_bytes_per_token for r in stats.ranks)
+    assert stats.kv_bytes_per_token == one.stats().kv_bytes_per_token
 
 
 def test_an_offloaded_prefix_reloads_into_the_pool_and_seeds_the_ranks(

@@ -63,6 +63,19 @@ class SparseMlaCache:
         )
 
     @property
+    def device(self) -> torch.device:
+        return self.latent.device
+
+    def rows_between(
+        self, first: int, last: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of rows first..last-1 on the CPU: latent [layers, n, kv_lora_rank], RoPE keys
+        [layers, n, rope], index keys [full indexer layers, n, index_head_dim]."""
+        return tuple(  # type: ignore[return-value]
+            t[:, first:last].cpu().clone() for t in (self.latent, self.rope_keys, self.index_keys)
+        )
+
+    @property
     def bytes_per_token(self) -> int:
         """Cached bytes one token costs across every layer."""
         rows = (self.latent, self.rope_keys, self.index_keys)

@@ -20,8 +20,14 @@ from loom_runtime.parallel.dcp_shard import ShardMap
 from loom_runtime.parallel.dual_chunk import DualChunkPlan
 from loom_runtime.parallel.sparse_mla.ep_moe import ExpertParallelMoe
 from loom_runtime.parallel.sparse_mla.hooks import ParallelHooks, PcpSplit
+from loom_runtime.parallel.sparse_mla.packed_cache import PackedCache
 from loom_runtime.parallel.sparse_mla.plan import RankPlan
-from loom_runtime.parallel.sparse_mla.store import FullStore, ShardStore, shard_capacity
+from loom_runtime.parallel.sparse_mla.store import (
+    FullStore,
+    SequenceCache,
+    ShardStore,
+    shard_capacity,
+)
 
 
 class ParallelSequence:
@@ -37,7 +43,8 @@ class ParallelSequence:
         kv_fp8: Fp8Format | None = None,
         mtp: bool = False,
     ) -> None:
-        """`kv_fp8`: every kept row is rounded through that format (the fp8 KV numerics).
+        """`kv_fp8`: every kept row is stored packed in that format (PackedCache: the fp8 KV
+        numerics and memory).
         `mtp`: the store also keeps the first MTP layer's rows, which `prefill` computes for
         the prompt (a P/D prefill's: the decode drafts from them)."""
         plan.check(model.config)
@@ -55,7 +62,11 @@ class ParallelSequence:
             rows = shard_capacity(capacity, shard, block_size)
         else:
             rows = capacity
-        cache = SparseMlaCache(model.config, rows, model.dtype, model.device, layers)
+        cache: SequenceCache = (
+            SparseMlaCache(model.config, rows, model.dtype, model.device, layers)
+            if kv_fp8 is None
+            else PackedCache(model.config, rows, kv_fp8, model.dtype, model.device, layers)
+        )
         if plan.dcp.size > 1:
             self.store = ShardStore(cache, shard, plan.dcp, kv_fp8)
         else:

@@ -16,6 +16,7 @@ from loom_runtime.kv.fp8 import Fp8Format, pack, pack_mla, unpack, unpack_mla
 from loom_runtime.models.sparse_mla.cache import LayerRows, SparseMlaCache
 from loom_runtime.parallel.collectives import Comm, all_gather_rows
 from loom_runtime.parallel.dcp_shard import ShardMap
+from loom_runtime.parallel.sparse_mla.packed_cache import PackedCache
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,10 @@ class HeldRows:
     index_keys: torch.Tensor
 
     @classmethod
-    def of(cls, cache: SparseMlaCache, positions: torch.Tensor, first: int, last: int) -> HeldRows:
+    def of(cls, cache: SequenceCache, positions: torch.Tensor, first: int, last: int) -> HeldRows:
         """The rows in local slots first..last-1 of `cache`, which hold tokens `positions`."""
-        return cls(
-            positions=positions.cpu(),
-            latent=cache.latent[:, first:last].cpu().clone(),
-            rope_keys=cache.rope_keys[:, first:last].cpu().clone(),
-            index_keys=cache.index_keys[:, first:last].cpu().clone(),
-        )
+        latent, rope, keys = cache.rows_between(first, last)
+        return cls(positions=positions.cpu(), latent=latent, rope_keys=rope, index_keys=keys)
 
 
 def as_stored(
@@ -61,19 +58,23 @@ def as_stored(
     return lat.to(latent.dtype), rope.to(rope_keys.dtype), keys
 
 
-def _seed(cache: SparseMlaCache, rows: HeldRows, keep: slice | torch.Tensor) -> None:
+def _seed(cache: SequenceCache, rows: HeldRows, keep: slice | torch.Tensor) -> None:
     """Write rows[keep] of every layer at the empty cache's start and commit them."""
     if cache.length:
         raise ValueError(f"seed a new sequence, not one of {cache.length} tokens")
     index = iter(range(rows.index_keys.shape[0]))
     n = 0
     for layer in range(rows.latent.shape[0]):
-        device = cache.latent.device
+        device = cache.device
         latent = rows.latent[layer][keep].to(device)
         keys = rows.index_keys[next(index)][keep].to(device) if cache.has_index(layer) else None
         cache.write(layer, latent, rows.rope_keys[layer][keep].to(device), keys)
         n = int(latent.shape[0])
     cache.advance(n)
+
+
+SequenceCache = SparseMlaCache | PackedCache
+"""Where a rank keeps one sequence's rows: as computed, or packed fp8 (fp8 KV)."""
 
 
 def _blocks(tokens: int, block_size: int) -> int:
@@ -83,7 +84,7 @@ def _blocks(tokens: int, block_size: int) -> int:
 class FullStore:
     """Every row of the sequence on this rank."""
 
-    def __init__(self, cache: SparseMlaCache, fp8: Fp8Format | None = None) -> None:
+    def __init__(self, cache: SequenceCache, fp8: Fp8Format | None = None) -> None:
         self.cache = cache
         self.fp8 = fp8  # rows rounded through this format before they are kept
         self._new = 0
@@ -128,7 +129,7 @@ class FullStore:
 
     def rows_between(self, start: int, end: int) -> HeldRows:
         """Every row of tokens start..end-1 (all are here)."""
-        positions = torch.arange(start, end, device=self.cache.latent.device)
+        positions = torch.arange(start, end, device=self.cache.device)
         return HeldRows.of(self.cache, positions, start, end)
 
 
@@ -136,7 +137,7 @@ class ShardStore:
     """This DCP rank's tokens only: its cache rows are the owned tokens in position order."""
 
     def __init__(
-        self, cache: SparseMlaCache, shard: ShardMap, comm: Comm, fp8: Fp8Format | None = None
+        self, cache: SequenceCache, shard: ShardMap, comm: Comm, fp8: Fp8Format | None = None
     ) -> None:
         if comm.size != shard.world or comm.index != shard.rank:
             raise ValueError(f"shard {shard} does not match its DCP group {comm.ranks}")
@@ -170,7 +171,7 @@ class ShardStore:
 
     def begin(self, new: int) -> None:
         """Before a forward of `new` tokens: which of them are this rank's."""
-        shard, device = self.shard, self.cache.latent.device
+        shard, device = self.shard, self.cache.device
         fresh = torch.arange(self.length, self.length + new, device=device)
         self._own = torch.where((fresh // shard.interleave) % shard.world == shard.rank)[0]
         self.cache.check_room(int(self._own.shape[0]))
@@ -220,7 +221,7 @@ class ShardStore:
     def rows_between(self, start: int, end: int) -> HeldRows:
         """The rows of tokens start..end-1 this rank owns (the others are on its peers)."""
         first, last = self.shard.local_length(start), self.shard.local_length(end)
-        device = self.cache.latent.device
+        device = self.cache.device
         positions = _slot_positions(self.shard, last, device)[first:]
         return HeldRows.of(self.cache, positions, first, last)
 
