@@ -15,18 +15,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.batch_scheduler import BatchScheduler
 from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
-from loom_runtime.engine.hisparse import hisparse_cache, hisparse_stats
+from loom_runtime.engine.hisparse import hisparse_stats
 from loom_runtime.engine.host_reload import HostReloads
+from loom_runtime.engine.kv_pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.mtp_check import check_mtp
-from loom_runtime.engine.mtp_runner import Drafter, MtpRunner, mtp_kv_spec
+from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.ranked_runner import RankedRunner, check_ranks, start_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
@@ -40,16 +39,12 @@ from loom_runtime.engine.types import (
     SamplingParams,
 )
 from loom_runtime.engine.validate import validate_request
-from loom_runtime.errors import AdmissionError, InvalidRequestError, TransferError
+from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
-from loom_runtime.kv.cache import KVSpec, KVStore
-from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
-from loom_runtime.kv.offload import KVOffload
 from loom_runtime.loop.contract import LoopContext
-from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.loader import (
     LoadedModel,
     load_model,
@@ -103,46 +98,11 @@ class Engine:
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
-        kv_spec = mtp_kv_spec if config.mtp_draft_tokens else _kv_spec
-        per_block = kv_spec(mc, bs, 1, config.dtype, config.kv_fp8).bytes_per_block
-        cache: KVStore
-        self._hisparse: HiSparseKVCache | None
-        if config.hisparse:
-            cache = self._hisparse = hisparse_cache(
-                mc, config, self.max_model_len, loaded.model.device
-            )
-            self.num_blocks = cache.spec.num_blocks
-        else:
-            self._hisparse = None
-            self.num_blocks = config.resolve_num_blocks(per_block, self.max_model_len)
-            spec = kv_spec(mc, bs, self.num_blocks, config.dtype, config.kv_fp8)
-            # a parallel engine's rows live on its ranks: its pool only counts blocks, unless
-            # its ranks export their rows (prefix caching, a P/D prefill): then it mirrors them
-            mirrored = ranks is not None and ranks.spec.export_rows
-            counted = ranks is not None and not mirrored
-            # (a parallel engine's own model is shapes only, on the meta device)
-            where = loaded.model.device if ranks is None else torch.device(config.device)
-            cache = spec.allocate(torch.device("meta") if counted else where)
-            if mirrored and ranks is not None:
-                assert isinstance(cache, LatentKVCache)  # check_ranks: sparse-mla only
-                ranks.mirror_into(cache)
-        if disagg is not None and not cache.transferable:
-            raise TransferError(
-                f"P/D serving moves paged head caches and sparse-mla latent caches; the "
-                f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
-                "serve it with an aggregated role"
-            )
-        # device bytes of the pool; under HiSparse its keys and hot buffers (rows are on the host)
-        self._kv_cache_bytes = (
-            0  # on the ranks: EngineStats.ranks
-            if ranks is not None and not ranks.spec.export_rows
-            else cache.data.nbytes
-            if self._hisparse is None
-            else self._hisparse.spec.device_bytes
-        )
-        self._kv_bytes_per_token = per_block // bs
+        kv = engine_kv(mc, config, self.max_model_len, loaded.model.device, ranks, bool(disagg))
+        cache, self.num_blocks, self._hisparse = kv.cache, kv.num_blocks, kv.hisparse
+        self._kv_cache_bytes, self._kv_bytes_per_token = kv.device_bytes, kv.bytes_per_token
         self._pool = BlockPool(self.num_blocks, bs, events=events)
-        self._offload = self._kv_offload(cache, config, events)
+        self._offload = kv_offload(kv, config, events)
         hasher = PrefixHasher(bs, seed=config.prefix_hash_seed)
         k = config.mtp_draft_tokens
         self._kv = KVAllocator(
@@ -507,7 +467,7 @@ class Engine:
             kv_pulled_bytes=t.kv_pulled_bytes if t is not None else 0,
             kv_cache_bytes=self._kv_cache_bytes,
             kv_bytes_per_token=self._kv_bytes_per_token,
-            **self._offload_stats(),
+            **offload_stats(self._offload),
             **({} if self._hisparse is None else hisparse_stats(self._hisparse)),
             ranks=() if self._ranks is None else self._ranks.kv(),
             spec=None if self._spec is None else self._spec.stats,
@@ -531,37 +491,3 @@ class Engine:
                 free(request_id)
 
         return free_all
-
-    def _kv_offload(
-        self, cache: KVStore, config: EngineConfig, events: KVEventSink | None
-    ) -> KVOffload | None:
-        """CPU KV offload of the pool's blocks (None: off). Under HiSparse the blocks' bytes are
-        the host tier's (rows and keys; the device holds only key copies), so those are what is
-        offloaded and reloaded, and a reload then copies the blocks' keys to the device."""
-        if config.kv_offload_bytes <= 0:
-            return None
-        bs = config.block_size
-        if self._hisparse is None:
-            return KVOffload(cache.data, config.kv_offload_bytes, bs, events)
-        h = self._hisparse
-        return KVOffload(h.host.data, config.kv_offload_bytes, bs, events, h.keys_arrived)
-
-    def _offload_stats(self) -> dict[str, int]:
-        """The CPU KV offload fields of EngineStats (none when offload is off)."""
-        if self._offload is None:
-            return {}
-        o = self._offload.stats()
-        return {
-            "kv_offload_capacity_bytes": o.host.capacity_bytes,
-            "kv_offload_used_bytes": o.host.used_bytes,
-            "kv_offloaded_blocks": o.offloaded_blocks,
-            "kv_reload_tokens": o.reload_tokens,
-            "kv_reload_bytes": o.reload_bytes,
-        }
-
-
-def _kv_spec(
-    mc: DecoderConfig, block_size: int, num_blocks: int, dtype: torch.dtype, fp8: Fp8Format | None
-) -> KVSpec:
-    """The family's own paged cache (MTP speculation adds its layer: mtp_runner.mtp_kv_spec)."""
-    return mc.kv_spec(block_size, num_blocks, dtype, fp8)

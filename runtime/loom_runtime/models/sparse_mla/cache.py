@@ -27,7 +27,43 @@ class LayerRows:
         return self.index_keys
 
 
-class SparseMlaCache:
+class SequenceRows:
+    """What every one-sequence cache shares: its capacity and length, and where each of its
+    `layers` (the trunk's by default; MTP layers are numbered after them and each runs its own
+    indexer) keeps its rows (`_row`) and index keys (`_index_slot`). Subclasses store them."""
+
+    def __init__(self, config: SparseMlaConfig, capacity: int, layers: range | None) -> None:
+        layers = range(config.num_hidden_layers) if layers is None else layers
+        self.capacity = capacity
+        self.length = 0
+        self.num_layers = len(layers)
+        self._row = {layer: row for row, layer in enumerate(layers)}
+        trunk = set(config.full_indexer_layers)
+        full = [layer for layer in layers if layer in trunk or layer >= config.num_hidden_layers]
+        self._index_slot = {layer: slot for slot, layer in enumerate(full)}
+
+    @property
+    def num_index_layers(self) -> int:
+        return len(self._index_slot)
+
+    def has_index(self, layer: int) -> bool:
+        """Whether `layer` keeps index keys here (a full indexer layer)."""
+        return layer in self._index_slot
+
+    def check_room(self, new_tokens: int) -> None:
+        if self.length + new_tokens > self.capacity:
+            raise ValueError(
+                f"sequence cache holds {self.capacity} tokens; {self.length} cached + "
+                f"{new_tokens} new do not fit: create the cache with a larger capacity"
+            )
+
+    def advance(self, new_tokens: int) -> None:
+        """Commit the rows of the forward that just wrote `new_tokens` tokens."""
+        self.check_room(new_tokens)
+        self.length += new_tokens
+
+
+class SparseMlaCache(SequenceRows):
     """Per layer: a latent row + a RoPE key row per token; per full indexer layer: a key row.
 
     Bounded by `capacity` tokens, allocated up front. A forward writes its new tokens' rows
@@ -46,20 +82,14 @@ class SparseMlaCache:
         device: str | torch.device = "cpu",
         layers: range | None = None,
     ) -> None:
-        layers = range(config.num_hidden_layers) if layers is None else layers
-        self.capacity = capacity
-        self.length = 0
-        self._row = {layer: row for row, layer in enumerate(layers)}
-        n = len(layers)
+        super().__init__(config, capacity, layers)
+        n = self.num_layers
         self.latent = torch.zeros(n, capacity, config.kv_lora_rank, dtype=dtype, device=device)
         self.rope_keys = torch.zeros(
             n, capacity, config.qk_rope_head_dim, dtype=dtype, device=device
         )
-        trunk = set(config.full_indexer_layers)
-        full = [layer for layer in layers if layer in trunk or layer >= config.num_hidden_layers]
-        self._index_slot = {layer: slot for slot, layer in enumerate(full)}
         self.index_keys = torch.zeros(
-            len(full), capacity, config.index_head_dim, dtype=dtype, device=device
+            self.num_index_layers, capacity, config.index_head_dim, dtype=dtype, device=device
         )
 
     @property
@@ -81,17 +111,6 @@ class SparseMlaCache:
         rows = (self.latent, self.rope_keys, self.index_keys)
         return sum(t.shape[0] * t.shape[2] * t.element_size() for t in rows)
 
-    def has_index(self, layer: int) -> bool:
-        """Whether `layer` keeps index keys here (a full indexer layer)."""
-        return layer in self._index_slot
-
-    def check_room(self, new_tokens: int) -> None:
-        if self.length + new_tokens > self.capacity:
-            raise ValueError(
-                f"sequence cache holds {self.capacity} tokens; {self.length} cached + "
-                f"{new_tokens} new do not fit: create the cache with a larger capacity"
-            )
-
     def write(
         self,
         layer: int,
@@ -112,11 +131,6 @@ class SparseMlaCache:
             rope_keys=self.rope_keys[row, :end],
             index_keys=None if slot is None else self.index_keys[slot, :end],
         )
-
-    def advance(self, new_tokens: int) -> None:
-        """Commit the rows of the forward that just wrote `new_tokens` tokens."""
-        self.check_room(new_tokens)
-        self.length += new_tokens
 
     def truncate(self, length: int) -> None:
         """Forget every row from token `length` on (rejected speculative tokens); the rows stay

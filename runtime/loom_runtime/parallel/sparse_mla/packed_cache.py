@@ -1,8 +1,9 @@
 """PackedCache: one sequence's rows on one rank stored as packed fp8 rows (kv/fp8.py: the
 656-byte MLA row and the 132-byte indexer row at GLM-5 dims), the memory an fp8 KV rank holds.
 
-Owns the packed rows and the sequence length, with SparseMlaCache's interface (a write returns
-the whole context decoded); never computes attention or decides what is selected.
+Owns the packed rows (the length and layer slots are SequenceRows'), with SparseMlaCache's
+interface (a write returns the whole context decoded); never computes attention or decides
+what is selected.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from loom_runtime.kv.fp8 import Fp8Format, pack, pack_mla, unpack, unpack_mla
-from loom_runtime.models.sparse_mla.cache import LayerRows
+from loom_runtime.models.sparse_mla.cache import LayerRows, SequenceRows
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 
 
-class PackedCache:
+class PackedCache(SequenceRows):
     """Per layer a packed latent + RoPE row per token; per full indexer layer a packed key row.
     Rows are decoded to `dtype` when read: a write returns the context as an fp8 paged cache's
     gather does, so a rank's attention reads what one rank's fp8 pool gives back."""
@@ -28,21 +29,16 @@ class PackedCache:
         device: str | torch.device = "cpu",
         layers: range | None = None,
     ) -> None:
-        layers = range(config.num_hidden_layers) if layers is None else layers
-        self.capacity = capacity
-        self.length = 0
+        super().__init__(config, capacity, layers)
         self.fp8 = fp8
         self.dtype = dtype
         self._latent_dim, self._rope_dim = config.kv_lora_rank, config.qk_rope_head_dim
         self._index_dim = config.index_head_dim
-        self._row = {layer: row for row, layer in enumerate(layers)}
-        trunk = set(config.full_indexer_layers)
-        full = [layer for layer in layers if layer in trunk or layer >= config.num_hidden_layers]
-        self._index_slot = {layer: slot for slot, layer in enumerate(full)}
         width = fp8.mla_row_bytes(self._latent_dim, self._rope_dim)
-        self.rows = torch.zeros(len(layers), capacity, width, dtype=torch.uint8, device=device)
+        self.rows = torch.zeros(self.num_layers, capacity, width, dtype=torch.uint8, device=device)
+        keys = fp8.row_bytes(self._index_dim)
         self.keys = torch.zeros(
-            len(full), capacity, fp8.row_bytes(self._index_dim), dtype=torch.uint8, device=device
+            self.num_index_layers, capacity, keys, dtype=torch.uint8, device=device
         )
 
     @property
@@ -53,16 +49,6 @@ class PackedCache:
     def bytes_per_token(self) -> int:
         """Stored bytes one token costs across every layer (the planner's fp8 figure)."""
         return self.rows.shape[0] * self.rows.shape[2] + self.keys.shape[0] * self.keys.shape[2]
-
-    def has_index(self, layer: int) -> bool:
-        return layer in self._index_slot
-
-    def check_room(self, new_tokens: int) -> None:
-        if self.length + new_tokens > self.capacity:
-            raise ValueError(
-                f"sequence cache holds {self.capacity} tokens; {self.length} cached + "
-                f"{new_tokens} new do not fit: create the cache with a larger capacity"
-            )
 
     def write(
         self,
@@ -82,10 +68,6 @@ class PackedCache:
         lat, rope = self._decode(self.rows[row, :end])
         keys = None if slot is None else self._decode_keys(self.keys[slot, :end])
         return LayerRows(latent=lat, rope_keys=rope, index_keys=keys)
-
-    def advance(self, new_tokens: int) -> None:
-        self.check_room(new_tokens)
-        self.length += new_tokens
 
     def rows_between(
         self, first: int, last: int
