@@ -14,17 +14,16 @@ comparable figures. Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from side_by_side import bench_args, report
 
 from loom_runtime.engine.mtp_speculator import Drafter, MtpDrafter, MtpSpeculator
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
@@ -125,23 +124,19 @@ def run(prompt_tokens: int, new_tokens: int, ks: list[int], alphas: list[float],
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (tests use it)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    args = parser.parse_args()
+    args = bench_args(__doc__)
     if args.quick:
         rows = run(96, 12, [3], [0.8], 1)
     else:
         rows = run(512, 64, [1, 3], [0.5, 0.8, 1.0], args.rounds)
-    print("| drafter | k | tokens per step | decode s | speed-up | identical |")
-    print("|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row.drafter} | {row.k} | {row.tokens_per_step:.2f} | {row.seconds:.3f} | "
-              f"{row.speedup:.2f}× | {row.identical} |")  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-    return 0 if all(r.identical for r in rows) else 1
+    columns = [("drafter", "---"), ("k", "---"), ("tokens per step", "---"), ("decode s", "---"),
+               ("speed-up", "---"), ("identical", "---")]  # fmt: skip
+
+    def cells(r: Row) -> list[str]:
+        return [r.drafter, str(r.k), f"{r.tokens_per_step:.2f}", f"{r.seconds:.3f}",
+                f"{r.speedup:.2f}×", str(r.identical)]  # fmt: skip
+
+    return report(columns, rows, cells, args.json)
 
 
 if __name__ == "__main__":

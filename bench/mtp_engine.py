@@ -16,18 +16,17 @@ MTP off, medians of `--rounds`. Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from side_by_side import bench_args, report
 
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
@@ -120,23 +119,19 @@ def run(prompt_tokens: int, new_tokens: int, concurrency: list[int], alphas: lis
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (tests use it)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    args = parser.parse_args()
+    args = bench_args(__doc__)
     if args.quick:
         rows = run(64, 8, [2], [0.8], 1)
     else:
         rows = run(256, 48, [1, 4, 8], [0.5, 0.8, 1.0], args.rounds)
-    print("| concurrent | drafter | acceptance length | output tok/s | vs MTP off | identical |")
-    print("|---:|---|---:|---:|---:|---|")
-    for row in rows:
-        print(f"| {row.concurrency} | {row.drafter} | {row.acceptance_length:.2f} | "
-              f"{row.tokens_per_s:.1f} | {row.ratio:.2f}× | {row.identical} |")  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-    return 0 if all(r.identical for r in rows) else 1
+    columns = [("concurrent", "---:"), ("drafter", "---"), ("acceptance length", "---:"),
+               ("output tok/s", "---:"), ("vs MTP off", "---:"), ("identical", "---")]  # fmt: skip
+
+    def cells(r: Row) -> list[str]:
+        return [str(r.concurrency), r.drafter, f"{r.acceptance_length:.2f}",
+                f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}×", str(r.identical)]  # fmt: skip
+
+    return report(columns, rows, cells, args.json)
 
 
 if __name__ == "__main__":

@@ -14,16 +14,15 @@ medians of --rounds; every run's tokens are checked equal to the baseline's. Usa
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from side_by_side import bench_args, report
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
@@ -109,20 +108,16 @@ def run(lengths: list[int], pairs: int, new_tokens: int, rounds: int) -> list[Ro
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (tests use it)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    args = parser.parse_args()
+    args = bench_args(__doc__)
     rows = run([96], 1, 2, 1) if args.quick else run([512, 2048], 2, 16, args.rounds)
-    print("| prompt | case | s/turn | vs no caching | cached tokens | identical |")
-    print("|---:|---|---:|---:|---:|---|")
-    for row in rows:
-        print(f"| {row.prompt_tokens} | {row.case} | {row.seconds_per_turn:.3f} | "
-              f"{row.ratio:.2f}× | {row.cached_tokens} | {row.identical} |")  # fmt: skip
-    if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
-    return 0 if all(r.identical for r in rows) else 1
+    columns = [("prompt", "---:"), ("case", "---"), ("s/turn", "---:"), ("vs no caching", "---:"),
+               ("cached tokens", "---:"), ("identical", "---")]  # fmt: skip
+
+    def cells(r: Row) -> list[str]:
+        return [str(r.prompt_tokens), r.case, f"{r.seconds_per_turn:.3f}", f"{r.ratio:.2f}×",
+                str(r.cached_tokens), str(r.identical)]  # fmt: skip
+
+    return report(columns, rows, cells, args.json)
 
 
 if __name__ == "__main__":

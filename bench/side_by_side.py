@@ -1,0 +1,38 @@
+"""What the side-by-side bench scripts share: their command line (--quick, --rounds, --json)
+and their report (a Markdown table on stdout, the rows as JSON, exit 1 unless every run's
+tokens were identical to the baseline's)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+
+def bench_args(doc: str) -> argparse.Namespace:
+    """--quick (a short run, tests use it), --rounds (3), --json PATH."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (tests use it)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    return parser.parse_args()
+
+
+def report(
+    columns: Sequence[tuple[str, str]],
+    rows: Sequence[Any],
+    cells: Callable[[Any], Sequence[str]],
+    json_path: Path | None,
+) -> int:
+    """Print the table (`columns`: header and Markdown alignment; `cells(row)`: its cells),
+    write the rows (dataclasses with an `identical` field) to `json_path`; the exit status."""
+    print("| " + " | ".join(name for name, _ in columns) + " |")
+    print("|" + "|".join(align for _, align in columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(cells(row)) + " |")
+    if json_path is not None:
+        json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0 if all(r.identical for r in rows) else 1
