@@ -261,7 +261,7 @@ def test_kwok_nodes_take_a_thousand_gpu_pods_within_capacity(
     try:
         kube.create(deployments, gpu_deployment(replicas + 1))
 
-        def placed() -> tuple[dict[str, int], list[dict[str, Any]]] | None:
+        def placed() -> dict[str, int] | None:
             per_node: dict[str, int] = {}
             pending = []
             for p in kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]:
@@ -270,20 +270,29 @@ def test_kwok_nodes_take_a_thousand_gpu_pods_within_capacity(
                     per_node[node] = per_node.get(node, 0) + 1
                 else:
                     pending.append(p)
-            done = sum(per_node.values()) == replicas and len(pending) == 1
-            return (per_node, pending) if done else None
+            # The scheduler binds the last pod it can fit before it marks the one it cannot,
+            # so wait for the mark too rather than reading the Pending pod's first listing.
+            done = (
+                sum(per_node.values()) == replicas
+                and len(pending) == 1
+                and unschedulable(pending[0])
+            )
+            return per_node if done else None
 
-        per_node, pending = wait_for(
-            placed, 300, f"{replicas} pods bound, one Pending", interval=2.0
+        per_node = wait_for(
+            placed, 300, f"{replicas} pods bound, one Pending and Unschedulable", interval=2.0
         )
         assert set(per_node) <= set(names), "a GPU pod landed on a node without GPUs"
         assert max(per_node.values()) <= GPUS_PER_NODE
-        conditions = (pending[0].get("status") or {}).get("conditions") or []
-        assert any(c.get("reason") == "Unschedulable" for c in conditions), conditions
     finally:
         kube.delete(f"{deployments}/gpus", {"propagationPolicy": "Background"})
         for name in names:
             kube.delete(f"/api/v1/nodes/{name}")
+
+
+def unschedulable(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("reason") == "Unschedulable" for c in conditions)
 
 
 def gpu_deployment(replicas: int) -> dict[str, Any]:
