@@ -8,7 +8,7 @@ CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
-.PHONY: status fuzz images
+.PHONY: status fuzz images kernels
 .PHONY: dashboards prometheus
 
 venv: $(STAMP)
@@ -48,9 +48,14 @@ typecheck: venv
 imports: venv
 	$(BIN)/lint-imports
 
-unit: venv tools e2e-build
+unit: venv tools e2e-build kernels
 	$(BIN)/pytest -q
 unit: prometheus
+
+# Loom's CPU kernels (runtime/loom_runtime/kernels), compiled once per machine and CPU into
+# ~/.cache/loom/kernels (~15 s with g++); a worker would otherwise compile them on first use.
+kernels: venv
+	$(BIN)/python -m loom_runtime.kernels
 
 # Debian's prometheus (2.42), for the dashboards' live check in tests/operator/dashboards (~20 s,
 # once). Where it cannot be installed (no apt, no root) that one test is skipped and says why.

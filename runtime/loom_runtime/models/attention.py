@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from loom_runtime import kernels
 from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.models.batch import ForwardBatch
 
@@ -27,17 +28,19 @@ class PrefillSeq:
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """All single-token sequences of the batch, attended one sequence at a time over their
-    packed blocks.
+    """All single-token sequences of the batch and their packed blocks.
 
-    The blocks of every sequence stand one after another (no padding): one gather of keys and
-    one of values per layer read exactly the KV the step attends to, and each sequence's share
-    of them is one contiguous matrix.
+    The blocks of every sequence stand one after another (no padding). On a CPU, Loom's kernel
+    reads the pool in place through them (`starts`, `context_lens`); the torch path gathers
+    keys and values once per layer, exactly the KV the step attends to, each sequence's share
+    one contiguous matrix (`spans`).
     """
 
     rows: torch.Tensor | None  # [B] rows of T; None when they are exactly 0..T-1
     blocks: torch.Tensor  # [N] int64: sequence 0's blocks, then sequence 1's, ...
     spans: tuple[tuple[int, int], ...]  # per sequence: (first key row in the packed gather, length)
+    starts: torch.Tensor  # [B + 1] int64: where each sequence's blocks begin in `blocks`
+    context_lens: torch.Tensor  # [B] int64
 
 
 @dataclass(frozen=True)
@@ -88,16 +91,20 @@ def _plan_decode(
         return None
     blocks: list[int] = []
     spans: list[tuple[int, int]] = []
+    starts = [0]
     for i in seqs:
         ctx = batch.context_lens[i]
         spans.append((len(blocks) * block_size, ctx))
         blocks.extend(batch.block_tables[i][: -(-ctx // block_size)])
+        starts.append(len(blocks))
     all_rows = rows == list(range(batch.num_tokens))
     row_index = None if all_rows else torch.as_tensor(rows, dtype=torch.long, device=device)
     return DecodeGroup(
         rows=row_index,
         blocks=torch.as_tensor(blocks, dtype=torch.long, device=device),
         spans=tuple(spans),
+        starts=torch.as_tensor(starts, dtype=torch.long, device=device),
+        context_lens=torch.as_tensor([n for _, n in spans], dtype=torch.long, device=device),
     )
 
 
@@ -156,9 +163,39 @@ def _prefill(
 def _decode(
     q: torch.Tensor, kv: PagedKVCache, layer: int, group: DecodeGroup, scale: float
 ) -> torch.Tensor:
-    """One query per sequence ([B, heads, D]) against its own keys: the packed gather holds
-    every sequence's keys as one contiguous [length, kv_heads, D] matrix, so each sequence is
-    one fused attention call with grouped-query heads and no mask, padding or copy.
+    """One query per sequence ([B, heads, D]) against its own keys -> [B, heads, D].
+
+    On a CPU, Loom's kernel attends every sequence in one call, reading the blocks where they
+    lie in the pool (bench/decode_step.py times it against the torch path); an fp8 pool's
+    blocks are first dequantised into a pool of their own, so both stores share one kernel.
+    Elsewhere, the torch path."""
+    if q.device.type == "cpu" and q.dtype == kv.spec.dtype and kernels.available():
+        pool, at, blocks = _kernel_pool(kv, layer, group)
+        return kernels.paged_decode(
+            q.contiguous(), pool, at, blocks, group.starts, group.context_lens, scale
+        )
+    return decode_by_sequence(q, kv, layer, group, scale)
+
+
+def _kernel_pool(
+    kv: PagedKVCache, layer: int, group: DecodeGroup
+) -> tuple[torch.Tensor, int, torch.Tensor]:
+    """(pool, its layer, the blocks in it) for the kernel: the cache itself, or for fp8 the
+    group's blocks of this layer dequantised into a one-layer pool [N, 1, 2, block_size, ...]."""
+    if kv.spec.fp8 is None:
+        return kv.data, layer, group.blocks
+    keys, values = kv.gather(layer, group.blocks)
+    n, shape = len(group.blocks), (kv.spec.block_size, kv.spec.num_kv_heads, kv.spec.head_dim)
+    pool = torch.stack((keys.view(n, *shape), values.view(n, *shape)), dim=1).unsqueeze(1)
+    return pool, 0, torch.arange(n, device=group.blocks.device)
+
+
+def decode_by_sequence(
+    q: torch.Tensor, kv: PagedKVCache, layer: int, group: DecodeGroup, scale: float
+) -> torch.Tensor:
+    """The torch path: the packed gather holds every sequence's keys as one contiguous
+    [length, kv_heads, D] matrix, so each sequence is one fused attention call with grouped-query
+    heads and no mask or padding.
 
     On a CPU this beats one batched matmul over all blocks: torch's batched GEMM pays per
     matrix, and a block's matrix (heads x block_size) is too small to earn it
