@@ -92,6 +92,26 @@ def offload_problems(role: Role) -> list[Problem]:
     return [(("hiSparse", "offloadGiB"), "two_offload_tiers", msg)]
 
 
+def prefix_caching_problems(role: Role) -> list[Problem]:
+    """A CPU KV offload tier finds its blocks again by their prefix hash: it needs prefix
+    caching (the runtime's EngineConfig refuses kv_offload_gib without it)."""
+    if role.engine.prefix_caching:
+        return []
+    tiers: list[str] = []
+    if role.kv_offload is not None:
+        tiers.append(f"kvOffload.hostGiB ({role.kv_offload.host_gib:g})")
+    if role.hi_sparse is not None and role.hi_sparse.offload_gib > 0:
+        tiers.append(f"hiSparse.offloadGiB ({role.hi_sparse.offload_gib:g})")
+    if not tiers:
+        return []
+    msg = (
+        f"engine.prefixCaching is false, but {' and '.join(tiers)} asks for a CPU KV offload "
+        "tier, whose blocks are found again by their prefix hash; set prefixCaching true or "
+        "drop the offload"
+    )
+    return [(("engine", "prefixCaching"), "offload_without_prefix_caching", msg)]
+
+
 def role_set_problems(roles: Roles) -> list[Problem]:
     """At least one role; prefill comes with decode; aggregated stands alone."""
     have = roles.present()
@@ -147,6 +167,7 @@ ROLE_RULES: tuple[Rule, ...] = (
     interleave_problems,
     gpu_problems,
     offload_problems,
+    prefix_caching_problems,
 )
 ROLES_RULES: tuple[Rule, ...] = (
     role_set_problems,

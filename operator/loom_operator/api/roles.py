@@ -126,6 +126,8 @@ class EngineSettings(CardModel):
     """Token budget of one step (chunked prefill splits longer prompts)."""
     kv_cache_gib: float | None = Field(default=None, gt=0, alias="kvCacheGiB")
     """Device memory for the KV pool per rank; unset means what is left after weights."""
+    prefix_caching: bool = True
+    """Reuse the KV blocks of a prompt prefix seen before; false recomputes every prompt."""
     dtype: EngineDtype | None = None
     """Compute dtype fp64 | fp32 | bf16 | fp16; unset means the component's weight precision."""
 

@@ -101,6 +101,8 @@ def runtime_flags(
     dtype = worker_dtype(model, deployment, role)
     if dtype is not None:
         argv += ["--dtype", dtype]
+    if not engine.prefix_caching:
+        argv += ["--no-prefix-caching"]
     if (offload_gib := kv_offload_gib(settings)) > 0:
         argv += ["--kv-offload-gib", f"{offload_gib:g}"]
     if settings.hi_sparse is not None:

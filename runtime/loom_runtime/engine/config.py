@@ -31,6 +31,9 @@ class EngineConfig:
     # None: the KV cache is stored in `dtype`. Else (a card's `precision.kv: fp8`) it stores e4m3
     # values with an fp32 scale per group of this format (docs/fp8-kv.md); compute stays `dtype`.
     kv_fp8: Fp8Format | None = None
+    # Keep computed KV blocks for later requests with the same prefix (a role's
+    # engine.prefixCaching, `--no-prefix-caching` turns it off). False: every prompt is
+    # recomputed, and a parallel engine keeps no mirror of its ranks' rows (docs/parallel.md).
     prefix_caching: bool = True
     # CPU KV offload (a role's kvOffload.hostGiB, `--kv-offload-gib`): GiB of host memory that
     # keeps cached blocks the device pool evicts, reloaded on a later prefix hit instead of

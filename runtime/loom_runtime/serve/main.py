@@ -72,6 +72,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     p.add_argument("--num-blocks", type=int, help="KV blocks (default: sized from max-num-seqs)")
     p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="recompute every prompt: keep no KV blocks for later requests with the same prefix "
+        "(a role's engine.prefixCaching false; refuses --kv-offload-gib)",
+    )
+    p.add_argument(
         "--kv-offload-gib",
         type=float,
         default=0.0,
@@ -219,6 +225,7 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         engine = EngineConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
+            prefix_caching=not args.no_prefix_caching,
             kv_offload_gib=args.kv_offload_gib,
             hisparse_host_pool_gib=args.hisparse_host_pool_gib,
             hisparse_hot_slots=args.hisparse_hot_slots,

@@ -5,8 +5,9 @@ Pure. The flags are vLLM 0.33.0's (VLLM_VERSION; tests parse them with that vers
 parser): parallelism (TP, DP, PCP, DCP with its comm backend and interleave, EP), KV cache dtype,
 host KV offload, MTP speculative decoding, the NixlConnector for P/D, KV events for the router's
 precise prefix scorer, and block size and hash algorithm matching the router (the hash seed is
-PYTHONHASHSEED: vLLM has no flag for it). A card asking for what that version cannot do is
-refused by `unsupported` with the flag that is missing.
+PYTHONHASHSEED: vLLM has no flag for it), or no prefix caching where a role's engine turns it
+off. A card asking for what that version cannot do is refused by `unsupported` with the flag
+that is missing.
 """
 
 from __future__ import annotations
@@ -69,9 +70,12 @@ def vllm_args(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> l
         "--block-size", str(e.block_size),
         "--max-num-seqs", str(e.max_num_seqs),
         "--max-num-batched-tokens", str(e.max_num_batched_tokens),
-        "--enable-prefix-caching",
-        "--prefix-caching-hash-algo", spec.prefix_caching.hash_algo,
     ]  # fmt: skip
+    if e.prefix_caching:
+        argv += ["--enable-prefix-caching", "--prefix-caching-hash-algo",
+                 spec.prefix_caching.hash_algo]  # fmt: skip
+    else:
+        argv += ["--no-enable-prefix-caching"]
     if e.max_model_len is not None:
         argv += ["--max-model-len", str(e.max_model_len)]
     dtype = DTYPES.get(e.dtype or "")
