@@ -130,3 +130,20 @@ def test_round_trip_through_yaml_names_is_lossless(deploy_data: dict[str, Any]) 
     assert dumped["spec"]["roles"]["decode"]["replicas"] == 2
     assert "kvCacheGiB" not in dumped["spec"]["roles"]["decode"]["engine"]  # None is dropped
     assert parse_card(DeploymentCard, dumped) == card
+
+
+def test_a_role_offloading_kv_without_prefix_caching_is_refused_at_its_path(
+    deploy_data: dict[str, Any],
+) -> None:
+    prefill = {"replicas": 1, "kvOffload": {"hostGiB": 64}, "engine": {"prefixCaching": False}}
+    deploy_data["spec"]["roles"]["prefill"] = prefill
+    assert _codes(deploy_data) == {
+        "spec.roles.prefill.engine.prefixCaching": "offload_without_prefix_caching"
+    }
+    deploy_data["spec"]["roles"]["prefill"].pop("kvOffload")
+    card = parse_card(DeploymentCard, deploy_data)
+    roles = card.spec.roles
+    assert roles.prefill is not None and roles.prefill.engine.prefix_caching is False
+    assert roles.decode is not None and roles.decode.engine.prefix_caching is True
+    dumped = card.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert parse_card(DeploymentCard, dumped) == card

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -156,3 +157,35 @@ def test_hisparse_offload_and_kv_offload_are_one_tier_set_once() -> None:
     assert _problems(Role, both) == [("hiSparse.offloadGiB", "two_offload_tiers")]
     with pytest.raises(CardError, match=r"offloadGiB \(16\) and kvOffload.hostGiB \(512\)"):
         parse_card(Role, both)
+
+
+def test_prefix_caching_is_on_by_default_and_a_role_can_turn_it_off() -> None:
+    assert parse_card(Role, {}).engine.prefix_caching is True
+    role = parse_card(Role, {"engine": {"prefixCaching": False}})
+    assert role.engine.prefix_caching is False
+    dumped = role.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert dumped["engine"]["prefixCaching"] is False
+    assert parse_card(Role, dumped) == role
+    assert _problems(Role, {"engine": {"prefixCaching": "no"}}) == [
+        ("engine.prefixCaching", "bool_type")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ({"kvOffload": {"hostGiB": 2}}, "kvOffload.hostGiB (2)"),
+        ({"hiSparse": {"hostPoolGiB": 48, "offloadGiB": 16}}, "hiSparse.offloadGiB (16)"),
+    ],
+)
+def test_a_cpu_offload_tier_needs_prefix_caching(data: dict[str, Any], names: str) -> None:
+    off = {**data, "engine": {"prefixCaching": False}}
+    assert _problems(Role, off) == [("engine.prefixCaching", "offload_without_prefix_caching")]
+    with pytest.raises(CardError, match=rf"prefixCaching is false, but {re.escape(names)}"):
+        parse_card(Role, off)
+    assert parse_card(Role, data).engine.prefix_caching  # with caching on: accepted
+
+
+def test_hisparse_without_an_offload_tier_runs_without_prefix_caching() -> None:
+    data = {"hiSparse": {"hostPoolGiB": 48, "offloadGiB": 0}, "engine": {"prefixCaching": False}}
+    assert parse_card(Role, data).engine.prefix_caching is False

@@ -6,17 +6,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from loom_operator.api import load_documents
-from loom_operator.api.roles import HiSparse, KvOffload, MtpSettings, Parallelism
+from loom_operator.api.roles import (
+    HiSparse,
+    KvOffload,
+    MtpSettings,
+    Parallelism,
+    Role,
+)
 from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
+    kv_offload_gib,
     router_document,
     runtime_flags,
 )
 from loom_operator.k8s.render.config import cards_config_map
 from loom_router.shell.config import config_from_dict
+from loom_runtime.card import CardError
+from loom_runtime.card.load import parse_card
+from loom_runtime.engine.config import EngineConfig
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 PORTS = WorkerPorts(8000, 9000, 5557, 5558)
@@ -129,3 +142,42 @@ def test_a_role_with_mtp_passes_its_draft_tokens_to_the_worker() -> None:
     argv = runtime_flags(model, mtp, "aggregated", PORTS, None)
     assert argv[argv.index("--mtp-draft-tokens") + 1] == "3"
     assert [a for a in argv if a not in ("--mtp-draft-tokens", "3")] == plain
+
+
+def test_a_role_without_prefix_caching_tells_only_its_workers() -> None:
+    model, deployment = cards("tiny-pd.yaml")
+    for role in ("prefill", "decode"):
+        assert "--no-prefix-caching" not in runtime_flags(model, deployment, role, PORTS, None)
+    engine = deployment.spec.roles.decode.engine.model_copy(update={"prefix_caching": False})
+    off = with_role(deployment, "decode", engine=engine)
+    decode = runtime_flags(model, off, "decode", PORTS, None)
+    assert decode.count("--no-prefix-caching") == 1
+    assert [a for a in decode if a != "--no-prefix-caching"] == runtime_flags(
+        model, deployment, "decode", PORTS, None
+    )
+    assert "--no-prefix-caching" not in runtime_flags(model, off, "prefill", PORTS, None)
+
+
+OFFLOADS = [
+    ({}, 0.0),
+    ({"kvOffload": {"hostGiB": 2.5}}, 2.5),
+    ({"hiSparse": {"hostPoolGiB": 48, "offloadGiB": 0}}, 0.0),
+    ({"hiSparse": {"hostPoolGiB": 48, "offloadGiB": 16}}, 16.0),
+]
+
+
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize(("offload", "gib"), OFFLOADS)
+def test_the_card_refuses_offload_without_prefix_caching_where_the_worker_would(
+    offload: dict[str, Any], gib: float, caching: bool
+) -> None:
+    data = {**offload, "engine": {"prefixCaching": caching}}
+    try:  # what the worker's --kv-offload-gib and --no-prefix-caching become
+        EngineConfig(prefix_caching=caching, kv_offload_gib=gib)
+    except ValueError:
+        with pytest.raises(CardError) as info:
+            parse_card(Role, data)
+        assert [e.code for e in info.value.errors] == ["offload_without_prefix_caching"]
+    else:
+        role = parse_card(Role, data)
+        assert kv_offload_gib(role) == gib and role.engine.prefix_caching is caching

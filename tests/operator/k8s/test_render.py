@@ -104,6 +104,24 @@ def test_worker_pods_run_the_same_runtime_flags_as_loom_up_on_their_pod_ip() -> 
     assert "--kv-side-port" not in decode["command"]
 
 
+def test_a_role_without_prefix_caching_runs_its_pods_with_no_prefix_caching() -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / "tiny-pd.yaml").read_text()))
+    before = render_docs(docs)
+    docs[1]["spec"]["roles"]["prefill"]["engine"]["prefixCaching"] = False
+    after = render_docs(docs)
+
+    def command(objs: dict[tuple[str, str], dict[str, Any]], role: str) -> list[str]:
+        pod = objs[("StatefulSet", f"tiny-pd-{role}")]["spec"]["template"]["spec"]
+        cmd: list[str] = pod["containers"][0]["command"]
+        return cmd
+
+    assert "--no-prefix-caching" not in command(before, "prefill")
+    prefill = command(after, "prefill")
+    assert prefill.count("--no-prefix-caching") == 1
+    assert [a for a in prefill if a != "--no-prefix-caching"] == command(before, "prefill")
+    assert command(after, "decode") == command(before, "decode")
+
+
 def test_resources_come_from_the_card_as_requests_and_limits() -> None:
     objs = by_kind(rendered("glm-5-class.yaml"))
     sts = [m for (kind, _), m in objs.items() if kind == "StatefulSet"]

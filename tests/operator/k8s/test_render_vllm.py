@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.documents import load_documents, parse_documents
 from loom_operator.k8s.render import render
 from loom_operator.k8s.render.vllm import model_argument, unsupported, vllm_args
@@ -57,6 +58,28 @@ def test_the_reference_prefill_engine_command() -> None:
 
 def test_the_reference_decode_engine_command() -> None:
     assert vllm_args(MODEL, DEPLOYMENT, "decode") == DECODE
+
+
+def without_prefix_caching(role: str, drop: str | None = None) -> DeploymentCard:
+    """The reference deployment with `role`'s engine not caching prefixes (and its `drop`
+    field, an offload tier that needs prefix caching, removed)."""
+    doc = DEPLOYMENT.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec = doc["spec"]["roles"][role]
+    spec["engine"]["prefixCaching"] = False
+    if drop is not None:
+        spec.pop(drop)
+    (card,) = parse_documents([(0, doc)], "test").deployment_cards
+    return card
+
+
+def test_a_role_without_prefix_caching_runs_vllm_with_no_enable_prefix_caching() -> None:
+    off = vllm_args(MODEL, without_prefix_caching("prefill", drop="kvOffload"), "prefill")
+    caching = ["--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor"]
+    offload = ["--kv-offloading-size", "512", "--kv-offloading-backend", "native"]
+    at, end = PREFILL.index(caching[0]), PREFILL.index(offload[0])
+    assert off == [*PREFILL[:at], "--no-enable-prefix-caching", *PREFILL[at + 3 : end],
+                   *PREFILL[end + 4 :]]  # fmt: skip
+    assert vllm_args(MODEL, without_prefix_caching("prefill", "kvOffload"), "decode") == DECODE
 
 
 def pod_spec(role: str) -> dict[str, Any]:

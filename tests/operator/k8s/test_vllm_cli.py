@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from loom_operator.api.documents import load_documents
+from loom_operator.api.documents import load_documents, parse_documents
 from loom_operator.k8s.render.vllm import VLLM_VERSION, vllm_args
 
 HERE = Path(__file__).resolve().parent
@@ -38,9 +38,24 @@ def reference() -> list[list[str]]:
     return [vllm_args(model, deployment, role) for role in ("prefill", "decode")]
 
 
+def no_prefix_caching_prefill() -> list[str]:
+    """The reference prefill with its engine's prefixCaching false (and no kvOffload, which
+    needs prefix caching)."""
+    cards = load_documents(EXAMPLES / "glm-5-class.yaml")
+    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    doc = deployment.model_dump(mode="json", by_alias=True, exclude_none=True)
+    prefill = doc["spec"]["roles"]["prefill"]
+    prefill.pop("kvOffload")
+    prefill["engine"]["prefixCaching"] = False
+    (off,) = parse_documents([(0, doc)], "test").deployment_cards
+    return vllm_args(model, off, "prefill")
+
+
 def test_vllm_accepts_every_flag_of_the_reference_deployment(reference: list[list[str]]) -> None:
     bogus = [*reference[0][:3], "--prefill-context-parallelism", "8"]  # a made-up flag
-    prefill, decode, refused = parse([*reference, bogus])
-    assert prefill == {"ok": True, "model": "zai-org/GLM-5", "block_size": 64, "pcp": 8, "dcp": 8}
+    prefill, decode, refused, uncached = parse([*reference, bogus, no_prefix_caching_prefill()])
+    assert prefill == {"ok": True, "model": "zai-org/GLM-5", "block_size": 64, "pcp": 8, "dcp": 8,
+                       "prefix_caching": True}  # fmt: skip
     assert decode["ok"] is True, decode
     assert refused["ok"] is False, "the parser must refuse a flag vLLM does not have"
+    assert uncached == {**prefill, "prefix_caching": False}

@@ -37,6 +37,7 @@ def parse(argv: list[str]) -> dict[str, object]:
         "block_size": engine.block_size,
         "pcp": engine.prefill_context_parallel_size,
         "dcp": engine.decode_context_parallel_size,
+        "prefix_caching": engine.enable_prefix_caching,
     }
 
 

@@ -159,6 +159,14 @@ def test_a_negative_kv_offload_size_is_a_usage_error(tmp_path: Path) -> None:
         plan_worker(_args(_card(tmp_path), "--kv-offload-gib", "-2"), {})
 
 
+def test_no_prefix_caching_turns_the_engines_prefix_cache_off(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.prefix_caching is True
+    engine = plan_worker(_args(_card(tmp_path), "--no-prefix-caching"), {}).engine
+    assert engine.prefix_caching is False and not engine.use_prefix_cache
+    with pytest.raises(UsageError, match="kv_offload_gib needs prefix_caching"):
+        plan_worker(_args(_card(tmp_path), "--no-prefix-caching", "--kv-offload-gib", "1"), {})
+
+
 def test_hisparse_flags_become_the_engines_host_pool(tmp_path: Path) -> None:
     assert not plan_worker(_args(_card(tmp_path)), {}).engine.hisparse
     argv = ("--hisparse-host-pool-gib", "0.5", "--hisparse-hot-slots", "33")

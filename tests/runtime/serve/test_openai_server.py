@@ -155,19 +155,34 @@ def test_async_client_concurrent_requests_and_streams(worker: Any) -> None:
     assert all(s for s in streamed)
 
 
+def cached_tokens_of_the_same_prompt_twice(worker: Any, client: openai.OpenAI) -> list[int]:
+    """The usage's cached tokens of one 200-token prompt (12 full blocks of 16) sent twice."""
+    prompt = list(range(100, 300))
+    cached = []
+    for _ in range(2):
+        done = client.completions.create(model=worker.model, prompt=prompt, max_tokens=2)
+        assert done.usage is not None and done.usage.prompt_tokens == 200
+        assert done.usage.prompt_tokens_details is not None
+        cached.append(done.usage.prompt_tokens_details.cached_tokens or 0)
+    return cached
+
+
 def test_same_long_prompt_twice_reports_cached_tokens(worker: Any, client: openai.OpenAI) -> None:
-    prompt = list(range(100, 300))  # 200 token ids: 12 full blocks of 16
     hits_before = worker.metric("vllm:prefix_cache_hits_total")
-    first = client.completions.create(model=worker.model, prompt=prompt, max_tokens=2)
-    second = client.completions.create(model=worker.model, prompt=prompt, max_tokens=2)
-    assert first.usage is not None and second.usage is not None
-    assert first.usage.prompt_tokens == second.usage.prompt_tokens == 200
-    assert first.usage.prompt_tokens_details is not None
-    assert second.usage.prompt_tokens_details is not None
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
-    cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached is not None and 0 < cached < 200 and cached % 16 == 0
+    first, cached = cached_tokens_of_the_same_prompt_twice(worker, client)
+    assert first == 0
+    assert 0 < cached < 200 and cached % 16 == 0
     assert worker.metric("vllm:prefix_cache_hits_total") - hits_before >= cached
+
+
+def test_a_worker_started_with_no_prefix_caching_caches_nothing(launch: Any, tiny_v1: Any) -> None:
+    with launch(tiny_v1, "--no-prefix-caching") as uncached:
+        c = openai.OpenAI(base_url=uncached.api, api_key="unused", max_retries=0)
+        try:
+            assert cached_tokens_of_the_same_prompt_twice(uncached, c) == [0, 0]
+        finally:
+            c.close()
+        assert uncached.metric("vllm:prefix_cache_hits_total") == 0
 
 
 CHAT = {"model": "tiny-serve", "messages": [{"role": "user", "content": "hi"}]}
