@@ -48,6 +48,11 @@ def status() -> KernelStatus:
         return _status
 
 
+def status_so_far() -> KernelStatus | None:
+    """The first `status()` call's answer, or None before any (never loads or builds)."""
+    return _status
+
+
 def available() -> bool:
     return status().loaded
 

@@ -14,6 +14,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from loom_runtime import kernels
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.causal_lm import CausalLM, DecoderConfig
 from loom_runtime.models.config import ModelConfig, read_checkpoint_config
@@ -54,6 +55,10 @@ def load_model(
     model = build_model(config, dtype, device if weights else "meta")
     if weights:
         model.load_state(read_weights(root))
+    if isinstance(model, LlamaForCausalLM) and model.device.type == "cpu":
+        # its decode attention's kernel: loaded (or built, once per machine) with the model,
+        # not in the first request's step
+        kernels.status()
     logger.info(
         "loaded checkpoint",
         extra={"path": str(root), "model_type": config.model_type, "dtype": str(dtype)},

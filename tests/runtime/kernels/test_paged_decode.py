@@ -180,3 +180,20 @@ def test_a_failed_build_leaves_the_torch_path_with_the_compiler_s_error(tmp_path
     out = status_in_a_fresh_process({"LOOM_KERNEL_CACHE": str(tmp_path), "CXX": "/bin/false"})
     assert out.startswith("False the build failed"), out
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_loading_a_cpu_llama_loads_its_kernel_before_the_first_step(tmp_path: Path) -> None:
+    code = (
+        "import sys; from loom_runtime import kernels; from loom_runtime.models.loader import "
+        "load_model; from loom_runtime.models.tiny import init_tiny\n"
+        "init_tiny(sys.argv[1], seed=0); print(kernels.status_so_far())\n"
+        "load_model(sys.argv[1]); print(kernels.status_so_far().loaded)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "tiny")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert done.stdout.split() == ["None", "True"], done.stderr
