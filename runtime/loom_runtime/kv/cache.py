@@ -118,6 +118,20 @@ class PagedKVCache:
             return keys, values
         return self._decode(keys), self._decode(values)
 
+    def gather_blocks(self, layer: int, blocks: torch.Tensor) -> torch.Tensor:
+        """Keys and values of `blocks` (int64 [N]) in one layer, block by block, as one
+        contiguous [N, 2 (k, v), block_size, kv_heads, head_dim] copy (dequantised when fp8):
+        the pool's own layout for one layer, read with one gather."""
+        spec = self.spec
+        first = blocks * (spec.num_layers * 2) + layer * 2
+        halves = torch.stack((first, first + 1), dim=1).flatten()
+        rows = self._halves.index_select(0, halves).view(
+            -1, spec.num_kv_heads, spec.stored_head_width
+        )
+        if spec.fp8 is not None:
+            rows = self._decode(rows)
+        return rows.view(len(blocks), 2, spec.block_size, spec.num_kv_heads, spec.head_dim)
+
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v ([T, kv_heads, head_dim]) at flat slots (block * block_size + offset)."""
         bs = self.spec.block_size

@@ -184,10 +184,8 @@ def _kernel_pool(
     group's blocks of this layer dequantised into a one-layer pool [N, 1, 2, block_size, ...]."""
     if kv.spec.fp8 is None:
         return kv.data, layer, group.blocks
-    keys, values = kv.gather(layer, group.blocks)
-    n, shape = len(group.blocks), (kv.spec.block_size, kv.spec.num_kv_heads, kv.spec.head_dim)
-    pool = torch.stack((keys.view(n, *shape), values.view(n, *shape)), dim=1).unsqueeze(1)
-    return pool, 0, torch.arange(n, device=group.blocks.device)
+    pool = kv.gather_blocks(layer, group.blocks).unsqueeze(1)
+    return pool, 0, torch.arange(len(group.blocks), device=group.blocks.device)
 
 
 def decode_by_sequence(

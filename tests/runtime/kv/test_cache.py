@@ -61,3 +61,20 @@ def test_plain_rows_are_stored_as_given() -> None:
     keys, values = cache.gather(0, torch.tensor([1]))
     assert torch.equal(keys[1], k[0]) and torch.equal(values[1], -k[0])
     assert spec.bytes_per_block == 1 * 2 * 2 * 2 * 4 * 4
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gather_blocks_is_gather_laid_out_block_by_block(fp8: bool) -> None:
+    fmt = Fp8Format() if fp8 else None
+    spec = KVCacheSpec(3, 2, 16, 4, 10, torch.float32, fp8=fmt)
+    kv = spec.allocate()
+    gen = torch.Generator().manual_seed(0)
+    for layer in range(3):
+        k = torch.randn(40, 2, 16, generator=gen)
+        kv.write(layer, torch.arange(40), k, -k)
+    blocks = torch.tensor([7, 2, 5])
+    got = kv.gather_blocks(1, blocks)
+    keys, values = kv.gather(1, blocks)
+    assert got.shape == (3, 2, 4, 2, 16) and got.is_contiguous()
+    assert torch.equal(got[:, 0].reshape(-1, 2, 16), keys)
+    assert torch.equal(got[:, 1].reshape(-1, 2, 16), values)
