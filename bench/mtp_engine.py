@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from side_by_side import bench_args, report
+from side_by_side import bench_args, report, serve_together
 
-from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.mtp_runner import Drafter
@@ -73,16 +72,12 @@ def serve(
     config = EngineConfig(num_blocks=512, max_model_len=1024, max_num_seqs=16,
                           mtp_draft_tokens=mtp)  # fmt: skip
     engine = Engine(loaded, config, drafter=drafter)
-    got = {r.request_id: OutputCollector(r) for r in reqs}
     start = time.thread_time()
-    for r in reqs:
-        engine.add_request(r, got[r.request_id])
-    while not all(c.done.is_set() for c in got.values()):
-        engine.step()
+    outputs = serve_together(engine, reqs)
     seconds = time.thread_time() - start
     spec = engine.stats().spec
     length = 1.0 if spec is None else spec.mean_acceptance_length
-    return {k: c.result().output_token_ids for k, c in got.items()}, length, seconds
+    return outputs, length, seconds
 
 
 def run(prompt_tokens: int, new_tokens: int, concurrency: list[int], alphas: list[float],

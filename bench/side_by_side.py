@@ -1,6 +1,6 @@
-"""What the side-by-side bench scripts share: their command line (--quick, --rounds, --json)
-and their report (a Markdown table on stdout, the rows as JSON, exit 1 unless every run's
-tokens were identical to the baseline's)."""
+"""What the side-by-side bench scripts share: their command line (--quick, --rounds, --json),
+their report (a Markdown table on stdout, the rows as JSON, exit 1 unless every run's tokens
+were identical to the baseline's), and serving requests together on an engine's own thread."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loom_runtime.engine.engine import Engine
+    from loom_runtime.engine.types import EngineRequest
 
 
 def bench_args(doc: str) -> argparse.Namespace:
@@ -36,3 +40,16 @@ def report(
     if json_path is not None:
         json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     return 0 if all(r.identical for r in rows) else 1
+
+
+def serve_together(engine: Engine, reqs: Sequence[EngineRequest]) -> dict[str, tuple[int, ...]]:
+    """Add every request at once, step the engine on this thread until all are done; each
+    request's output tokens."""
+    from loom_runtime.engine.collector import OutputCollector
+
+    got = {r.request_id: OutputCollector(r) for r in reqs}
+    for r in reqs:
+        engine.add_request(r, got[r.request_id])
+    while not all(c.done.is_set() for c in got.values()):
+        engine.step()
+    return {k: c.result().output_token_ids for k, c in got.items()}

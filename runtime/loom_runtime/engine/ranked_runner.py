@@ -74,6 +74,8 @@ class RankedRunner:
         self.device = torch.device("cpu")  # where logits rows arrive
         self.tokens_run = 0
         self.forwards = 0
+        self.works_run = 0  # sequences' works sent to the ranks
+        self.rank_forwards = 0  # the forwards each rank ran for them (a step's decodes: one)
         self._timeout_s = config.collective_timeout_s
         self._released: list[str] = []
         self._held: set[str] = set()  # requests whose sequences the ranks hold
@@ -150,6 +152,8 @@ class RankedRunner:
         lead = replies[0]
         self.tokens_run += sum(len(w.token_ids) for w in works)
         self.forwards += bool(works)
+        self.works_run += len(works)
+        self.rank_forwards += lead.forwards
         rows = iter(() if lead.logits is None else lead.logits)
         return [next(rows) if w.want_logits else None for w in works]
 
@@ -261,10 +265,16 @@ def _write_rows(cache: LatentKVCache, work: TokenWork, rows: HeldRows) -> None:
 
 
 def start_ranks(
-    checkpoint: str, config: EngineConfig, max_model_len: int, export_rows: bool = False
+    checkpoint: str,
+    config: EngineConfig,
+    max_model_len: int,
+    export_rows: bool = False,
+    batch_decodes: bool = True,
 ) -> RankedRunner:
     """The ranks of an engine whose config asks for a parallel layout (config.parallel);
-    `export_rows` for a P/D prefill, whose pool must hold the rows the connector moves."""
+    `export_rows` for a P/D prefill, whose pool must hold the rows the connector moves;
+    `batch_decodes` False runs a step's decodes one forward each (bench/ranked_batch.py's
+    baseline)."""
     spec = RankServeSpec(
         checkpoint=checkpoint,
         layout=config.parallel,
@@ -275,6 +285,7 @@ def start_ranks(
         export_rows=export_rows,
         kv_fp8=config.kv_fp8,
         mtp=config.mtp_draft_tokens > 0,
+        batch_decodes=batch_decodes,
     )
     ranks = RankConfig(
         world=config.parallel.world,

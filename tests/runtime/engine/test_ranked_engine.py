@@ -1,9 +1,10 @@
 """A parallel engine (config.parallel) runs every forward on real gloo rank processes and gives
 the one-rank engine's greedy tokens: PCP2×DCP2 (interleave 1 and 4, ag_rs and a2a) and EP2,
-over concurrent requests of different lengths with chunked prefill and preemption, index
-top-k (64) below the contexts. Each rank's KV equals the planner's per-rank figure, the ranks
-release every finished request, and a rank that dies takes the engine down with RankFailure
-instead of a hang. Settings the ranks cannot serve are refused with a readable error."""
+over concurrent requests of different lengths with chunked prefill and preemption (a step's
+decodes in one forward on the ranks), index top-k (64) below the contexts. Each rank's KV
+equals the planner's per-rank figure, the ranks release every finished request, and a rank
+that dies takes the engine down with RankFailure instead of a hang. Settings the ranks cannot
+serve are refused with a readable error."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_s
 from loom_operator.fleet.capacity import dcp_local_length
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.ranked_runner import RankedRunner
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format
@@ -63,10 +65,14 @@ def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
     try:
         got = run_all(engine, reqs)
         stats = engine.stats()
+        runner = engine._runner
     finally:
         engine.shutdown()
     for r in reqs:
         assert got[r.request_id] == one_sequence(inner(sparse64), r.prompt_token_ids, 8)
+    assert isinstance(runner, RankedRunner)
+    # A step's decodes ran as one forward on the ranks: fewer forwards than works.
+    assert runner.rank_forwards < runner.works_run - len(reqs)
     assert stats.num_free_blocks == stats.num_blocks
     assert engine._model.device.type == "meta"  # the engine's process holds no weights
     assert len(stats.ranks) == layout.world

@@ -69,9 +69,10 @@ class HiSparseHooks(LocalCompute):
         rows: LayerRows,
         positions: torch.Tensor,
     ) -> Selection:
+        b = self.batch
         return select_per_sequence(
-            indexer, self.batch, self.packing.starts, h, q_resid, rope, rows.indexer_keys(),
-            positions,
+            indexer, b.query_start, self.packing.starts, b.context_lens, h, q_resid, rope,
+            rows.indexer_keys(), positions,
         )  # fmt: skip
 
     def attend(

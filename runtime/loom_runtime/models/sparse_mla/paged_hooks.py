@@ -7,6 +7,7 @@ blocks or decides what runs (the engine's scheduler and runner do).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +56,10 @@ class PagedHooks(LocalCompute):
         rows: LayerRows,
         positions: torch.Tensor,
     ) -> Selection:
+        b = self.batch
         return select_per_sequence(
-            indexer, self.batch, self.packing.starts, h, q_resid, rope, rows.indexer_keys(),
-            positions,
+            indexer, b.query_start, self.packing.starts, b.context_lens, h, q_resid, rope,
+            rows.indexer_keys(), positions,
         )  # fmt: skip
 
 
@@ -90,20 +92,21 @@ class ContextPacking:
 
 def select_per_sequence(
     indexer: Indexer,
-    batch: ForwardBatch,
-    starts: list[int],
+    query_start: Sequence[int],
+    starts: Sequence[int],
+    context_lens: Sequence[int],
     h: torch.Tensor,
     q_resid: torch.Tensor,
     rope: PairTables,
     keys: torch.Tensor,
     positions: torch.Tensor,
 ) -> Selection:
-    """Each sequence's queries pick their top-k among that sequence's keys only (packed keys
-    `keys`, sequence i's at `starts[i]`); the selections are padded (valid False) to the widest
-    and offset into the packed rows."""
-    qs = batch.query_start
+    """Each sequence's queries (rows query_start[i]..query_start[i+1]-1) pick their top-k among
+    that sequence's keys only (packed keys `keys`, sequence i's context_lens[i] at `starts[i]`);
+    the selections are padded (valid False) to the widest and offset into the packed rows."""
+    qs = query_start
     parts: list[Selection] = []
-    for i, (start, length) in enumerate(zip(starts, batch.context_lens, strict=True)):
+    for i, (start, length) in enumerate(zip(starts, context_lens, strict=True)):
         q = slice(qs[i], qs[i + 1])
         sel = indexer.select(
             h[q],

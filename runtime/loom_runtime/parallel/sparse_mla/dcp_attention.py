@@ -8,6 +8,9 @@ Owns those exchanges; never stores rows (store.py) or computes scores itself (th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
 from loom_runtime.models.sparse_mla.indexer import Indexer, Selection
@@ -23,6 +26,18 @@ from loom_runtime.parallel.dcp_shard import ShardMap
 from loom_runtime.parallel.lse_merge import merge, merged_lse, rescale
 
 
+@dataclass(frozen=True)
+class ShardSegment:
+    """One sequence of a DCP forward: its queries (rows `queries` of the forward), its rows on
+    this rank (from `start` in the packed rows, at global `key_positions`), and `length`, the
+    tokens of the whole sequence its queries see."""
+
+    queries: slice
+    start: int
+    key_positions: torch.Tensor
+    length: int
+
+
 def global_top_k(
     comm: Comm,
     shard: ShardMap,
@@ -32,31 +47,43 @@ def global_top_k(
     rope: PairTables,
     keys: torch.Tensor,
     positions: torch.Tensor,
-    key_positions: torch.Tensor,
-    length: int,
+    segments: Sequence[ShardSegment],
 ) -> Selection:
-    """The top-k one rank would pick over all `length` tokens, as indices into this rank's
-    shard (entries owned elsewhere are invalid here).
+    """The top-k one rank would pick for each query over all tokens of its sequence, as indices
+    into this rank's packed rows (entries owned elsewhere are invalid here); one exchange for
+    every sequence of the forward.
 
     The global best k are among the union of every rank's local best k, so each rank sends
-    only those (score, position) pairs; ties go to the earlier position, as on one rank.
+    only those (score, position) pairs; ties go to the earlier position, as on one rank. A
+    sequence whose k is below the forward's widest has fewer tokens than top-k, so its
+    columns past them can only be padding (−inf: invalid).
     """
-    k = min(indexer.config.index_topk, length)
-    values, indices = indexer.best(h, q_resid, rope, keys, positions, key_positions, k)
-    n, t = values.shape[1], values.shape[0]
-    best = torch.full((t, k, 2), float("-inf"), dtype=torch.float64, device=values.device)
-    best[..., 1] = float(length)  # padding sorts after every real position
-    best[:, :n, 0] = values.double()
-    best[:, :n, 1] = key_positions[indices].double()
-    pool = all_gather_same(comm, best).permute(1, 0, 2, 3).reshape(t, comm.size * k, 2)
+    t, device = h.shape[0], h.device
+    ks = [min(indexer.config.index_topk, s.length) for s in segments]
+    width = max(ks)
+    best = torch.full((t, width, 2), float("-inf"), dtype=torch.float64, device=device)
+    best[..., 1] = float(max(s.length for s in segments))  # padding sorts after real positions
+    offset = torch.zeros(t, 1, dtype=torch.long, device=device)
+    for s, k in zip(segments, ks, strict=True):
+        q = s.queries
+        local = keys[s.start : s.start + s.key_positions.shape[0]]
+        tables = PairTables(cos=rope.cos[q], sin=rope.sin[q])
+        values, indices = indexer.best(
+            h[q], q_resid[q], tables, local, positions[q], s.key_positions, k
+        )
+        n = values.shape[1]
+        best[q, :n, 0] = values.double()
+        best[q, :n, 1] = s.key_positions[indices].double()
+        offset[q] = s.start
+    pool = all_gather_same(comm, best).permute(1, 0, 2, 3).reshape(t, comm.size * width, 2)
     pool = _take(pool, pool[..., 1].sort(dim=-1, stable=True).indices)
-    pool = _take(pool, pool[..., 0].sort(dim=-1, descending=True, stable=True).indices[:, :k])
+    pool = _take(pool, pool[..., 0].sort(dim=-1, descending=True, stable=True).indices[:, :width])
     chosen = pool[..., 1].long()
     step = shard.world * shard.interleave
     mine = (pool[..., 0] > float("-inf")) & (
         (chosen // shard.interleave) % shard.world == shard.rank
     )
-    slots = (chosen // step) * shard.interleave + chosen % shard.interleave
+    slots = (chosen // step) * shard.interleave + chosen % shard.interleave + offset
     return Selection(indices=torch.where(mine, slots, torch.zeros_like(slots)), valid=mine)
 
 

@@ -1,8 +1,9 @@
-"""A greedy generation run on the ranks of one sparse-mla worker: join the layout's groups,
+"""Greedy generation runs on the ranks of one sparse-mla worker: join the layout's groups,
 load the checkpoint, prefill (PCP), decode N steps (DCP, EP), report tokens, logits, timings and
-the KV bytes this rank holds. The program parity tests and the context-parallel bench run.
+the KV bytes this rank holds: `generate` (one request per DP replica) and `generate_batch`
+(several requests decoded together). The programs parity tests and the benches run.
 
-Owns that one request's run on one rank; never serves (the engine will drive ParallelSequence).
+Owns those runs on one rank; never serves (the engine drives ParallelSequence).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
-from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence
+from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, decode_batch
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,75 @@ def generate(ctx: RankContext, request: GenerateRequest) -> GenerateTrace:
     )
 
 
+@dataclass(frozen=True)
+class BatchTrace:
+    """What one rank saw of a batch: per request its tokens (as GenerateTrace's) and step
+    logits ([decode_steps, vocab] each)."""
+
+    rank: int
+    tokens: tuple[tuple[int, ...], ...]
+    step_logits: tuple[torch.Tensor, ...]
+    decode_s: float
+    kv_tokens: int  # over every request
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """`request`'s prompts decoded together; `batched` False: one forward per request."""
+
+    request: GenerateRequest
+    batched: bool = True
+
+
+def generate_batch(ctx: RankContext, batch: BatchRequest) -> BatchTrace:
+    """Every prompt of the request served together by one replica (dp 1): each prefilled
+    alone, then `decode_steps` steps, each one batched forward over all of them
+    (decode_batch), or one forward per request (`batched` False: the baseline)."""
+    request = batch.request
+    if request.layout.dp != 1:
+        raise ValueError(f"generate_batch serves one replica, not dp {request.layout.dp}")
+    plan = join_groups(
+        request.layout, ctx.rank, ctx.device, ctx.collective_timeout_s, request.dcp_backend
+    )
+    model = load_sparse_mla(request.checkpoint, getattr(torch, request.dtype), ctx.device).model
+    experts = shard_experts(model, plan.ep)
+    capacity = max(len(p) for p in request.prompts) + request.decode_steps
+    seqs = [
+        ParallelSequence(model, plan, capacity, experts, request.block_size)
+        for _ in request.prompts
+    ]
+    firsts = [
+        seq.prefill(torch.tensor(p, dtype=torch.long), split=request.pcp_split)[-1]
+        for seq, p in zip(seqs, request.prompts, strict=True)
+    ]
+    tokens = [[t] for t in _greedy_rows(plan.pcp, torch.stack(firsts))]
+    steps: list[list[torch.Tensor]] = [[] for _ in seqs]
+    start = time.perf_counter()
+    for _ in range(request.decode_steps):
+        ids = torch.tensor([t[-1] for t in tokens], dtype=torch.long)
+        if batch.batched:
+            logits = decode_batch(seqs, ids)
+        else:
+            logits = torch.cat([seq.decode(ids[i : i + 1]) for i, seq in enumerate(seqs)])
+        for i, token in enumerate(_greedy_rows(plan.pcp, logits)):
+            steps[i].append(logits[i].cpu())
+            tokens[i].append(token)
+    decode_s = time.perf_counter() - start
+    return BatchTrace(
+        rank=ctx.rank,
+        tokens=tuple(tuple(t) for t in tokens),
+        step_logits=tuple(torch.stack(s) if s else torch.zeros(0) for s in steps),
+        decode_s=decode_s,
+        kv_tokens=sum(seq.store.kv_tokens for seq in seqs),
+    )
+
+
 def _greedy(replica: Comm, logits: torch.Tensor) -> int:
     """argmax on the replica's first rank (the scheduler's), the same token on all of them."""
-    token = logits.argmax().reshape(1)
-    return int(broadcast(replica, token, 0).item())
+    return _greedy_rows(replica, logits[None])[0]
+
+
+def _greedy_rows(replica: Comm, logits: torch.Tensor) -> list[int]:
+    """Per row of logits [n, vocab] its argmax as the replica's first rank has it."""
+    tokens = logits.argmax(dim=-1)
+    return [int(t) for t in broadcast(replica, tokens, 0).tolist()]

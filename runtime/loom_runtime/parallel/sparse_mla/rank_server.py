@@ -1,7 +1,8 @@
 """The program every rank of a parallel sparse-mla worker runs under the engine: join the
 layout's groups, load the checkpoint (each rank keeps its EP share of the experts), then run
-the engine's steps as they arrive over its pipe: per scheduled sequence one prefill chunk or
-decode forward on a ParallelSequence, the same calls on every rank, in the same order.
+the engine's steps as they arrive over its pipe: each scheduled prompt chunk on its
+ParallelSequence, then the step's decodes as one batched forward, the same calls on every
+rank, in the same order.
 
 Owns the rank's sequences (one ParallelSequence per request, dropped when the engine releases
 it), the wire records of a step and of a weight load, and, for a P/D prefill, the copies of
@@ -23,7 +24,7 @@ from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
-from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence
+from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, decode_batch
 from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 
@@ -40,6 +41,9 @@ class RankServeSpec:
     export_rows: bool = False  # send each step's new rows to the engine (its pool mirrors them)
     kv_fp8: Fp8Format | None = None  # rows rounded through fp8 as the engine's fp8 pool keeps them
     mtp: bool = False  # a P/D prefill with MTP: keep (and export) the MTP layer's prompt rows
+    # A step's one-token decodes as one forward over their sequences (decode_batch); False:
+    # one forward each, the baseline bench/ranked_batch.py measures against.
+    batch_decodes: bool = True
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class RankReply:
     kv_bytes: int
     sequences: int
     rows: tuple[RankRows, ...] = ()
+    forwards: int = 0  # model forwards the step ran (its decodes batched count as one)
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,7 @@ class RankSequences:
     def step(self, step: RankStep) -> RankReply:
         for request_id in step.release:
             self.live.pop(request_id, None)
-        rows = [row for work in step.works if (row := self._run(work)) is not None]
-        logits = torch.stack(rows) if rows and self.rank == 0 else None
+        logits, forwards = self._run_all(step.works)
         stores = [seq.store for seq in self.live.values()]
         return RankReply(
             logits=None if logits is None else logits.cpu(),
@@ -157,7 +161,28 @@ class RankSequences:
             kv_bytes=sum(s.block_bytes(self.spec.block_size) for s in stores),
             sequences=len(stores),
             rows=self._exported(step.works) if self.exports else (),
+            forwards=forwards,
         )
+
+    def _run_all(self, works: tuple[RankWork, ...]) -> tuple[torch.Tensor | None, int]:
+        """Every work of a step: the prompt chunks one by one, then every one-token decode in
+        one batched forward (spec.batch_decodes). The logits rows of the works that want them,
+        in the works' order (rank 0 only), and the number of forwards run."""
+        rows: dict[int, torch.Tensor] = {}
+        decodes: list[int] = []
+        for i, work in enumerate(works):
+            seq = self._sequence(work)
+            if self.spec.batch_decodes and self._is_decode(work):
+                decodes.append(i)
+            else:
+                rows[i] = self._run(seq, work)
+        if decodes:
+            ids = torch.tensor([works[i].token_ids[0] for i in decodes], dtype=torch.long)
+            batch = decode_batch([self.live[works[i].request_id] for i in decodes], ids)
+            rows.update(zip(decodes, batch, strict=True))
+        forwards = len(works) - len(decodes) + bool(decodes)
+        wanted = [rows[i] for i, work in enumerate(works) if work.want_logits]
+        return (torch.stack(wanted) if wanted and self.rank == 0 else None), forwards
 
     def _exported(self, works: tuple[RankWork, ...]) -> tuple[RankRows, ...]:
         """The rows each work just wrote that this rank holds."""
@@ -167,7 +192,9 @@ class RankSequences:
             out.append(RankRows(w.request_id, held))
         return tuple(out)
 
-    def _run(self, work: RankWork) -> torch.Tensor | None:
+    def _sequence(self, work: RankWork) -> ParallelSequence:
+        """The work's sequence, new (a first chunk, or one seeded from a cached prefix) or
+        live, checked to be where the work continues."""
         if work.start == 0 or work.prefix is not None:
             self.live[work.request_id] = self._new_sequence(self.spec.capacity)
         seq = self.live.get(work.request_id)
@@ -179,14 +206,22 @@ class RankSequences:
                 f"rank {self.rank}: request {work.request_id!r} continues at {work.start} but "
                 f"this rank holds {held}: the ranks fell out of step with the engine"
             )
+        return seq
+
+    def _is_decode(self, work: RankWork) -> bool:
+        """One token after the sequence's first (with MTP rows every work runs as a chunk)."""
+        return work.start > 0 and len(work.token_ids) == 1 and not self.spec.mtp
+
+    def _run(self, seq: ParallelSequence, work: RankWork) -> torch.Tensor:
+        """One work alone: its last token's logits."""
         ids = torch.tensor(work.token_ids, dtype=torch.long)
-        if work.start > 0 and len(ids) == 1 and not self.spec.mtp:
+        if self._is_decode(work):
             logits = seq.decode(ids)
         else:  # a prompt chunk (every work with MTP rows): split over the PCP group when every
             # chunk gets a token
             split = len(ids) >= 2 * self.plan.pcp.size
             logits = seq.prefill(ids, split=split, next_id=work.next_id)
-        return logits[-1] if work.want_logits else None
+        return logits[-1]
 
     def _new_sequence(self, capacity: int) -> ParallelSequence:
         s = self.spec

@@ -2,13 +2,13 @@
 split over the PCP group by DualChunkSwap, decode steps over the DCP-sharded cache (or the
 whole one), MoE layers through EP; the same calls on every rank of the worker, in step.
 
-Owns the sequence's store and the shape of each forward; never samples (the caller does, on
-the scheduler's rank) and never batches sequences (the engine will).
+Owns the sequence's store and the shape of each forward, and `decode_batch`: one decode
+forward over several sequences; never samples (the caller does, on the scheduler's rank).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -19,7 +19,7 @@ from loom_runtime.parallel.collectives import all_gather_rows, broadcast
 from loom_runtime.parallel.dcp_shard import ShardMap
 from loom_runtime.parallel.dual_chunk import DualChunkPlan
 from loom_runtime.parallel.sparse_mla.ep_moe import ExpertParallelMoe
-from loom_runtime.parallel.sparse_mla.hooks import ParallelHooks, PcpSplit
+from loom_runtime.parallel.sparse_mla.hooks import BatchedHooks, ParallelHooks, PcpSplit
 from loom_runtime.parallel.sparse_mla.packed_cache import PackedCache
 from loom_runtime.parallel.sparse_mla.plan import RankPlan
 from loom_runtime.parallel.sparse_mla.store import (
@@ -111,15 +111,18 @@ class ParallelSequence:
         """Logits [n, vocab] of n new tokens (a decode step), computed by every rank alike;
         with DCP each rank attends over its shard and the partial outputs are merged."""
         new = int(input_ids.shape[0])
-        start = self.store.length
-        device = self.model.device
-        positions = torch.arange(start, start + new, device=device)
+        positions = self.decode_positions(new)
         self.store.begin(new)
         sharded = isinstance(self.store, ShardStore)
         hooks = ParallelHooks(self.plan, self.store, None, sharded=sharded, experts=self.experts)
-        hidden = self.model.hidden_states(input_ids.to(device), positions, hooks)
+        hidden = self.model.hidden_states(input_ids.to(self.model.device), positions, hooks)
         self.store.advance()
         return self.model.logits(hidden)
+
+    def decode_positions(self, new: int) -> torch.Tensor:
+        """The positions of the next `new` tokens."""
+        start = self.store.length
+        return torch.arange(start, start + new, device=self.model.device)
 
     def _mtp_rows(
         self,
@@ -158,3 +161,28 @@ class ParallelSequence:
         else:
             row = hidden.new_empty(1, hidden.shape[1])
         return broadcast(pcp, row, holder)
+
+
+def decode_batch(sequences: Sequence[ParallelSequence], input_ids: torch.Tensor) -> torch.Tensor:
+    """One decode step of several sequences as one forward: logits [n, vocab] of input_ids
+    ([n], token i for sequences[i]), each equal to sequences[i].decode alone. Every rank calls
+    it with the same sequences in the same order; their model, plan and experts are shared."""
+    if not sequences:
+        raise ValueError("decode_batch needs at least one sequence")
+    if len(sequences) != int(input_ids.shape[0]):
+        raise ValueError(f"{len(sequences)} sequences for {int(input_ids.shape[0])} tokens")
+    first = sequences[0]
+    if len({id(s) for s in sequences}) != len(sequences):
+        raise ValueError("a sequence appears twice in one decode batch")
+    if any(s.model is not first.model or s.plan is not first.plan for s in sequences):
+        raise ValueError("a decode batch's sequences must share one model and plan")
+    positions = torch.cat([s.decode_positions(1) for s in sequences])
+    for s in sequences:
+        s.store.begin(1)
+    queries = [slice(i, i + 1) for i in range(len(sequences))]
+    stores = [s.store for s in sequences]
+    hooks = BatchedHooks(first.plan, stores, queries, first.experts)
+    hidden = first.model.hidden_states(input_ids.to(first.model.device), positions, hooks)
+    for s in sequences:
+        s.store.advance()
+    return first.model.logits(hidden)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,12 @@ from loom_runtime.models.sparse_mla.loader import LoadedSparseMla, load_sparse_m
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankConfig, run_ranks
-from loom_runtime.parallel.sparse_mla.generate import GenerateRequest, GenerateTrace, generate
+from loom_runtime.parallel.sparse_mla.generate import (
+    BatchRequest,
+    GenerateRequest,
+    generate,
+    generate_batch,
+)
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend
 
 RANKS_TIMEOUT_S = 240.0
@@ -67,8 +73,10 @@ def one_rank(ours: LoadedSparseMla) -> Callable[..., OneRank]:
 
 
 @pytest.fixture
-def on_ranks(sparse_dir: Path, tmp_path: Path) -> Callable[..., list[GenerateTrace]]:
-    """Run a greedy generation on the layout's gloo ranks; every rank's trace."""
+def on_ranks(sparse_dir: Path, tmp_path: Path) -> Callable[..., list[Any]]:
+    """Run a greedy generation on the layout's gloo ranks; every rank's trace: generate's
+    (one prompt per DP replica), or with `batch` generate_batch's (the prompts decoded
+    together)."""
 
     def run(
         layout: ParallelLayout,
@@ -77,7 +85,8 @@ def on_ranks(sparse_dir: Path, tmp_path: Path) -> Callable[..., list[GenerateTra
         dcp_backend: DcpBackend = "ag_rs",
         pcp_split: bool = True,
         prefill_chunk: int = 0,
-    ) -> list[GenerateTrace]:
+        batch: bool = False,
+    ) -> list[Any]:
         request = GenerateRequest(
             checkpoint=str(sparse_dir),
             prompts=prompts,
@@ -88,6 +97,7 @@ def on_ranks(sparse_dir: Path, tmp_path: Path) -> Callable[..., list[GenerateTra
             prefill_chunk=prefill_chunk,
         )
         config = RankConfig(world=layout.world, collective_timeout_s=120.0)
-        return run_ranks(config, generate, request, workdir=tmp_path, timeout_s=RANKS_TIMEOUT_S)
+        program, arg = (generate_batch, BatchRequest(request)) if batch else (generate, request)
+        return run_ranks(config, program, arg, workdir=tmp_path, timeout_s=RANKS_TIMEOUT_S)
 
     return run
