@@ -68,6 +68,27 @@ def test_loom_crds_install_and_their_rules_reject_bad_cards(
     assert out.returncode != 0
     assert "maxNumBatchedTokens must be at least maxNumSeqs" in out.stderr
 
+    tiers = docs[1]
+    tiers["metadata"]["name"] = "tier-breaker"
+    role = tiers["spec"]["roles"]["aggregated"]
+    role["engine"].update(maxNumSeqs=4, maxNumBatchedTokens=512, prefixCaching=False)
+    role["kvOffload"] = {"hostGiB": 1}
+    out = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(tiers), check=False
+    )
+    assert out.returncode != 0
+    assert "needs engine.prefixCaching" in out.stderr
+    role["engine"]["prefixCaching"] = True
+    role["hiSparse"] = {"hostPoolGiB": 1, "offloadGiB": 2}
+    out = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(tiers), check=False
+    )
+    assert out.returncode != 0
+    assert "both size the role's one CPU KV offload tier" in out.stderr
+    assert "needs engine.prefixCaching" not in out.stderr
+    del role["hiSparse"]  # one tier, with prefix caching: accepted
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(tiers))
+
     schema = docs[1]
     schema["metadata"]["name"] = "schema-breaker"
     schema["spec"]["roles"]["aggregated"]["replicas"] = "many"

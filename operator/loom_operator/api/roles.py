@@ -177,6 +177,23 @@ class Resources(CardModel):
 class Role(CardModel):
     """One kind of engine pod and how many of it to run."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!has(self.kvOffload) || !has(self.hiSparse) || self.hiSparse.offloadGiB == 0.0",
+                "hiSparse.offloadGiB and kvOffload.hostGiB both size the role's one CPU KV "
+                "offload tier; set one of them",
+            ),
+            (
+                "!has(self.engine) || !has(self.engine.prefixCaching) || "
+                "self.engine.prefixCaching || (!has(self.kvOffload) && "
+                "(!has(self.hiSparse) || self.hiSparse.offloadGiB == 0.0))",
+                "a CPU KV offload tier (kvOffload, hiSparse.offloadGiB) needs "
+                "engine.prefixCaching: its blocks are found again by their prefix hash",
+            ),
+        )
+    )
+
     replicas: int = Field(default=1, ge=0)
     """Pods of this role (each one engine over `ranks` GPUs)."""
     parallelism: Parallelism = Field(default_factory=Parallelism)
