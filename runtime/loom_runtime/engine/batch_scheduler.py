@@ -19,6 +19,7 @@ from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
 from loom_runtime.engine.token_forward import TokenResult
 from loom_runtime.engine.types import RequestOutput
+from loom_runtime.errors import WorkerLostError
 from loom_runtime.loop.contract import Done, Executor, WorkPlan
 from loom_runtime.loop.execute import execute_plans
 
@@ -124,11 +125,13 @@ class BatchScheduler:
             return True
         try:
             results = execute_plans([plan for _, plan in batch], self.executors)
-        except Exception:
+        except Exception as exc:
             logger.exception("step failed; aborting its requests", extra={"size": len(batch)})
             for state, _ in batch:
                 self.loop.abort(state)
                 self._finish(state)
+            if isinstance(exc, WorkerLostError):
+                raise  # its ranks are gone: no later step can run (the step thread stops)
             return True
         self._advance(batch, results)
         return True

@@ -50,12 +50,14 @@ class EngineConfig:
     hisparse_host_pool_gib: float = 0.0
     # Rows per layer in a request's hot buffer; None: 2 × the indexer's top-k + 1.
     hisparse_hot_slots: int | None = None
-    # Ranks inside the engine (a role's `parallelism`, `--pcp/--dcp/--ep/--dcp-interleave`;
-    # sparse-mla only): the forward runs on layout.world rank processes (PCP, DCP, EP) that the
-    # engine drives step by step (engine/ranked_runner.py, docs/parallel.md). One replica per
-    # worker (dp 1) and no tp. The ranks keep each request's rows themselves; the engine's pool
-    # mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
-    # connector (a decode's pull lands there and seeds the ranks). No HiSparse on ranks.
+    # Ranks inside the engine (a role's `parallelism`, `--tp`, `--pcp/--dcp/--ep/--dcp-interleave`):
+    # the forward runs on layout.world rank processes that the engine drives step by step
+    # (docs/parallel.md). One replica per worker (dp 1). Sparse-mla splits over PCP, DCP and EP
+    # (engine/ranked_runner.py): the ranks keep each request's rows themselves; the engine's
+    # pool mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
+    # connector (a decode's pull lands there and seeds the ranks). The llama family splits over
+    # TP alone (engine/tp_runner.py): each rank keeps its kv heads' pool, indexed by the
+    # engine's block tables; no P/D or CPU offload there yet. No HiSparse on ranks.
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
@@ -134,10 +136,10 @@ class EngineConfig:
                 "(dp 1); data-parallel attention across the ranks of one worker is not built, "
                 "so run dp replicas as separate workers"
             )
-        if layout.tp > 1:
+        if layout.tp > 1 and layout.tp != layout.world:
             raise ValueError(
-                f"EngineConfig.parallel {layout.describe()}: tensor parallelism (tp > 1) is not "
-                "built in the native runtime; split sparse-mla with pcp, dcp and ep"
+                f"EngineConfig.parallel {layout.describe()}: tp combines with no other split "
+                "in the native runtime (tp for the llama family; pcp, dcp and ep for sparse-mla)"
             )
         extras = {"hisparse_host_pool_gib": self.hisparse}
         if on := [name for name, used in extras.items() if used]:

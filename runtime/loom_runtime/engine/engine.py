@@ -26,11 +26,14 @@ from loom_runtime.engine.host_reload import HostReloads
 from loom_runtime.engine.kv_pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.mtp_check import check_mtp
 from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
-from loom_runtime.engine.ranked_runner import RankedRunner, check_ranks, start_ranks
+from loom_runtime.engine.rank_channel import EngineRanks
+from loom_runtime.engine.ranked_runner import start_ranks
+from loom_runtime.engine.ranks_check import check_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
 from loom_runtime.engine.spec_forward import SpecForward
 from loom_runtime.engine.token_forward import TokenForward
+from loom_runtime.engine.tp_runner import start_tp
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
     EngineRequest,
@@ -45,6 +48,7 @@ from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.loop.contract import LoopContext
+from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.loader import (
     LoadedModel,
     load_model,
@@ -75,7 +79,7 @@ class Engine:
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
         co: CoScheduler | None = None,
-        ranks: RankedRunner | None = None,
+        ranks: EngineRanks | None = None,
         drafter: Drafter | None = None,
     ) -> None:
         """`co`: share one step thread (and lock) with the other engines of this worker.
@@ -184,8 +188,12 @@ class Engine:
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         check_ranks(loaded.config, config, None, disagg, starting=True)
         max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
-        export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
-        ranks = start_ranks(str(path), config, max_model_len, export_rows=export)
+        ranks: EngineRanks
+        if isinstance(loaded.config, ModelConfig):  # llama: tensor parallel
+            ranks = start_tp(str(path), loaded.config, config, max_model_len)
+        else:
+            export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
+            ranks = start_ranks(str(path), config, max_model_len, export_rows=export)
         try:
             return cls(loaded, config, events, disagg, connector, co, ranks)
         except BaseException:

@@ -16,7 +16,7 @@ import torch
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.hisparse import hisparse_cache
 from loom_runtime.engine.mtp_runner import mtp_kv_spec
-from loom_runtime.engine.ranked_runner import RankedRunner
+from loom_runtime.engine.rank_channel import EngineRanks
 from loom_runtime.errors import TransferError
 from loom_runtime.kv.cache import KVSpec, KVStore
 from loom_runtime.kv.fp8 import Fp8Format
@@ -45,7 +45,7 @@ def engine_kv(
     config: EngineConfig,
     max_model_len: int,
     model_device: torch.device,
-    ranks: RankedRunner | None,
+    ranks: EngineRanks | None,
     pd_role: bool,
 ) -> EngineKV:
     """The cache an engine of `mc` under `config` runs on (`model_device`: where its own model
@@ -59,11 +59,12 @@ def engine_kv(
         cache = hisparse = hisparse_cache(mc, config, max_model_len, model_device)
         num_blocks = cache.spec.num_blocks
     else:
-        num_blocks = config.resolve_num_blocks(per_block, max_model_len)
+        chosen = None if ranks is None else ranks.num_blocks  # TP ranks' pools: the same size
+        num_blocks = chosen or config.resolve_num_blocks(per_block, max_model_len)
         spec = kv_spec(mc, bs, num_blocks, config.dtype, config.kv_fp8)
         # a parallel engine's rows live on its ranks: its pool only counts blocks, unless its
         # ranks export their rows (prefix caching, P/D): then the pool mirrors them
-        mirrored = ranks is not None and ranks.spec.export_rows
+        mirrored = ranks is not None and ranks.export_rows
         where = model_device if ranks is None else torch.device(config.device)
         counted = ranks is not None and not mirrored
         cache = spec.allocate(torch.device("meta") if counted else where)
@@ -76,7 +77,7 @@ def engine_kv(
             f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
             "serve it with an aggregated role"
         )
-    if ranks is not None and not ranks.spec.export_rows:
+    if ranks is not None and not ranks.export_rows:
         device_bytes = 0
     elif hisparse is not None:
         device_bytes = hisparse.spec.device_bytes

@@ -13,27 +13,18 @@ stopped): the worker fails cleanly and the fleet's failover handles its requests
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing as mp
-import tempfile
-import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import NoReturn, TypeVar
 
 import torch
 
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.rank_channel import START_TIMEOUT_S, RankChannel, rank_config
 from loom_runtime.engine.runner import TokenWork
-from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import RankKVStats
 from loom_runtime.kv.latent_cache import LatentKVCache
-from loom_runtime.models.causal_lm import DecoderConfig
-from loom_runtime.models.sparse_mla.config import SparseMlaConfig
-from loom_runtime.parallel.layout import LayoutError
-from loom_runtime.parallel.ranks import RankConfig, RankFailure, RankGroup
+from loom_runtime.parallel.ranks import RankConfig
 from loom_runtime.parallel.sparse_mla.rank_server import (
     RankLoad,
     RankLoaded,
@@ -47,10 +38,6 @@ from loom_runtime.parallel.sparse_mla.rank_server import (
 from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 logger = logging.getLogger(__name__)
-
-START_TIMEOUT_S = 300.0  # joining the groups and loading the checkpoint, on every rank
-FAIL_GRACE_S = 10.0  # after a failure, how long the other ranks get to exit on their own
-Reply = TypeVar("Reply", RankReady, RankReply, RankLoaded)
 
 
 class RankedRunner:
@@ -80,30 +67,30 @@ class RankedRunner:
         self._released: list[str] = []
         self._held: set[str] = set()  # requests whose sequences the ranks hold
         self._mirror: LatentKVCache | None = None
-        self._dir = tempfile.TemporaryDirectory(prefix="loom-ranks-") if workdir is None else None
-        ctx = mp.get_context("spawn")
-        pipes = [ctx.Pipe() for _ in range(config.world)]
-        self._conns: list[Connection] = [mine for mine, _ in pipes]
-        theirs = tuple(child for _, child in pipes)
-        where = Path(self._dir.name) if self._dir is not None else Path(workdir or ".")
-        self._group = RankGroup(config, serve_rank, (spec, theirs), where)
-        self._group.start()
-        for child in theirs:  # a dead rank's pipe then reads as closed here
-            child.close()
-        ready = [self._receive(r, RankReady, start_timeout_s) for r in range(config.world)]
+        self._ranks = RankChannel(config, serve_rank, (spec,), workdir)
+        ready = self._ranks.receive_all(RankReady, "start", start_timeout_s)
         self._kv = [RankKVStats(r.rank, r.kv_bytes_per_token, 0, 0, 0) for r in ready]
         logger.info(
             "ranks ready",
-            extra={"layout": spec.layout.describe(), "pids": self._group.pids},
+            extra={"layout": spec.layout.describe(), "pids": self._ranks.pids},
         )
 
     @property
     def world(self) -> int:
-        return len(self._conns)
+        return self._ranks.world
 
     @property
     def pids(self) -> list[int]:
-        return self._group.pids
+        return self._ranks.pids
+
+    @property
+    def export_rows(self) -> bool:
+        return self.spec.export_rows
+
+    @property
+    def num_blocks(self) -> int | None:
+        """The ranks keep rows per sequence, so any pool size suits them (None: the engine's)."""
+        return None
 
     def kv(self) -> tuple[RankKVStats, ...]:
         """Per rank, the KV it held after the last step."""
@@ -134,12 +121,8 @@ class RankedRunner:
         )
         self._released = []
         self._held.update(w.request_id for w in works)
-        for rank, conn in enumerate(self._conns):
-            try:
-                conn.send(step)
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
-                self._fail(f"rank {rank} is gone ({type(exc).__name__})")
-        replies = [self._receive(r, RankReply, self._timeout_s) for r in range(self.world)]
+        self._ranks.send_all(step)
+        replies = self._ranks.receive_all(RankReply, "step", self._timeout_s)
         self._kv = [
             RankKVStats(kv.rank, kv.kv_bytes_per_token, r.kv_tokens, r.kv_bytes, r.sequences)
             for kv, r in zip(self._kv, replies, strict=True)
@@ -176,54 +159,12 @@ class RankedRunner:
         """Every rank loads the checkpoint's weights (after every sequence was released; the
         caller checked the names and shapes first). A rank that fails takes the runner down."""
         self.flush()
-        for rank, conn in enumerate(self._conns):
-            try:
-                conn.send(RankLoad(checkpoint))
-            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
-                self._fail(f"rank {rank} is gone ({type(exc).__name__})")
-        for r in range(self.world):
-            self._receive(r, RankLoaded, timeout_s)
+        self._ranks.send_all(RankLoad(checkpoint))
+        self._ranks.receive_all(RankLoaded, "weight load", timeout_s)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask every rank to stop, then stop whatever is left after `timeout_s`."""
-        for conn in self._conns:
-            with contextlib.suppress(OSError):
-                conn.send(None)
-        self._group.wait(timeout_s)
-        self._group.stop()
-        for conn in self._conns:
-            conn.close()
-        if self._dir is not None:
-            self._dir.cleanup()
-
-    def _receive(self, rank: int, kind: type[Reply], timeout_s: float) -> Reply:
-        what = {RankReady: "start", RankReply: "step", RankLoaded: "weight load"}[kind]
-        conn, proc = self._conns[rank], self._group.processes[rank]
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not conn.poll(max(0.0, min(1.0, deadline - time.monotonic()))):
-                if proc.exitcode is not None:
-                    self._fail(f"rank {rank} exited (code {proc.exitcode}) during the {what}")
-                if time.monotonic() >= deadline:
-                    self._fail(f"rank {rank} did not answer the {what} in {timeout_s:.0f} s")
-            reply = conn.recv()
-        except (EOFError, OSError) as exc:
-            self._fail(f"rank {rank} closed its pipe during the {what} ({type(exc).__name__})")
-        if not isinstance(reply, kind):
-            self._fail(f"rank {rank} answered the {what} with a {type(reply).__name__}")
-        return reply
-
-    def _fail(self, why: str) -> NoReturn:
-        """Every rank goes down (the pipes close: a rank waiting for a step exits; one stuck
-        in a collective with a dead peer times out or is stopped); RankFailure says why, with
-        the first rank's own account when one wrote it."""
-        for conn in self._conns:
-            conn.close()
-        outcomes = self._group.wait(FAIL_GRACE_S)
-        self._group.stop()
-        accounts = [o.error.strip().splitlines()[0] for o in outcomes if o.error]
-        detail = f"; {accounts[0]}" if accounts else ""
-        raise RankFailure(f"the worker's ranks failed: {why}{detail}", outcomes)
+        self._ranks.close(timeout_s)
 
 
 def _slots(cache: LatentKVCache, work: TokenWork, positions: list[int]) -> torch.Tensor:
@@ -287,42 +228,4 @@ def start_ranks(
         mtp=config.mtp_draft_tokens > 0,
         batch_decodes=batch_decodes,
     )
-    ranks = RankConfig(
-        world=config.parallel.world,
-        backend="nccl" if config.device.startswith("cuda") else "gloo",
-        collective_timeout_s=config.collective_timeout_s,
-        threads=max(1, torch.get_num_threads() // config.parallel.world),
-    )
-    return RankedRunner(spec, ranks)
-
-
-def check_ranks(
-    model: DecoderConfig,
-    config: EngineConfig,
-    ranks: RankedRunner | None,
-    disagg: DisaggSettings | None,
-    starting: bool = False,
-) -> None:
-    """A parallel engine's settings and its ranks agree; LayoutError says how they do not.
-    `starting`: before the ranks are started (from_checkpoint), so none are given yet."""
-    layout = config.parallel
-    if layout.world == 1:
-        if ranks is not None:
-            raise LayoutError("the engine was given ranks but its config.parallel is one rank")
-        return
-    where = f"parallel {layout.describe()}"
-    if not isinstance(model, SparseMlaConfig):
-        raise LayoutError(
-            f"{where}: ranks inside the engine run the sparse-mla family only (PCP, DCP, EP); "
-            f"the {model.model_type} model has no tensor parallelism in the native runtime yet"
-        )
-    if disagg is not None and ranks is not None and not ranks.spec.export_rows:
-        raise LayoutError(
-            f"{where}: a P/D {disagg.role}'s ranks must export their rows (its pool is what the "
-            "connector moves, and what a pulled request's ranks are seeded from)"
-        )
-    if not starting and (ranks is None or ranks.world != layout.world):
-        have = "none" if ranks is None else f"{ranks.world}"
-        raise LayoutError(f"{where} needs {layout.world} ranks, the engine was given {have}")
-    if disagg is None and ranks is not None and config.use_prefix_cache != ranks.spec.export_rows:
-        raise LayoutError(f"{where}: prefix caching on ranks needs ranks that export their rows")
+    return RankedRunner(spec, rank_config(config))

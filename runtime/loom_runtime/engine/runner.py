@@ -88,48 +88,7 @@ class ModelRunner:
             torch.set_num_threads(want)
 
     def build_batch(self, works: Sequence[TokenWork]) -> ForwardBatch:
-        if not works:
-            raise ValueError("build_batch needs at least one TokenWork")
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        context_lens: list[int] = []
-        tables: list[list[int]] = []
-        logits_rows: list[int] = []
-        for w in works:
-            n = len(w.token_ids)
-            if n == 0:
-                raise ValueError(f"request {w.request_id!r}: TokenWork with no tokens")
-            num_blocks = -(-w.end // bs)
-            if num_blocks > len(w.table.block_ids):
-                raise ValueError(
-                    f"request {w.request_id!r}: tokens up to {w.end} need {num_blocks} blocks, "
-                    f"table holds {len(w.table.block_ids)}"
-                )
-            table = w.table.block_ids[:num_blocks]
-            ids.extend(w.token_ids)
-            # plain ints: a decode step's few tokens cost less than building tensors per work
-            span = range(w.start, w.end)
-            positions.extend(span)
-            slots.extend(table[p // bs] * bs + p % bs for p in span)
-            query_start.append(query_start[-1] + n)
-            context_lens.append(w.end)
-            tables.append(table)
-            if w.want_logits:
-                logits_rows.append(query_start[-1] - 1)
-        dev = self.device
-        return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
-            query_start=query_start,
-            context_lens=context_lens,
-            block_tables=tables,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
-            request_ids=tuple(w.request_id for w in works),
-        )
+        return build_forward_batch(works, self.block_size, self.device)
 
     @torch.inference_mode()
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
@@ -139,12 +98,58 @@ class ModelRunner:
         logits = self.model.forward(batch, self.cache)
         self.tokens_run += batch.num_tokens
         self.forwards += 1
-        out: list[torch.Tensor | None] = []
-        row = 0
-        for w in works:
-            if w.want_logits:
-                out.append(logits[row])
-                row += 1
-            else:
-                out.append(None)
-        return out
+        return logits_per_work(works, logits)
+
+
+def logits_per_work(works: Sequence[TokenWork], logits: torch.Tensor) -> list[torch.Tensor | None]:
+    """Per work its row of a forward's logits ([N, vocab], one per work that wanted one)."""
+    rows = iter(logits)
+    return [next(rows) if w.want_logits else None for w in works]
+
+
+def build_forward_batch(
+    works: Sequence[TokenWork], block_size: int, device: torch.device
+) -> ForwardBatch:
+    """The works as one forward: their tokens flattened, slots from their block tables."""
+    if not works:
+        raise ValueError("a forward batch needs at least one TokenWork")
+    bs = block_size
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start = [0]
+    context_lens: list[int] = []
+    tables: list[list[int]] = []
+    logits_rows: list[int] = []
+    for w in works:
+        n = len(w.token_ids)
+        if n == 0:
+            raise ValueError(f"request {w.request_id!r}: TokenWork with no tokens")
+        num_blocks = -(-w.end // bs)
+        if num_blocks > len(w.table.block_ids):
+            raise ValueError(
+                f"request {w.request_id!r}: tokens up to {w.end} need {num_blocks} blocks, "
+                f"table holds {len(w.table.block_ids)}"
+            )
+        table = w.table.block_ids[:num_blocks]
+        ids.extend(w.token_ids)
+        # plain ints: a decode step's few tokens cost less than building tensors per work
+        span = range(w.start, w.end)
+        positions.extend(span)
+        slots.extend(table[p // bs] * bs + p % bs for p in span)
+        query_start.append(query_start[-1] + n)
+        context_lens.append(w.end)
+        tables.append(table)
+        if w.want_logits:
+            logits_rows.append(query_start[-1] - 1)
+    dev = device
+    return ForwardBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+        positions=torch.tensor(positions, dtype=torch.long, device=dev),
+        query_start=query_start,
+        context_lens=context_lens,
+        block_tables=tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+        logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=dev),
+        request_ids=tuple(w.request_id for w in works),
+    )

@@ -5,7 +5,7 @@ Owns the weights and the forward math; never schedules, allocates KV blocks or r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,11 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class LlamaDecoderLayer:
-    """Pre-norm attention + SwiGLU MLP. q/k/v and gate/up are stored fused, one matmul each."""
+    """Pre-norm attention + SwiGLU MLP. q/k/v and gate/up are stored fused, one matmul each.
+
+    `reduce`: on a tensor-parallel rank (parallel/llama/tp.py) the layer holds a shard of the
+    heads and of the MLP's intermediate columns; o_proj's and down_proj's partial sums then go
+    through `reduce` (an all-reduce over the TP group) before their bias is added, once."""
 
     def __init__(
         self, config: ModelConfig, layer: int, dtype: torch.dtype, device: str | torch.device
@@ -47,6 +51,7 @@ class LlamaDecoderLayer:
         self.down_bias = zeros(h, when=config.mlp_bias)
         self.q_norm = zeros(config.head_dim, when=config.qk_norm)
         self.k_norm = zeros(config.head_dim, when=config.qk_norm)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `model.layers.N.`) -> the view it is copied into."""
@@ -100,10 +105,19 @@ class LlamaDecoderLayer:
             k = rms_norm(k, self.k_norm, c.rms_norm_eps)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         attn = paged_attention(q, k, v, kv, self.layer, plan, slot_mapping, attention_scale)
-        x = x + F.linear(attn.flatten(1), self.o_weight, self.o_bias)
+        x = x + self._row_parallel(attn.flatten(1), self.o_weight, self.o_bias)
         h = rms_norm(x, self.post_attention_norm, c.rms_norm_eps)
         gate, up = F.linear(h, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return x + self._row_parallel(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+    def _row_parallel(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x @ weightᵀ + bias; on a TP rank the partial sums are reduced first."""
+        if self.reduce is None:
+            return F.linear(x, weight, bias)
+        out = self.reduce(F.linear(x, weight))
+        return out if bias is None else out + bias
 
 
 class LlamaForCausalLM:

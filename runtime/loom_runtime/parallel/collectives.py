@@ -1,5 +1,6 @@
 """Comm: one process group as one rank sees it, and the few collectives the parallel forward
-uses: gathers of uneven rows, all-to-alls of uneven rows, a reduce-scatter, a broadcast.
+uses: gathers of uneven rows, all-to-alls of uneven rows, a reduce-scatter, an all-reduce, a
+broadcast.
 
 A thin shell over torch.distributed (gloo on CPU, NCCL on GPU); every call runs under the
 group's timeout, set when the ranks joined (ranks.py). Never decides what to send.
@@ -105,6 +106,15 @@ def reduce_scatter_sum(comm: Comm, x: torch.Tensor) -> torch.Tensor:
         return out
     chunks, _ = all_to_all_rows(comm, x, [n] * comm.size, [n] * comm.size)
     return chunks.view(comm.size, n, *x.shape[1:]).sum(dim=0)
+
+
+def all_reduce_sum(comm: Comm, x: torch.Tensor) -> torch.Tensor:
+    """The sum of every rank's x (the same shape everywhere), the same on every rank."""
+    if comm.size == 1:
+        return x
+    x = x.contiguous().clone()
+    dist.all_reduce(x, op=dist.ReduceOp.SUM, group=comm.group)
+    return x
 
 
 def broadcast(comm: Comm, x: torch.Tensor, root: int = 0) -> torch.Tensor:

@@ -18,9 +18,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_sentinels
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -174,6 +175,41 @@ def run_ranks(
     raise RankFailure(
         f"{len(bad)} of {config.world} ranks failed (exit codes {codes}); first {first}", outcomes
     )
+
+
+class StepServer(Protocol):
+    """A rank's answers to its engine: `ready` once started, then one reply per message."""
+
+    def ready(self) -> Any: ...
+
+    def handle(self, message: Any) -> Any: ...
+
+
+def serve_steps(
+    ctx: RankContext, conns: tuple[Connection, ...], start: Callable[[], StepServer]
+) -> int:
+    """A rank's loop under an engine: keep its own pipe of `conns`, build its server with
+    `start` (joining groups, loading weights), send the server's ready record, then answer
+    every message until the engine closes the pipe or sends None. Returns the messages
+    answered. A message that raises fails the rank (its account goes to rankN.error); the
+    engine sees its pipe close and takes the worker down."""
+    conn = conns[ctx.rank]
+    for i, other in enumerate(conns):
+        if i != ctx.rank:
+            other.close()
+    with torch.inference_mode():
+        server = start()
+        conn.send(server.ready())
+        answered = 0
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:  # the engine went away
+                return answered
+            if message is None:
+                return answered
+            conn.send(server.handle(message))
+            answered += 1
 
 
 def _failure_order(outcome: RankOutcome) -> tuple[int, float, float]:

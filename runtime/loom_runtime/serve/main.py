@@ -153,7 +153,7 @@ def add_parser(sub: Any) -> None:
         "ranks inside the worker (sparse-mla; a role's parallelism: ranks = pcp, one replica)"
     )
     par.add_argument("--dp", type=int, default=1, help="data parallel replicas (1 per worker)")
-    par.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (not built: 1)")
+    par.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (the llama family)")
     par.add_argument("--pcp", type=int, default=1, help="prefill context parallel ranks")
     par.add_argument(
         "--dcp", type=int, default=1, help="decode context parallel size (divides --pcp)"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from tests.runtime.engine.ranks_config import BLOCK, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
 from loom_operator.fleet.capacity import dcp_local_length
@@ -29,21 +30,9 @@ from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
 
-BLOCK = 16
-
 
 def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
-    base: dict[str, object] = dict(
-        dtype=torch.float64,
-        block_size=BLOCK,
-        num_blocks=80,
-        max_model_len=512,
-        max_num_batched_tokens=96,
-        max_num_seqs=8,
-        parallel=layout,
-        collective_timeout_s=60.0,
-    )
-    return EngineConfig(**(base | kw))  # type: ignore[arg-type]
+    return ranks_config(layout, **kw)
 
 
 @pytest.mark.parametrize(
@@ -142,9 +131,9 @@ def test_settings_the_ranks_cannot_serve_are_refused(sparse_dir: Path) -> None:
         config(ParallelLayout(pcp=2), dcp_backend="ring")
 
 
-def test_a_llama_model_on_ranks_is_refused_before_any_rank_starts(tiny_dir: Path) -> None:
+def test_a_llama_model_on_pcp_ranks_is_refused_before_any_rank_starts(tiny_dir: Path) -> None:
     cfg = EngineConfig(parallel=ParallelLayout(pcp=2), max_model_len=64, num_blocks=16)
-    with pytest.raises(LayoutError, match="sparse-mla family only"):
+    with pytest.raises(LayoutError, match="splits over tp only"):
         Engine.from_checkpoint(tiny_dir, cfg)
 
 

@@ -185,13 +185,15 @@ def test_parallel_flags_become_the_engines_layout(tmp_path: Path) -> None:
     engine = plan_worker(args, {}).engine
     assert engine.parallel == ParallelLayout(pcp=2, dcp=2, ep=2, interleave=4)
     assert (engine.dcp_backend, engine.collective_timeout_s) == ("a2a", 30.0)
+    tp = plan_worker(_args(_card(tmp_path), "--tp", "2"), {}).engine
+    assert tp.parallel == ParallelLayout(tp=2)
 
 
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
         (("--dp", "2", "--ep", "2"), "one replica"),
-        (("--tp", "2"), "tensor parallelism"),
+        (("--tp", "2", "--pcp", "2"), "tp combines with no other split"),
         (("--pcp", "2", "--dcp", "3"), "dcp"),
         (("--pcp", "2", "--hisparse-host-pool-gib", "1"), "cannot run on ranks"),
     ],

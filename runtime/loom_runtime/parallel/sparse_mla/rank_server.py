@@ -21,7 +21,7 @@ import torch
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
 from loom_runtime.parallel.layout import ParallelLayout
-from loom_runtime.parallel.ranks import RankContext
+from loom_runtime.parallel.ranks import RankContext, serve_steps
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
 from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, decode_batch
@@ -150,6 +150,9 @@ class RankSequences:
         self.model, self.experts = model, shard_experts(model, self.plan.ep)
         return RankLoaded(self.rank, sum(e.expert_bytes for e in self.experts.values()))
 
+    def handle(self, message: RankStep | RankLoad) -> RankReply | RankLoaded:
+        return self.load(message) if isinstance(message, RankLoad) else self.step(message)
+
     def step(self, step: RankStep) -> RankReply:
         for request_id in step.release:
             self.live.pop(request_id, None)
@@ -231,26 +234,6 @@ class RankSequences:
 
 
 def serve_rank(ctx: RankContext, spec: RankServeSpec, conns: tuple[Connection, ...]) -> int:
-    """A rank's program (parallel/ranks.py): steps from its pipe until the engine closes it
-    or sends None. Returns the number of steps run. A step that raises fails the rank (its
-    account goes to rankN.error); the engine sees its pipe close and takes the worker down."""
-    conn = conns[ctx.rank]
-    for i, other in enumerate(conns):
-        if i != ctx.rank:
-            other.close()
-    with torch.inference_mode():
-        ranks = RankSequences(ctx, spec)
-        conn.send(ranks.ready())
-        steps = 0
-        while True:
-            try:
-                message = conn.recv()
-            except EOFError:  # the engine went away
-                return steps
-            if message is None:
-                return steps
-            if isinstance(message, RankLoad):
-                conn.send(ranks.load(message))
-                continue
-            conn.send(ranks.step(message))
-            steps += 1
+    """A rank's program (parallel/ranks.py): steps and weight loads from its pipe until the
+    engine closes it or sends None."""
+    return serve_steps(ctx, conns, lambda: RankSequences(ctx, spec))

@@ -1,0 +1,25 @@
+"""The engine config the tests of a parallel engine start from (sparse-mla's PCP/DCP/EP ranks,
+llama's TP ranks): float64, 80 blocks of 16, 96-token steps, a 60 s collective timeout."""
+
+from __future__ import annotations
+
+import torch
+
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.parallel.layout import ParallelLayout
+
+BLOCK = 16
+
+
+def ranks_config(layout: ParallelLayout, **kw: object) -> EngineConfig:
+    base: dict[str, object] = dict(
+        dtype=torch.float64,
+        block_size=BLOCK,
+        num_blocks=80,
+        max_model_len=512,
+        max_num_batched_tokens=96,
+        max_num_seqs=8,
+        parallel=layout,
+        collective_timeout_s=60.0,
+    )
+    return EngineConfig(**(base | kw))  # type: ignore[arg-type]
