@@ -17,6 +17,7 @@ from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import Role, RoleName
 from loom_operator.fleet.desired import served_component
 from loom_runtime.card.model_card import ModelCard
+from loom_runtime.card.serving import Router
 
 CONTROL_TOKEN_ENV = "LOOM_CONTROL_TOKEN"
 ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
@@ -143,6 +144,25 @@ def parallel_flags(settings: Role) -> list[str]:
     return argv
 
 
+def router_policy(router: Router, scored: Role | None) -> dict[str, Any]:
+    """The router section as the router runs it. When the pool whose cache the prefix index
+    predicts keeps no prefix cache (its `engine.prefixCaching: false`), nothing a prefix or a
+    session could earn exists there: the prefixCache scorer's weight, session affinity and the
+    in-flight prefix window are rendered off (a scorer chasing hits that never come would pile
+    requests sharing a prefix onto one worker), and the queue scorer gets weight 1 if no other
+    weight is left."""
+    doc = router.model_dump(mode="json", by_alias=True)
+    if scored is None or scored.engine.prefix_caching:
+        return doc
+    scorers = doc["scorers"]
+    scorers["prefixCache"] = 0.0
+    if scorers["queue"] + scorers["kvCacheUtilization"] <= 0:
+        scorers["queue"] = 1.0
+    doc["sessionAffinity"]["enabled"] = False
+    doc["inFlightPrefixSeconds"] = 0.0
+    return doc
+
+
 def router_document(
     card: DeploymentCard,
     model_name: str,
@@ -164,7 +184,7 @@ def router_document(
         "block_size": block_size,
         "hash_seed": spec.prefix_caching.hash_seed,
         "hash_algo": spec.prefix_caching.hash_algo,
-        "router": spec.router.model_dump(mode="json", by_alias=True),
+        "router": router_policy(spec.router, engine_role),
         "failover": spec.failover.model_dump(mode="json", by_alias=True),
         "endpoints": [],
         **({} if diffusion is None else {"diffusion": {"default_steps": diffusion}}),

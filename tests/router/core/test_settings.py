@@ -72,6 +72,20 @@ def test_card_values_are_carried_over() -> None:
     assert (s.block_size, s.hash_seed, s.migration_limit) == (32, "42", 7)
 
 
+def test_a_scored_pool_without_prefix_caching_turns_prefix_routing_off() -> None:
+    """The decode role keeps no prefix cache: no prefix or session credit for its endpoints,
+    and what was left of the card's weights still routes (queue alone if nothing else)."""
+    off = {"engine": {"prefixCaching": False}}
+    s = settings_from_card(card({"roles": {"prefill": {}, "decode": off}}))
+    assert s.weights == ScorerWeights(prefix_cache=0, queue=2, kv_cache_utilization=2)
+    assert (s.session_affinity, s.in_flight_prefix_s) == (False, 0)
+    only_prefix = {"scorers": {"prefixCache": 3, "queue": 0, "kvCacheUtilization": 0}}
+    s = settings_from_card(card({"roles": {"aggregated": off}, "router": only_prefix}))
+    assert s.weights == ScorerWeights(prefix_cache=0, queue=1, kv_cache_utilization=0)
+    kept = settings_from_card(card({"roles": {"prefill": off, "decode": {}}}))
+    assert kept.weights.prefix_cache == 3  # the prefill role's cache is not the scored one
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
