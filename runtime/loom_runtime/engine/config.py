@@ -52,8 +52,9 @@ class EngineConfig:
     hisparse_hot_slots: int | None = None
     # Ranks inside the engine (a role's `parallelism`, `--tp`, `--pcp/--dcp/--ep/--dcp-interleave`):
     # the forward runs on layout.world rank processes that the engine drives step by step
-    # (docs/parallel.md). One replica per worker (dp 1). Sparse-mla splits over PCP, DCP and EP
-    # (engine/ranked_runner.py): the ranks keep each request's rows themselves; the engine's
+    # (docs/parallel.md). Sparse-mla splits over PCP, DCP and EP, or over DP replicas whose
+    # attention runs each on its own requests while EP spans them (engine/ranked_runner.py):
+    # the ranks keep each request's rows themselves; the engine's
     # pool mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
     # connector (a decode's pull lands there and seeds the ranks). The llama family splits over
     # TP alone (engine/tp_runner.py): each rank keeps its kv heads' pool, indexed by the
@@ -130,12 +131,6 @@ class EngineConfig:
             )
         if layout.world == 1:
             return
-        if layout.dp > 1:
-            raise ValueError(
-                f"EngineConfig.parallel {layout.describe()}: one worker serves one replica "
-                "(dp 1); data-parallel attention across the ranks of one worker is not built, "
-                "so run dp replicas as separate workers"
-            )
         if layout.tp > 1 and layout.tp != layout.world:
             raise ValueError(
                 f"EngineConfig.parallel {layout.describe()}: tp combines with no other split "

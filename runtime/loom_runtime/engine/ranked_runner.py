@@ -66,6 +66,7 @@ class RankedRunner:
         self._timeout_s = config.collective_timeout_s
         self._released: list[str] = []
         self._held: set[str] = set()  # requests whose sequences the ranks hold
+        self._home: dict[str, int] = {}  # the DP replica each live request runs on
         self._mirror: LatentKVCache | None = None
         self._ranks = RankChannel(config, serve_rank, (spec,), workdir)
         ready = self._ranks.receive_all(RankReady, "start", start_timeout_s)
@@ -108,6 +109,7 @@ class RankedRunner:
         """The request's blocks were freed: its sequences go with the next step."""
         self._released.append(request_id)
         self._held.discard(request_id)
+        self._home.pop(request_id, None)
 
     def flush(self) -> None:
         """Send the pending releases now (a step of no works), when there are any."""
@@ -117,7 +119,8 @@ class RankedRunner:
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
         """One step on every rank; per work its logits row ([vocab]) or None."""
         step = RankStep(
-            works=tuple(self._rank_work(w) for w in works), release=tuple(self._released)
+            works=tuple(self._rank_work(w, self._replica(w.request_id)) for w in works),
+            release=tuple(self._released),
         )
         self._released = []
         self._held.update(w.request_id for w in works)
@@ -132,15 +135,31 @@ class RankedRunner:
             for reply in replies:
                 for exported in reply.rows:
                     _write_rows(self._mirror, by_id[exported.request_id], exported.rows)
-        lead = replies[0]
         self.tokens_run += sum(len(w.token_ids) for w in works)
         self.forwards += bool(works)
         self.works_run += len(works)
-        self.rank_forwards += lead.forwards
-        rows = iter(() if lead.logits is None else lead.logits)
-        return [next(rows) if w.want_logits else None for w in works]
+        self.rank_forwards += replies[0].forwards
+        leads = [replies[self._lead(d)] for d in range(self.spec.layout.dp)]
+        rows = [iter(() if lead.logits is None else lead.logits) for lead in leads]
+        return [next(rows[step.works[i].replica]) if w.want_logits else None
+                for i, w in enumerate(works)]  # fmt: skip
 
-    def _rank_work(self, work: TokenWork) -> RankWork:
+    def _replica(self, request_id: str) -> int:
+        """The DP replica a request runs on: kept while its sequence lives on the ranks; a new
+        one (or a preempted one, restarting) goes to the replica with the fewest live requests."""
+        if request_id not in self._home:
+            load = [0] * self.spec.layout.dp
+            for d in self._home.values():
+                load[d] += 1
+            self._home[request_id] = load.index(min(load))
+        return self._home[request_id]
+
+    def _lead(self, replica: int) -> int:
+        """The rank that returns a replica's logits: its first."""
+        layout = self.spec.layout
+        return replica * layout.tp * layout.pcp
+
+    def _rank_work(self, work: TokenWork, replica: int) -> RankWork:
         """The ranks' share of a work; a sequence they do not hold that starts past 0 (a prefix
         hit) carries its prefix's rows, read from the mirrored pool."""
         prefix = None
@@ -152,7 +171,13 @@ class RankedRunner:
                 )
             prefix = _read_rows(self._mirror, work, work.start)
         return RankWork(
-            work.request_id, work.token_ids, work.start, work.want_logits, prefix, work.next_id
+            work.request_id,
+            work.token_ids,
+            work.start,
+            work.want_logits,
+            prefix,
+            work.next_id,
+            replica,
         )
 
     def load_weights(self, checkpoint: str, timeout_s: float = START_TIMEOUT_S) -> None:

@@ -150,9 +150,12 @@ def add_parser(sub: Any) -> None:
         help="decode: when a KV pull fails, prefill locally or answer 500",
     )
     par = p.add_argument_group(
-        "ranks inside the worker (sparse-mla; a role's parallelism: ranks = pcp, one replica)"
+        "ranks inside the worker (a role's parallelism: ranks = dp × tp × pcp; tp for llama, "
+        "dp/pcp/dcp/ep for sparse-mla)"
     )
-    par.add_argument("--dp", type=int, default=1, help="data parallel replicas (1 per worker)")
+    par.add_argument(
+        "--dp", type=int, default=1, help="data parallel attention replicas (sparse-mla, with ep)"
+    )
     par.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (the llama family)")
     par.add_argument("--pcp", type=int, default=1, help="prefill context parallel ranks")
     par.add_argument(

@@ -19,10 +19,11 @@ from tests.runtime.engine.ranks_config import BLOCK, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
 from loom_operator.fleet.capacity import dcp_local_length
+from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranked_runner import RankedRunner
-from loom_runtime.engine.types import EngineRequest
+from loom_runtime.engine.types import EngineRequest, RankKVStats
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
@@ -41,8 +42,9 @@ def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
         (ParallelLayout(pcp=2, dcp=2, interleave=1), "ag_rs"),
         (ParallelLayout(pcp=2, dcp=2, interleave=4), "a2a"),
         (ParallelLayout(pcp=2, ep=2), "ag_rs"),
+        (ParallelLayout(dp=2, ep=2), "ag_rs"),
     ],
-    ids=["pcp2-dcp2-i1-ag_rs", "pcp2-dcp2-i4-a2a", "pcp2-ep2"],
+    ids=["pcp2-dcp2-i1-ag_rs", "pcp2-dcp2-i4-a2a", "pcp2-ep2", "dp2-ep2"],
 )
 def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
     sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt, layout: ParallelLayout, backend: str
@@ -66,6 +68,38 @@ def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
     assert engine._model.device.type == "meta"  # the engine's process holds no weights
     assert len(stats.ranks) == layout.world
     assert all(rank.sequences == 0 and rank.kv_tokens == 0 for rank in stats.ranks)
+
+
+def test_dp_replicas_each_run_their_own_requests_and_share_the_experts(
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    """DP2 × EP2 (the reference decode's DP × EP on 2 ranks): requests are spread over the two
+    replicas, each rank keeps and attends over its own requests' rows only, and their tokens
+    meet in the expert exchanges; a replica with fewer forwards in a step makes the rest of the
+    exchanges empty, so neither waits on the other."""
+    lengths = [30, 90, 200, 7]
+    reqs = [EngineRequest(f"r{i}", prompt(n, 500 + i), greedy(12)) for i, n in enumerate(lengths)]
+    got = {r.request_id: OutputCollector(r) for r in reqs}
+    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(dp=2, ep=2)))
+    try:
+        for r in reqs:
+            engine.add_request(r, got[r.request_id])
+        ranks: tuple[RankKVStats, ...] = ()
+        for _ in range(20):  # until every request is on the ranks (96-token steps)
+            engine.step()
+            ranks = engine.stats().ranks
+            if sum(r.sequences for r in ranks) == len(reqs):
+                break
+        while not all(c.done.is_set() for c in got.values()):
+            engine.step()
+    finally:
+        engine.shutdown()
+    assert [r.sequences for r in ranks] == [2, 2]  # r0, r2 on replica 0; r1, r3 on replica 1
+    assert ranks[0].kv_tokens > lengths[0] + lengths[2] - 1
+    assert ranks[1].kv_tokens > lengths[1] + lengths[3] - 1
+    for r in reqs:
+        want = one_sequence(inner(sparse64), r.prompt_token_ids, 12)
+        assert got[r.request_id].result().output_token_ids == want
 
 
 def test_each_rank_holds_its_dcp_share_as_the_planner_predicts(
@@ -123,8 +157,8 @@ def test_a_rank_that_dies_fails_the_step_with_rank_failure(
 
 
 def test_settings_the_ranks_cannot_serve_are_refused(sparse_dir: Path) -> None:
-    with pytest.raises(ValueError, match="one replica"):
-        config(ParallelLayout(dp=2, ep=2))
+    with pytest.raises(LayoutError, match="pcp > 1 cannot be combined with dp > 1"):
+        config(ParallelLayout(dp=2, pcp=2))
     with pytest.raises(ValueError, match="hisparse_host_pool_gib cannot run on ranks"):
         config(ParallelLayout(pcp=2), hisparse_host_pool_gib=1.0)
     with pytest.raises(ValueError, match="dcp_backend"):

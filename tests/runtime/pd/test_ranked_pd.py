@@ -57,7 +57,9 @@ def test_a_ranked_prefill_feeds_a_one_rank_decode_with_the_one_rank_tokens(
 
 
 @pytest.mark.parametrize(
-    "layout", [ParallelLayout(pcp=2, dcp=2), ParallelLayout(pcp=2, ep=2)], ids=["dcp2", "ep2"]
+    "layout",
+    [ParallelLayout(pcp=2, dcp=2), ParallelLayout(pcp=2, ep=2), ParallelLayout(dp=2, ep=2)],
+    ids=["dcp2", "ep2", "dp2-ep2"],
 )
 def test_a_decode_on_ranks_is_seeded_from_its_pulled_pool_with_the_one_rank_tokens(
     workers: Workers, sparse_checkpoint: Path, sparse64: LoadedModel, layout: ParallelLayout

@@ -13,6 +13,7 @@ request runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -59,6 +60,7 @@ class RankWork:
     want_logits: bool
     prefix: HeldRows | None = None
     next_id: int | None = None  # the token after token_ids, when known (the MTP rows read it)
+    replica: int = 0  # the DP replica whose ranks hold the sequence and run the work
 
 
 @dataclass(frozen=True)
@@ -79,11 +81,12 @@ class RankRows:
 
 @dataclass(frozen=True)
 class RankReply:
-    """A rank's answer to a step. `logits`: the rows of the works that wanted them, in order
-    ([n, vocab]; rank 0 only, None elsewhere). `kv_tokens`/`kv_bytes`: the rows this rank
-    holds for every live sequence, and their bytes in whole blocks. `rows`: with
-    `export_rows`, the new rows of every work that this rank holds, when it is one of the DCP
-    group of rank 0 (together they hold every token once)."""
+    """A rank's answer to a step. `logits`: the rows of its replica's works that wanted them,
+    in order ([n, vocab]; the replica's first rank only, None elsewhere).
+    `kv_tokens`/`kv_bytes`: the rows this rank holds for every live sequence, and their bytes
+    in whole blocks. `rows`: with `export_rows`, the new rows of every work of its replica that
+    this rank holds, when it is one of the replica's first DCP group (together they hold every
+    token once)."""
 
     logits: torch.Tensor | None
     kv_tokens: int
@@ -130,7 +133,12 @@ class RankSequences:
         self.model = load_sparse_mla(spec.checkpoint, dtype, ctx.device).model
         self.experts = shard_experts(self.model, self.plan.ep)
         self.live: dict[str, ParallelSequence] = {}
-        self.exports = spec.export_rows and 0 in self.plan.dcp.ranks
+        layout, coords = spec.layout, self.plan.coords
+        self.replica = coords.dp
+        first = coords.dp * layout.tp * layout.pcp  # the replica's first rank
+        self.lead = ctx.rank == first
+        # the replica's first DCP group holds every token of its sequences once
+        self.exports = spec.export_rows and first in self.plan.dcp.ranks
 
     def ready(self) -> RankReady:
         probe = self._new_sequence(1)
@@ -156,18 +164,20 @@ class RankSequences:
     def step(self, step: RankStep) -> RankReply:
         for request_id in step.release:
             self.live.pop(request_id, None)
-        logits, forwards = self._run_all(step.works)
+        mine = tuple(w for w in step.works if w.replica == self.replica)
+        logits, forwards = self._run_all(mine)
+        self._pad_expert_exchanges(step.works, forwards)
         stores = [seq.store for seq in self.live.values()]
         return RankReply(
             logits=None if logits is None else logits.cpu(),
             kv_tokens=sum(s.kv_tokens for s in stores),
             kv_bytes=sum(s.block_bytes(self.spec.block_size) for s in stores),
             sequences=len(stores),
-            rows=self._exported(step.works) if self.exports else (),
+            rows=self._exported(mine) if self.exports else (),
             forwards=forwards,
         )
 
-    def _run_all(self, works: tuple[RankWork, ...]) -> tuple[torch.Tensor | None, int]:
+    def _run_all(self, works: Sequence[RankWork]) -> tuple[torch.Tensor | None, int]:
         """Every work of a step: the prompt chunks one by one, then every one-token decode in
         one batched forward (spec.batch_decodes). The logits rows of the works that want them,
         in the works' order (rank 0 only), and the number of forwards run."""
@@ -183,11 +193,29 @@ class RankSequences:
             ids = torch.tensor([works[i].token_ids[0] for i in decodes], dtype=torch.long)
             batch = decode_batch([self.live[works[i].request_id] for i in decodes], ids)
             rows.update(zip(decodes, batch, strict=True))
-        forwards = len(works) - len(decodes) + bool(decodes)
         wanted = [rows[i] for i, work in enumerate(works) if work.want_logits]
-        return (torch.stack(wanted) if wanted and self.rank == 0 else None), forwards
+        return (torch.stack(wanted) if wanted and self.lead else None), self._forwards(works)
 
-    def _exported(self, works: tuple[RankWork, ...]) -> tuple[RankRows, ...]:
+    def _forwards(self, works: Sequence[RankWork]) -> int:
+        """The forwards `works` take: each prompt chunk alone, the decodes as one."""
+        decodes = sum(self.spec.batch_decodes and self._is_decode(w) for w in works)
+        return len(works) - decodes + bool(decodes)
+
+    def _pad_expert_exchanges(self, works: tuple[RankWork, ...], ran: int) -> None:
+        """DP replicas share their EP groups: every rank must make as many expert exchanges as
+        the busiest replica's forwards make, so a rank that ran fewer forwards (or none) makes
+        the rest with no tokens. Each replica's forward count is computed from the step alone,
+        the same on every rank."""
+        replicas = self.spec.layout.dp
+        if replicas == 1 or not self.experts:
+            return
+        counts = [self._forwards([w for w in works if w.replica == d]) for d in range(replicas)]
+        empty = self.model.embed_tokens.new_zeros(0, self.model.config.hidden_size)
+        for _ in range(max(counts) - ran):
+            for layer in sorted(self.experts):
+                self.experts[layer].forward(empty)
+
+    def _exported(self, works: Sequence[RankWork]) -> tuple[RankRows, ...]:
         """The rows each work just wrote that this rank holds."""
         out = []
         for w in works:
