@@ -5,7 +5,8 @@ serves N concurrent requests twice per round: with the ranks running each step's
 forward per request (the baseline: how the ranks ran before) and as one batched forward over
 all of them (decode_batch: one attention call, one FFN, one EP exchange and one DCP top-k and
 merge per layer for the whole batch). Reports output tokens per second and the ratio to the
-baseline, medians of --rounds (the two alternate), for PCP2×DCP2 and PCP2 with EP2; every
+baseline, medians of --rounds (the two alternate), for PCP2×DCP2, PCP2 with EP2 and DP2
+with EP2 (each rank attends over half the requests); every
 run's tokens are checked equal to the baseline's. Usage:
 
     PYTHONPATH=runtime:operator:router:. .venv/bin/python bench/ranked_batch.py [--quick]
@@ -34,6 +35,7 @@ from loom_runtime.parallel.layout import ParallelLayout
 LAYOUTS = {
     "pcp2-dcp2": ParallelLayout(pcp=2, dcp=2),
     "pcp2-ep2": ParallelLayout(pcp=2, ep=2),
+    "dp2-ep2": ParallelLayout(dp=2, ep=2),
 }
 
 
