@@ -1,8 +1,8 @@
 """The program every rank of a parallel sparse-mla worker runs under the engine: join the
 layout's groups, load the checkpoint (each rank keeps its EP share of the experts), then run
 the engine's steps as they arrive over its pipe: each scheduled prompt chunk on its
-ParallelSequence, then the step's decodes as one batched forward, the same calls on every
-rank, in the same order.
+ParallelSequence, then the step's decodes as one batched forward (without PCP and DCP the
+chunks join that forward), the same calls on every rank, in the same order.
 
 Owns the rank's sequences (one ParallelSequence per request, dropped when the engine releases
 it), the wire records of a step and of a weight load, and, for a P/D prefill, the copies of
@@ -25,7 +25,7 @@ from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext, serve_steps
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
-from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, decode_batch
+from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, forward_batch
 from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 
@@ -178,28 +178,36 @@ class RankSequences:
         )
 
     def _run_all(self, works: Sequence[RankWork]) -> tuple[torch.Tensor | None, int]:
-        """Every work of a step: the prompt chunks one by one, then every one-token decode in
-        one batched forward (spec.batch_decodes). The logits rows of the works that want them,
-        in the works' order (rank 0 only), and the number of forwards run."""
+        """Every work of a step (spec.batch_decodes): without PCP and DCP all in one batched
+        forward, else the prompt chunks one by one and then every one-token decode in one
+        batched forward. The logits rows of the works that want them, in the works' order (the
+        replica's first rank only), and the number of forwards run."""
         rows: dict[int, torch.Tensor] = {}
-        decodes: list[int] = []
+        batched: list[int] = []
+        whole = self._one_forward()
         for i, work in enumerate(works):
             seq = self._sequence(work)
-            if self.spec.batch_decodes and self._is_decode(work):
-                decodes.append(i)
+            if self.spec.batch_decodes and (whole or self._is_decode(work)):
+                batched.append(i)
             else:
                 rows[i] = self._run(seq, work)
-        if decodes:
-            ids = torch.tensor([works[i].token_ids[0] for i in decodes], dtype=torch.long)
-            batch = decode_batch([self.live[works[i].request_id] for i in decodes], ids)
-            rows.update(zip(decodes, batch, strict=True))
+        if batched:
+            chunks = [torch.tensor(works[i].token_ids, dtype=torch.long) for i in batched]
+            batch = forward_batch([self.live[works[i].request_id] for i in batched], chunks)
+            rows.update(zip(batched, batch, strict=True))
         wanted = [rows[i] for i, work in enumerate(works) if work.want_logits]
         return (torch.stack(wanted) if wanted and self.lead else None), self._forwards(works)
 
     def _forwards(self, works: Sequence[RankWork]) -> int:
-        """The forwards `works` take: each prompt chunk alone, the decodes as one."""
-        decodes = sum(self.spec.batch_decodes and self._is_decode(w) for w in works)
-        return len(works) - decodes + bool(decodes)
+        """The forwards `works` take: one, or each prompt chunk alone and the decodes as one."""
+        whole = self._one_forward()
+        batched = sum(self.spec.batch_decodes and (whole or self._is_decode(w)) for w in works)
+        return len(works) - batched + bool(batched)
+
+    def _one_forward(self) -> bool:
+        """Whether a step's prompt chunks join its decodes' forward: no PCP split or DCP copy
+        to make per sequence, and no MTP rows (those read each chunk's own trunk states)."""
+        return self.plan.pcp.size == 1 and self.plan.dcp.size == 1 and not self.spec.mtp
 
     def _pad_expert_exchanges(self, works: tuple[RankWork, ...], ran: int) -> None:
         """DP replicas share their EP groups: every rank must make as many expert exchanges as

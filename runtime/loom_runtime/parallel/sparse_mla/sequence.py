@@ -165,24 +165,42 @@ class ParallelSequence:
 
 def decode_batch(sequences: Sequence[ParallelSequence], input_ids: torch.Tensor) -> torch.Tensor:
     """One decode step of several sequences as one forward: logits [n, vocab] of input_ids
-    ([n], token i for sequences[i]), each equal to sequences[i].decode alone. Every rank calls
+    ([n], token i for sequences[i]), each equal to sequences[i].decode alone."""
+    return forward_batch(sequences, [input_ids[i : i + 1] for i in range(len(input_ids))])
+
+
+def forward_batch(
+    sequences: Sequence[ParallelSequence], chunks: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """Several sequences' next tokens as one forward: chunks[i] ([n_i]) continue sequences[i];
+    the logits [len(chunks), vocab] of each chunk's last token, each equal to running that
+    chunk alone. Chunks of more than one token need a plan without PCP or DCP (their rows are
+    attended whole; a split prefill or a DCP copy is one sequence's forward). Every rank calls
     it with the same sequences in the same order; their model, plan and experts are shared."""
     if not sequences:
-        raise ValueError("decode_batch needs at least one sequence")
-    if len(sequences) != int(input_ids.shape[0]):
-        raise ValueError(f"{len(sequences)} sequences for {int(input_ids.shape[0])} tokens")
+        raise ValueError("a forward batch needs at least one sequence")
+    if len(sequences) != len(chunks):
+        raise ValueError(f"{len(sequences)} sequences for {len(chunks)} chunks")
     first = sequences[0]
     if len({id(s) for s in sequences}) != len(sequences):
-        raise ValueError("a sequence appears twice in one decode batch")
+        raise ValueError("a sequence appears twice in one forward batch")
     if any(s.model is not first.model or s.plan is not first.plan for s in sequences):
-        raise ValueError("a decode batch's sequences must share one model and plan")
-    positions = torch.cat([s.decode_positions(1) for s in sequences])
-    for s in sequences:
-        s.store.begin(1)
-    queries = [slice(i, i + 1) for i in range(len(sequences))]
+        raise ValueError("a forward batch's sequences must share one model and plan")
+    sizes = [int(c.shape[0]) for c in chunks]
+    if min(sizes) < 1:
+        raise ValueError("every chunk of a forward batch needs a token")
+    split = first.plan.pcp.size > 1 or first.plan.dcp.size > 1
+    if split and max(sizes) > 1:
+        raise ValueError("chunks of several tokens batch only without PCP and DCP")
+    positions = torch.cat([s.decode_positions(n) for s, n in zip(sequences, sizes, strict=True)])
+    for s, n in zip(sequences, sizes, strict=True):
+        s.store.begin(n)
+    ends = torch.tensor(sizes).cumsum(0)
+    queries = [slice(int(end) - n, int(end)) for end, n in zip(ends, sizes, strict=True)]
     stores = [s.store for s in sequences]
     hooks = BatchedHooks(first.plan, stores, queries, first.experts)
-    hidden = first.model.hidden_states(input_ids.to(first.model.device), positions, hooks)
+    ids = torch.cat(list(chunks)).to(first.model.device)
+    hidden = first.model.hidden_states(ids, positions, hooks)
     for s in sequences:
         s.store.advance()
-    return first.model.logits(hidden)
+    return first.model.logits(hidden[ends - 1])
