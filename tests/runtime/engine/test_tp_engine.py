@@ -24,6 +24,7 @@ from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.tp_runner import TpRunner
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.errors import CheckpointError
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.llama import LlamaForCausalLM
 from loom_runtime.models.loader import LoadedModel, load_model, read_weights
@@ -124,6 +125,23 @@ def test_a_prefix_hit_and_preemption_on_tp2_give_one_ranks_tokens(
         engine.shutdown()
     assert stats.num_preemptions > 0
     assert got == one_rank(tiny64, crowd, **small)
+
+
+def test_fp8_kv_on_tp2_gives_the_one_rank_fp8_engines_tokens(
+    tiny_dir: Path, tiny64: LoadedModel, prompt: Prompt
+) -> None:
+    """Each rank packs its kv heads' rows as a one-rank fp8 pool packs them (per row and
+    head, so the shard's bytes are the whole pool's split by head)."""
+    fp8 = {"kv_fp8": Fp8Format(16)}
+    reqs = [EngineRequest(f"f{i}", prompt(n, 90 + i), greedy(8)) for i, n in enumerate([9, 120])]
+    engine = Engine.from_checkpoint(tiny_dir, config(TP2, **fp8))
+    try:
+        got = run_all(engine, reqs)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert got == one_rank(tiny64, reqs, **fp8)
+    assert [r.kv_bytes_per_token * 2 for r in stats.ranks] == [stats.kv_bytes_per_token] * 2
 
 
 def test_a_weight_sync_reloads_every_tp_rank(
