@@ -27,13 +27,12 @@ from loom_runtime.engine.kv_pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.mtp_check import check_mtp
 from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.rank_channel import EngineRanks
-from loom_runtime.engine.ranked_runner import start_ranks
 from loom_runtime.engine.ranks_check import check_ranks
+from loom_runtime.engine.ranks_start import start_engine_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
 from loom_runtime.engine.spec_forward import SpecForward
 from loom_runtime.engine.token_forward import TokenForward
-from loom_runtime.engine.tp_runner import start_tp
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
     EngineRequest,
@@ -48,7 +47,6 @@ from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.loop.contract import LoopContext
-from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.loader import (
     LoadedModel,
     load_model,
@@ -186,14 +184,7 @@ class Engine:
             return cls(loaded, config, events, disagg, connector, co)
         # the ranks load the weights; this process needs the config and tokenizer only
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
-        check_ranks(loaded.config, config, None, disagg, starting=True)
-        max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
-        ranks: EngineRanks
-        if isinstance(loaded.config, ModelConfig):  # llama: tensor parallel
-            ranks = start_tp(str(path), loaded.config, config, max_model_len)
-        else:
-            export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
-            ranks = start_ranks(str(path), config, max_model_len, export_rows=export)
+        ranks = start_engine_ranks(str(path), loaded, config, disagg)
         try:
             return cls(loaded, config, events, disagg, connector, co, ranks)
         except BaseException:

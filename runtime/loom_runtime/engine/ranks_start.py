@@ -1,0 +1,29 @@
+"""Which ranks a parallel engine starts for its checkpoint: TP ranks for the llama family
+(engine/tp_runner.py), PCP/DCP/EP/DP ranks for sparse-mla (engine/ranked_runner.py), after
+checking that the settings fit (engine/ranks_check.py).
+
+Owns that choice only; never drives a step.
+"""
+
+from __future__ import annotations
+
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.rank_channel import EngineRanks
+from loom_runtime.engine.ranked_runner import start_ranks
+from loom_runtime.engine.ranks_check import check_ranks
+from loom_runtime.engine.tp_runner import start_tp
+from loom_runtime.engine.transfer_port import DisaggSettings
+from loom_runtime.models.config import ModelConfig
+from loom_runtime.models.loader import LoadedModel
+
+
+def start_engine_ranks(
+    checkpoint: str, loaded: LoadedModel, config: EngineConfig, disagg: DisaggSettings | None
+) -> EngineRanks:
+    """`loaded`: the checkpoint's shapes-only model (the ranks load the weights)."""
+    check_ranks(loaded.config, config, None, disagg, starting=True)
+    max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
+    if isinstance(loaded.config, ModelConfig):  # llama: tensor parallel
+        return start_tp(checkpoint, loaded.config, config, max_model_len)
+    export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
+    return start_ranks(checkpoint, config, max_model_len, export_rows=export)
