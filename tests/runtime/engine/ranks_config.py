@@ -3,9 +3,13 @@ llama's TP ranks): float64, 80 blocks of 16, 96-token steps, a 60 s collective t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from safetensors.torch import save_file
 
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.models.loader import read_weights
 from loom_runtime.parallel.layout import ParallelLayout
 
 BLOCK = 16
@@ -23,3 +27,10 @@ def ranks_config(layout: ParallelLayout, **kw: object) -> EngineConfig:
         collective_timeout_s=60.0,
     )
     return EngineConfig(**(base | kw))  # type: ignore[arg-type]
+
+
+def drop_layer(checkpoint: Path, layer: int) -> Path:
+    """Rewrite `checkpoint` without layer `layer`'s tensors: a misfit for a weight sync."""
+    kept = {n: t for n, t in read_weights(checkpoint).items() if f".layers.{layer}." not in n}
+    save_file(kept, str(checkpoint / "model.safetensors"))
+    return checkpoint

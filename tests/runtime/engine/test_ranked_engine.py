@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from tests.runtime.engine.ranks_config import BLOCK, ranks_config
+from tests.runtime.engine.ranks_config import BLOCK, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
 from loom_operator.fleet.capacity import dcp_local_length
@@ -26,7 +25,7 @@ from loom_runtime.engine.ranked_runner import RankedRunner
 from loom_runtime.engine.types import EngineRequest, RankKVStats
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format
-from loom_runtime.models.loader import LoadedModel, load_model, read_weights
+from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
@@ -183,10 +182,7 @@ def test_a_weight_sync_reloads_every_rank_and_a_misfit_checkpoint_changes_none(
     then gives v2's one-rank tokens; a checkpoint whose shapes do not fit is refused before any
     rank changes, and the engine still gives v1's."""
     v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
-    misfit = init_tiny_sparse_mla(tmp_path / "misfit", seed=2)
-    weights = read_weights(misfit)  # its layer 3 goes missing
-    kept = {n: t for n, t in weights.items() if ".layers.3." not in n}
-    save_file(kept, str(misfit / "model.safetensors"))
+    misfit = drop_layer(init_tiny_sparse_mla(tmp_path / "misfit", seed=2), 3)
     req = prompt(70, 3)
     engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
     try:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from tests.runtime.engine.ranks_config import BLOCK, ranks_config
+from tests.runtime.engine.ranks_config import BLOCK, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, run_all
 
 from loom_operator.fleet.kv_layout import GQAAttention, ModelShape, kv_bytes_per_token
@@ -27,7 +26,7 @@ from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.llama import LlamaForCausalLM
-from loom_runtime.models.loader import LoadedModel, load_model, read_weights
+from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.llama.tp import weight_bytes
@@ -149,9 +148,7 @@ def test_a_weight_sync_reloads_every_tp_rank(
 ) -> None:
     """A checkpoint whose shapes do not fit is refused before any rank changes."""
     v2 = init_tiny(tmp_path / "v2", seed=1)
-    misfit = init_tiny(tmp_path / "misfit", seed=2)
-    kept = {n: t for n, t in read_weights(misfit).items() if ".layers.3." not in n}
-    save_file(kept, str(misfit / "model.safetensors"))
+    misfit = drop_layer(init_tiny(tmp_path / "misfit", seed=2), 3)
     req = prompt(70, 3)
     engine = Engine.from_checkpoint(tiny_dir, config())
     try:

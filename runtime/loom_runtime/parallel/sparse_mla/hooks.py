@@ -191,11 +191,12 @@ class BatchedHooks(RankCompute):
             return select_per_sequence(
                 indexer, bounds, self.starts, self.lengths, h, q_resid, rope, keys, positions
             )
+        shards = self._shards()
         segments = [
             ShardSegment(q, start, store.key_positions, store.visible)
-            for q, start, store in zip(self.queries, self.starts, self._shards(), strict=True)
+            for q, start, store in zip(self.queries, self.starts, shards, strict=True)
         ]
-        shard = self._shards()[0].shard
+        shard = shards[0].shard
         return global_top_k(
             self.plan.dcp, shard, indexer, h, q_resid, rope, keys, positions, segments
         )
