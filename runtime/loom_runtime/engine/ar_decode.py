@@ -128,7 +128,8 @@ class ARDecodeLoop:
         draft_tokens: int = 0,
     ) -> None:
         """`on_free(request_id)` runs whenever a state's blocks are freed (finish, abort,
-        preemption): per-request device state kept beside the blocks goes with them."""
+        preemption), just before: per-request device state kept beside the blocks goes with
+        them (and may still write them)."""
         self.kv = kv
         self.on_free = on_free
         self.new_decoder = new_decoder
@@ -393,9 +394,9 @@ class ARDecodeLoop:
         state.num_preemptions += 1
 
     def _free(self, state: ARDecodeState) -> None:
-        self.kv.free(state.table)
-        if self.on_free is not None:
+        if self.on_free is not None:  # the state beside the blocks goes first (it may write them)
             self.on_free(state.request_id)
+        self.kv.free(state.table)
 
     def _prompt_hashes(self, state: ARDecodeState) -> list[BlockHash]:
         # At least one token must be computed to produce logits: hash below len(tokens).

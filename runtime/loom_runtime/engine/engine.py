@@ -27,6 +27,7 @@ from loom_runtime.engine.kv_pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.mtp_check import check_mtp
 from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.rank_channel import EngineRanks
+from loom_runtime.engine.ranked_runner import RankedRunner
 from loom_runtime.engine.ranks_check import check_ranks
 from loom_runtime.engine.ranks_start import start_engine_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
@@ -96,7 +97,7 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
-        check_mtp(loaded.config, config, "aggregated" if disagg is None else disagg.role)
+        check_mtp(loaded.config, config)
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
         self.max_model_len = config.resolve_max_model_len(mc.max_position_embeddings)
@@ -113,11 +114,16 @@ class Engine:
         self._ranks = ranks
         self._spec: SpecForward | None = None
         executor: TokenForward | SpecForward
-        if k and ranks is None:
+        ranked_drafts = isinstance(ranks, RankedRunner) and ranks.drafts
+        drafting = k > 0 and (ranks is None or ranked_drafts)
+        if drafting and ranks is None:
             assert isinstance(cache, LatentKVCache | HiSparseKVCache)  # from mtp_kv_spec
             mtp = MtpRunner(loaded.model, cache)
             self._runner: TokenRunner | MtpRunner = mtp
             executor = self._spec = SpecForward(mtp, k, drafter)
+        elif drafting and isinstance(ranks, RankedRunner):  # the ranks draft and verify
+            self._runner = ranks
+            executor = self._spec = SpecForward(ranks, k, drafter)
         else:
             runner = ModelRunner(loaded.model, cache) if ranks is None else ranks
             self._runner = runner
@@ -128,7 +134,7 @@ class Engine:
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.use_prefix_cache,
             on_free=self._on_free(),
-            draft_tokens=k if ranks is None else 0,  # a ranked prefill keeps MTP rows, no drafts
+            draft_tokens=k if drafting else 0,  # a ranked P/D prefill keeps MTP rows, no drafts
         )
         self.disagg = disagg
         remote = None
@@ -178,15 +184,16 @@ class Engine:
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
         co: CoScheduler | None = None,
+        drafter: Drafter | None = None,
     ) -> Engine:
         if config.parallel.world == 1:
             loaded = load_model(path, dtype=config.dtype, device=config.device)
-            return cls(loaded, config, events, disagg, connector, co)
+            return cls(loaded, config, events, disagg, connector, co, drafter=drafter)
         # the ranks load the weights; this process needs the config and tokenizer only
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         ranks = start_engine_ranks(str(path), loaded, config, disagg)
         try:
-            return cls(loaded, config, events, disagg, connector, co, ranks)
+            return cls(loaded, config, events, disagg, connector, co, ranks, drafter)
         except BaseException:
             ranks.close()
             raise

@@ -1,5 +1,5 @@
-"""Whether an engine may run MTP speculative decoding: the model and the engine's parallel
-layout checked against `EngineConfig.mtp_draft_tokens` once, at construction.
+"""Whether an engine may run MTP speculative decoding: its model checked against
+`EngineConfig.mtp_draft_tokens` once, at construction (every role and layout runs it).
 
 Owns those refusals and their messages; never drafts, verifies or allocates anything.
 """
@@ -12,14 +12,14 @@ from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.sparse_mla.config import MODEL_TYPE as SPARSE_MLA
 
 
-def check_mtp(model: DecoderConfig, config: EngineConfig, role: str = "aggregated") -> None:
+def check_mtp(model: DecoderConfig, config: EngineConfig) -> None:
     """SpeculativeConfigError if MTP is on (mtp_draft_tokens > 0) and this engine cannot run it:
-    a model outside the sparse-mla family or without MTP layers, or parallel ranks outside a
-    P/D prefill (whose ranks compute the prompt's MTP rows and never draft). Every role runs
-    it: a P/D prefill computes the MTP layer's rows of the prompt beside the trunk's, they
-    cross in the same blocks, and the decode recomputes the last prompt token (and with it the
-    draft state) itself; a prefill and a decode must agree on it (the layouts' layer counts
-    differ otherwise, and the decode refuses the pull). Nothing is checked when MTP is off."""
+    a model outside the sparse-mla family or without MTP layers. Every role runs it, on one
+    rank or a worker's ranks: a P/D prefill computes the MTP layer's rows of the prompt beside
+    the trunk's (and never drafts), they cross in the same blocks, and the decode recomputes
+    the last prompt token (and with it the draft state) itself; a prefill and a decode must
+    agree on it (the layouts' layer counts differ otherwise, and the decode refuses the pull).
+    Nothing is checked when MTP is off."""
     k = config.mtp_draft_tokens
     if k == 0:
         return
@@ -33,10 +33,4 @@ def check_mtp(model: DecoderConfig, config: EngineConfig, role: str = "aggregate
         raise SpeculativeConfigError(
             f"MTP speculation (mtp_draft_tokens {k}): the checkpoint of {config.model_name!r} "
             f"has no MTP layer (num_nextn_predict_layers is 0): {fix}"
-        )
-    if config.parallel.world > 1 and role != "prefill":
-        raise SpeculativeConfigError(
-            f"MTP speculation (mtp_draft_tokens {k}) on {config.parallel.world} ranks runs in "
-            f"a P/D prefill only (the ranks compute the prompt's MTP rows for the decode); a "
-            f"{role} role's ranks have no verify rows yet: {fix}"
         )

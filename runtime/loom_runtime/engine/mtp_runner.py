@@ -55,11 +55,22 @@ class Drafter(Protocol):
 class TrunkOutput:
     """One trunk forward: per work its logits (a verify's every row [n, vocab], the last row
     [vocab] of a work that wants logits, else None) and the final-normed states of all T
-    tokens."""
+    tokens (None: they stayed on the ranks that computed them, engine/ranked_runner.py)."""
 
     logits: list[torch.Tensor | None]
-    normed: torch.Tensor  # [T, hidden]
+    normed: torch.Tensor | None  # [T, hidden]
     query_start: list[int]  # work i's tokens are normed[query_start[i]:query_start[i + 1]]
+
+
+class SpecRunner(Drafter, Protocol):
+    """The three forwards of a speculative step (MtpRunner on one rank, RankedRunner on a
+    worker's ranks): drafts, the trunk over every work, the MTP rows of the kept positions."""
+
+    def trunk(self, works: Sequence[TokenWork]) -> TrunkOutput: ...
+
+    def extend(
+        self, works: Sequence[TokenWork], trunk: TrunkOutput, next_ids: Sequence[tuple[int, ...]]
+    ) -> None: ...
 
 
 class MtpRunner:
@@ -195,6 +206,8 @@ class MtpRunner:
             rows.extend(range(first, first + len(ids)))
         if not steps:
             return
+        if trunk.normed is None:
+            raise ValueError("extend needs the trunk's states: this runner's own trunk output")
         batch = self.base.build_batch(steps)
         hooks = self._hooks(batch)
         out = self.layer.forward(trunk.normed[rows], batch.input_ids, batch.positions, hooks)

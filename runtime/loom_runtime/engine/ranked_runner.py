@@ -1,10 +1,13 @@
 """The ranked runner: ModelRunner's interface over the rank processes of a parallel sparse-mla
 worker (PCP, DCP, EP). The engine schedules and samples in its own process as on one rank;
 each step's token works go to every rank over a pipe, every rank runs them in the same order
-(parallel/sparse_mla/rank_server.py), and rank 0 sends back the logits rows.
+(parallel/sparse_mla/rank_server.py), and rank 0 sends back the logits rows. Under MTP
+speculation it is also the SpecRunner of engine/spec_forward.py: the ranks propose the drafts,
+verify them, and write the MTP rows of what the engine's verdict kept with the next message.
 
 Owns the rank group's lifetime, the step exchange and its timeout, the sequences to release
-at the next step and, for a P/D prefill, writing the rows the ranks export into the engine's
+and the verdicts to settle at the next message and, for a P/D prefill, writing the rows the
+ranks export into the engine's
 own pool (the one the KV connector moves) at the slots of each work's block table; never
 schedules, samples or changes a block table. A rank that
 dies, raises or does not answer in time takes the runner down with RankFailure (every rank
@@ -20,17 +23,21 @@ from pathlib import Path
 import torch
 
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.mtp_runner import TrunkOutput
 from loom_runtime.engine.rank_channel import START_TIMEOUT_S, RankChannel, rank_config
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import RankKVStats
+from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.parallel.ranks import RankConfig
 from loom_runtime.parallel.sparse_mla.rank_server import (
+    RankDraftAsk,
     RankLoad,
     RankLoaded,
     RankReady,
     RankReply,
     RankServeSpec,
+    RankSettle,
     RankStep,
     RankWork,
     serve_rank,
@@ -65,6 +72,8 @@ class RankedRunner:
         self.rank_forwards = 0  # the forwards each rank ran for them (a step's decodes: one)
         self._timeout_s = config.collective_timeout_s
         self._released: list[str] = []
+        self._settle: dict[str, RankSettle] = {}  # verdicts the next message carries
+        self._tables: dict[str, BlockTable] = {}  # each live request's, for the rows it exports
         self._held: set[str] = set()  # requests whose sequences the ranks hold
         self._home: dict[str, int] = {}  # the DP replica each live request runs on
         self._mirror: LatentKVCache | None = None
@@ -89,6 +98,11 @@ class RankedRunner:
         return self.spec.export_rows
 
     @property
+    def drafts(self) -> bool:
+        """Whether the ranks run MTP speculation (propose, trunk, extend)."""
+        return self.spec.drafts
+
+    @property
     def num_blocks(self) -> int | None:
         """The ranks keep rows per sequence, so any pool size suits them (None: the engine's)."""
         return None
@@ -106,10 +120,16 @@ class RankedRunner:
         self._mirror = cache
 
     def release(self, request_id: str) -> None:
-        """The request's blocks were freed: its sequences go with the next step."""
+        """The request's blocks are being freed: its sequences go with the next message. A
+        verdict still pending is settled first, now, when the pool mirrors the ranks: its MTP
+        rows would never reach the blocks a later prefix hit reads."""
+        if request_id in self._settle and self._mirror is not None:
+            self._exchange(self._message())
         self._released.append(request_id)
         self._held.discard(request_id)
         self._home.pop(request_id, None)
+        self._settle.pop(request_id, None)
+        self._tables.pop(request_id, None)
 
     def flush(self) -> None:
         """Send the pending releases now (a step of no works), when there are any."""
@@ -117,13 +137,42 @@ class RankedRunner:
             self.execute(())
 
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
-        """One step on every rank; per work its logits row ([vocab]) or None."""
-        step = RankStep(
-            works=tuple(self._rank_work(w, self._replica(w.request_id)) for w in works),
-            release=tuple(self._released),
+        """One step on every rank; per work its logits row ([vocab]; a verify's every row,
+        [1 + draft_tokens, vocab]) or None."""
+        if self._settle and any(self._is_hit(w) for w in works):
+            self._exchange(self._message())  # the hit reads the pool: the MTP rows reach it first
+        step = self._message(
+            works=tuple(self._rank_work(w, self._replica(w.request_id)) for w in works)
         )
-        self._released = []
         self._held.update(w.request_id for w in works)
+        self._tables.update((w.request_id, w.table) for w in works)
+        replies = self._exchange(step)
+        self.tokens_run += sum(len(w.token_ids) for w in works)
+        self.forwards += bool(works)
+        self.works_run += len(works)
+        self.rank_forwards += replies[0].forwards
+        leads = [replies[self._lead(d)] for d in range(self.spec.layout.dp)]
+        rows = [iter(() if lead.logits is None else lead.logits) for lead in leads]
+        out: list[torch.Tensor | None] = []
+        for w, rank_work in zip(works, step.works, strict=True):
+            mine = rows[rank_work.replica]
+            if w.draft_tokens:
+                out.append(torch.stack([next(mine) for _ in range(1 + w.draft_tokens)]))
+            else:
+                out.append(next(mine) if w.want_logits else None)
+        return out
+
+    def _message(
+        self, works: tuple[RankWork, ...] = (), drafts: tuple[RankDraftAsk, ...] = ()
+    ) -> RankStep:
+        """The next message: what it asks for, and the releases and verdicts pending."""
+        step = RankStep(works, tuple(self._released), tuple(self._settle.values()), drafts)
+        self._released, self._settle = [], {}
+        return step
+
+    def _exchange(self, step: RankStep) -> list[RankReply]:
+        """Send a message to every rank; their replies, with the KV they report kept and the
+        rows they export written into the mirrored pool."""
         self._ranks.send_all(step)
         replies = self._ranks.receive_all(RankReply, "step", self._timeout_s)
         self._kv = [
@@ -131,18 +180,46 @@ class RankedRunner:
             for kv, r in zip(self._kv, replies, strict=True)
         ]
         if self._mirror is not None:
-            by_id = {w.request_id: w for w in works}
             for reply in replies:
                 for exported in reply.rows:
-                    _write_rows(self._mirror, by_id[exported.request_id], exported.rows)
-        self.tokens_run += sum(len(w.token_ids) for w in works)
-        self.forwards += bool(works)
-        self.works_run += len(works)
-        self.rank_forwards += replies[0].forwards
-        leads = [replies[self._lead(d)] for d in range(self.spec.layout.dp)]
-        rows = [iter(() if lead.logits is None else lead.logits) for lead in leads]
-        return [next(rows[step.works[i].replica]) if w.want_logits else None
-                for i, w in enumerate(works)]  # fmt: skip
+                    table = self._tables[exported.request_id]
+                    _write_rows(self._mirror, table, exported.rows)
+        return replies
+
+    # --- MTP speculation (engine/spec_forward.py's SpecRunner) ---------------------------------
+
+    def propose(self, works: Sequence[TokenWork]) -> list[tuple[int, ...]]:
+        """The MTP layer's drafts of each work that asks for some, proposed on its replica's
+        ranks (none for a sequence without a settled verdict yet, as on one rank)."""
+        if not self.spec.drafts:
+            raise ValueError("propose needs ranks started with MTP drafting")
+        asks = tuple(
+            RankDraftAsk(w.request_id, w.draft_tokens, self._replica(w.request_id))
+            for w in works
+            if w.draft_tokens > 0
+        )
+        if not asks:
+            return [() for _ in works]
+        replies = self._exchange(self._message(drafts=asks))
+        proposed = [iter(replies[self._lead(d)].drafts) for d in range(self.spec.layout.dp)]
+        by_id = {a.request_id: next(proposed[a.replica]) for a in asks}
+        return [by_id.get(w.request_id, ()) if w.draft_tokens else () for w in works]
+
+    def trunk(self, works: Sequence[TokenWork]) -> TrunkOutput:
+        """The trunk over every work on the ranks; its states stay there for `extend`."""
+        logits = self.execute(works)
+        starts = [0]
+        for w in works:
+            starts.append(starts[-1] + len(w.token_ids))
+        return TrunkOutput(logits, None, starts)
+
+    def extend(
+        self, works: Sequence[TokenWork], trunk: TrunkOutput, next_ids: Sequence[tuple[int, ...]]
+    ) -> None:
+        """The engine's verdict on each work: the next message's first job on the ranks."""
+        for w, ids in zip(works, next_ids, strict=True):
+            if ids:
+                self._settle[w.request_id] = RankSettle(w.request_id, w.start, ids)
 
     def _replica(self, request_id: str) -> int:
         """The DP replica a request runs on: kept while its sequence lives on the ranks; a new
@@ -159,11 +236,15 @@ class RankedRunner:
         layout = self.spec.layout
         return replica * layout.tp * layout.pcp
 
+    def _is_hit(self, work: TokenWork) -> bool:
+        """A sequence the ranks do not hold that starts past 0: a prefix hit."""
+        return work.start > 0 and work.request_id not in self._held
+
     def _rank_work(self, work: TokenWork, replica: int) -> RankWork:
         """The ranks' share of a work; a sequence they do not hold that starts past 0 (a prefix
         hit) carries its prefix's rows, read from the mirrored pool."""
         prefix = None
-        if work.start > 0 and work.request_id not in self._held:
+        if self._is_hit(work):
             if self._mirror is None:
                 raise RuntimeError(
                     f"request {work.request_id!r} starts at {work.start} on ranks that do not "
@@ -178,6 +259,7 @@ class RankedRunner:
             prefix,
             work.next_id,
             replica,
+            work.draft_tokens,
         )
 
     def load_weights(self, checkpoint: str, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -192,14 +274,14 @@ class RankedRunner:
         self._ranks.close(timeout_s)
 
 
-def _slots(cache: LatentKVCache, work: TokenWork, positions: list[int]) -> torch.Tensor:
-    bs, table = cache.spec.block_size, work.table.block_ids
-    return torch.tensor([table[p // bs] * bs + p % bs for p in positions], dtype=torch.long)
+def _slots(cache: LatentKVCache, table: BlockTable, positions: list[int]) -> torch.Tensor:
+    bs, blocks = cache.spec.block_size, table.block_ids
+    return torch.tensor([blocks[p // bs] * bs + p % bs for p in positions], dtype=torch.long)
 
 
 def _read_rows(cache: LatentKVCache, work: TokenWork, n: int) -> HeldRows:
     """Every layer's rows of the work's tokens 0..n-1 from the pool (a prefix hit's)."""
-    slots = _slots(cache, work, list(range(n))).to(cache.data.device)
+    slots = _slots(cache, work.table, list(range(n))).to(cache.data.device)
     latent, rope, keys = [], [], []
     for layer in range(cache.spec.num_layers):
         lat, rop, idx = cache.read(layer, slots)
@@ -215,9 +297,10 @@ def _read_rows(cache: LatentKVCache, work: TokenWork, n: int) -> HeldRows:
     )
 
 
-def _write_rows(cache: LatentKVCache, work: TokenWork, rows: HeldRows) -> None:
-    """Store a rank's exported rows of `work` at their slots in `cache`, every layer."""
-    slots = _slots(cache, work, rows.positions.tolist())
+def _write_rows(cache: LatentKVCache, table: BlockTable, rows: HeldRows) -> None:
+    """Store a rank's exported rows of a request at their slots in `cache` (its `table`'s),
+    every layer."""
+    slots = _slots(cache, table, rows.positions.tolist())
     if not len(slots):
         return
     index_slot = {layer: i for i, layer in enumerate(cache.spec.index_layers)}
@@ -236,9 +319,11 @@ def start_ranks(
     max_model_len: int,
     export_rows: bool = False,
     batch_decodes: bool = True,
+    drafts: bool = False,
 ) -> RankedRunner:
     """The ranks of an engine whose config asks for a parallel layout (config.parallel);
     `export_rows` for a P/D prefill, whose pool must hold the rows the connector moves;
+    `drafts`: the ranks run MTP speculation (config.mtp_draft_tokens; not a P/D prefill's);
     `batch_decodes` False runs a step's decodes one forward each (bench/ranked_batch.py's
     baseline)."""
     spec = RankServeSpec(
@@ -251,6 +336,7 @@ def start_ranks(
         export_rows=export_rows,
         kv_fp8=config.kv_fp8,
         mtp=config.mtp_draft_tokens > 0,
+        drafts=drafts,
         batch_decodes=batch_decodes,
     )
     return RankedRunner(spec, rank_config(config))

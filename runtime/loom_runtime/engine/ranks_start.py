@@ -26,4 +26,6 @@ def start_engine_ranks(
     if isinstance(loaded.config, ModelConfig):  # llama: tensor parallel
         return start_tp(checkpoint, loaded.config, config, max_model_len)
     export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
-    return start_ranks(checkpoint, config, max_model_len, export_rows=export)
+    # a P/D prefill's ranks compute its prompts' MTP rows for the decode and never draft
+    drafts = config.mtp_draft_tokens > 0 and (disagg is None or disagg.role != "prefill")
+    return start_ranks(checkpoint, config, max_model_len, export_rows=export, drafts=drafts)

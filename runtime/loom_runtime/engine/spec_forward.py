@@ -20,7 +20,7 @@ from typing import overload
 
 import torch
 
-from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
+from loom_runtime.engine.mtp_runner import Drafter, SpecRunner
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenWork
 from loom_runtime.engine.sampler import SampledToken, TokenHistory, sample
 from loom_runtime.engine.token_forward import TokenResult, sample_rows, token_work
@@ -36,7 +36,7 @@ class SpecForward:
     shape = TOKEN_FORWARD
 
     def __init__(
-        self, runner: MtpRunner, num_draft_tokens: int, drafter: Drafter | None = None
+        self, runner: SpecRunner, num_draft_tokens: int, drafter: Drafter | None = None
     ) -> None:
         self.runner = runner
         self.drafter: Drafter = drafter or runner

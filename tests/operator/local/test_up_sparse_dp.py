@@ -1,7 +1,7 @@
 """`loom up examples/tiny-sparse-dp.yaml` end to end (router + one worker whose two rank
-processes are DP attention replicas sharing their experts, DP2 × EP2): concurrent greedy
-completions through the router each equal the one-rank forward, and the worker reports both
-ranks' KV."""
+processes are DP attention replicas sharing their experts, DP2 × EP2, with MTP speculation on
+the ranks): concurrent greedy completions through the router each equal the one-rank forward,
+the ranks' drafts were verified, and the worker reports both ranks' KV."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from tests.operator.local.sparse_helpers import example_fleet, metrics, one_rank, post, rank_labels
+from tests.operator.local.sparse_helpers import (
+    example_fleet,
+    metrics,
+    one_rank,
+    post,
+    rank_labels,
+    sample,
+)
 
 from loom_operator.testing.fleet import FleetProcess
 
@@ -45,4 +52,6 @@ def test_concurrent_completions_through_the_router_equal_one_rank(
     status = fleet.status()
     assert status is not None
     [worker] = status.workers
-    assert rank_labels(metrics(worker)) == {"0", "1"}
+    text = metrics(worker)
+    assert rank_labels(text) == {"0", "1"}
+    assert sample(text, "vllm:spec_decode_num_drafts_total") > 0  # MTP drafted on the ranks

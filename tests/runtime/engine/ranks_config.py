@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -13,6 +14,15 @@ from loom_runtime.models.loader import read_weights
 from loom_runtime.parallel.layout import ParallelLayout
 
 BLOCK = 16
+
+# The sparse-mla layouts every ranked parity test covers, with the DCP merge each one uses:
+# `@pytest.mark.parametrize(("layout", "backend"), SPARSE_LAYOUTS)`.
+SPARSE_LAYOUTS = [
+    pytest.param(ParallelLayout(pcp=2, dcp=2, interleave=1), "ag_rs", id="pcp2-dcp2-i1-ag_rs"),
+    pytest.param(ParallelLayout(pcp=2, dcp=2, interleave=4), "a2a", id="pcp2-dcp2-i4-a2a"),
+    pytest.param(ParallelLayout(pcp=2, ep=2), "ag_rs", id="pcp2-ep2"),
+    pytest.param(ParallelLayout(dp=2, ep=2), "ag_rs", id="dp2-ep2"),
+]
 
 
 def ranks_config(layout: ParallelLayout, **kw: object) -> EngineConfig:

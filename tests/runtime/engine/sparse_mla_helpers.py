@@ -11,7 +11,8 @@ import torch
 from loom_operator.fleet.kv_layout import Indexer, KVDtype, MLAAttention, ModelShape
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import MtpRunner
+from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
+from loom_runtime.engine.ranked_runner import RankedRunner
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel
@@ -73,13 +74,14 @@ class RecordingDrafter:
     """Spy on the engine's MTP drafts: delegates to the runner, records (start, drafts)."""
 
     def __init__(self) -> None:
-        self.runner: MtpRunner | None = None
+        self.runner: Drafter | None = None
         self.seen: dict[str, dict[int, tuple[int, ...]]] = {}
 
     def watch(self, engine: Engine) -> None:
-        """Delegate to this engine's MTP runner (built with this spy as its drafter)."""
+        """Delegate to this engine's MTP runner, on one rank or on its ranks (built with this
+        spy as its drafter)."""
         runner = engine._runner  # the engine builds it; the spy needs the real proposals
-        assert isinstance(runner, MtpRunner)
+        assert isinstance(runner, MtpRunner | RankedRunner)
         self.runner = runner
 
     def propose(self, works: Sequence[TokenWork]) -> list[tuple[int, ...]]:

@@ -1,7 +1,7 @@
 """An engine asked for MTP speculation (`mtp_draft_tokens`) refuses, with a typed error naming
-the model and the fix, a model without MTP layers or outside sparse-mla and parallel ranks
-outside a P/D prefill; an aggregated sparse-mla engine runs it (its cache then holds the MTP
-layer's rows, as the planner counts them); with MTP off nothing changes."""
+the model and the fix, a model without MTP layers or outside sparse-mla; an aggregated
+sparse-mla engine runs it (its cache then holds the MTP layer's rows, as the planner counts
+them; a worker's ranks run it too: test_ranked_mtp.py); with MTP off nothing changes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from loom_runtime.engine.mtp_check import check_mtp
 from loom_runtime.errors import SpeculativeConfigError
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
-from loom_runtime.parallel.layout import ParallelLayout
 
 MTP3 = EngineConfig(dtype=torch.float64, num_blocks=64, max_model_len=512, mtp_draft_tokens=3)
 
@@ -39,14 +38,6 @@ def test_a_checkpoint_without_mtp_layers_is_refused(sparse64: LoadedModel) -> No
     bare = replace(config, num_nextn_predict_layers=0)
     with pytest.raises(SpeculativeConfigError, match="has no MTP layer"):
         check_mtp(bare, MTP3)
-
-
-@pytest.mark.parametrize("role", ["aggregated", "decode"])
-def test_parallel_ranks_outside_a_prefill_are_refused(sparse64: LoadedModel, role: str) -> None:
-    ranked = replace(MTP3, parallel=ParallelLayout(pcp=2))
-    with pytest.raises(SpeculativeConfigError, match=f"P/D prefill only .* a {role} role"):
-        check_mtp(sparse64.config, ranked, role)
-    check_mtp(sparse64.config, ranked, "prefill")  # its ranks compute the prompt's MTP rows
 
 
 def test_an_aggregated_engine_runs_it_with_the_mtp_layers_rows_in_its_cache(

@@ -53,11 +53,15 @@ def sampled(n: int, seed: int) -> SamplingParams:
     )  # fmt: skip
 
 
-def requests(prompt: Prompt, n: int = 24) -> list[EngineRequest]:
+def requests(
+    prompt: Prompt, n: int = 24, lengths: Sequence[int] = LENGTHS, seed: int = 300
+) -> list[EngineRequest]:
+    """Concurrent requests of these prompt lengths, n tokens each: greedy and seeded-sampled
+    by turns."""
     out = []
-    for i, length in enumerate(LENGTHS):
-        params = greedy(n) if i % 2 == 0 else sampled(n, seed=40 + i)
-        out.append(EngineRequest(f"r{i}", prompt(length, 300 + i), params))
+    for i, length in enumerate(lengths):
+        params = greedy(n) if i % 2 == 0 else sampled(n, seed=seed - 260 + i)
+        out.append(EngineRequest(f"r{i}", prompt(length, seed + i), params))
     return out
 
 

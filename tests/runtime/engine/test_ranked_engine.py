@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.runtime.engine.ranks_config import BLOCK, drop_layer, ranks_config
+from tests.runtime.engine.ranks_config import BLOCK, SPARSE_LAYOUTS, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
 from loom_operator.fleet.capacity import dcp_local_length
@@ -35,16 +35,7 @@ def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
     return ranks_config(layout, **kw)
 
 
-@pytest.mark.parametrize(
-    ("layout", "backend"),
-    [
-        (ParallelLayout(pcp=2, dcp=2, interleave=1), "ag_rs"),
-        (ParallelLayout(pcp=2, dcp=2, interleave=4), "a2a"),
-        (ParallelLayout(pcp=2, ep=2), "ag_rs"),
-        (ParallelLayout(dp=2, ep=2), "ag_rs"),
-    ],
-    ids=["pcp2-dcp2-i1-ag_rs", "pcp2-dcp2-i4-a2a", "pcp2-ep2", "dp2-ep2"],
-)
+@pytest.mark.parametrize(("layout", "backend"), SPARSE_LAYOUTS)
 def test_concurrent_chunked_requests_on_ranks_equal_one_rank(
     sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt, layout: ParallelLayout, backend: str
 ) -> None:

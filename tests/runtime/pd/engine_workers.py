@@ -85,9 +85,10 @@ class Workers:
         kind: str = "tcp",
         kv_fp8: Fp8Format | None = None,
         mtp_draft_tokens: int = 0,
+        drafter: Drafter | None = None,
     ) -> Engine:
         """A P/D engine (`role`) whose forwards run on rank processes of `layout` (gloo),
-        started from the checkpoint (its ranks load it too)."""
+        started from the checkpoint (its ranks load it too); a decode's ranks draft with MTP."""
         config = EngineConfig(
             dtype=torch.float64,
             block_size=block_size,
@@ -107,6 +108,7 @@ class Workers:
             config,
             disagg=DisaggSettings(role),
             connector=connector,  # type: ignore[arg-type]
+            drafter=drafter,
         )
         engine.start()
         self.engines.append(engine)

@@ -3,7 +3,7 @@ exports each step's new rows into its own paged latent pool, and a one-rank deco
 over TCP and NIXL (different block sizes) and continues with the one-rank greedy tokens,
 prompts past the indexer's top-k included, fp8 KV too; each DCP rank sends only its own
 tokens, so the pool holds every token once. And P/D into ranks: a ranked decode's pool takes
-the pull, and its ranks are seeded from it."""
+the pull, and its ranks are seeded from it, MTP rows included, and draft from them."""
 
 from __future__ import annotations
 
@@ -99,17 +99,29 @@ def test_fp8_rows_from_ranks_equal_the_one_rank_fp8_engines(
         wait_for(lambda: whole(decode), "the decode's pool to be whole")
 
 
+@pytest.mark.parametrize(
+    "decode_layout", [None, ParallelLayout(dp=2, ep=2)], ids=["one-rank", "dp2-ep2"]
+)
 def test_mtp_rows_from_ranks_let_the_decode_draft_as_the_aggregated_engine(
-    workers: Workers, sparse_checkpoint: Path, sparse64: LoadedModel
+    workers: Workers,
+    sparse_checkpoint: Path,
+    sparse64: LoadedModel,
+    decode_layout: ParallelLayout | None,
 ) -> None:
     """PCP2×DCP2 ranks compute the prompt's MTP rows beside the trunk's (PCP-gathered,
-    DCP-sharded) and export them; the MTP decode's tokens equal one rank's, and every draft it
-    proposes equals the aggregated MTP engine's at the same position."""
+    DCP-sharded) and export them; the MTP decode (one rank, or DP2×EP2 ranks seeded with the
+    rows and drafting on them: the reference's shape) gives one rank's tokens, and every draft
+    it proposes equals the aggregated MTP engine's at the same position."""
     spies = RecordingDrafter(), RecordingDrafter()
     aggregated, _ = workers.engine(mtp_draft_tokens=3, drafter=spies[0])
     layout = ParallelLayout(pcp=2, dcp=2)
     prefill = workers.ranked_engine(sparse_checkpoint, layout, block_size=32, mtp_draft_tokens=3)
-    decode, _ = workers.engine("decode", block_size=16, mtp_draft_tokens=3, drafter=spies[1])
+    if decode_layout is None:
+        decode, _ = workers.engine("decode", block_size=16, mtp_draft_tokens=3, drafter=spies[1])
+    else:
+        decode = workers.ranked_engine(
+            sparse_checkpoint, decode_layout, "decode", mtp_draft_tokens=3, drafter=spies[1]
+        )
     spies[0].watch(aggregated)
     spies[1].watch(decode)
     assert isinstance(sparse64.model, SparseMlaCausalLM)

@@ -62,6 +62,13 @@ class SequenceRows:
         self.check_room(new_tokens)
         self.length += new_tokens
 
+    def truncate(self, length: int) -> None:
+        """Forget every row from token `length` on (rejected speculative tokens); the rows stay
+        allocated and the next forward overwrites them."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a {self.length}-token cache to {length} tokens")
+        self.length = length
+
 
 class SparseMlaCache(SequenceRows):
     """Per layer: a latent row + a RoPE key row per token; per full indexer layer: a key row.
@@ -131,10 +138,3 @@ class SparseMlaCache(SequenceRows):
             rope_keys=self.rope_keys[row, :end],
             index_keys=None if slot is None else self.index_keys[slot, :end],
         )
-
-    def truncate(self, length: int) -> None:
-        """Forget every row from token `length` on (rejected speculative tokens); the rows stay
-        allocated and the next forward overwrites them."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a {self.length}-token cache to {length} tokens")
-        self.length = length

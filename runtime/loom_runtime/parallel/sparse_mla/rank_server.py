@@ -2,13 +2,16 @@
 layout's groups, load the checkpoint (each rank keeps its EP share of the experts), then run
 the engine's steps as they arrive over its pipe: each scheduled prompt chunk on its
 ParallelSequence, then the step's decodes as one batched forward (without PCP and DCP the
-chunks join that forward), the same calls on every rank, in the same order.
+chunks join that forward), the same calls on every rank, in the same order. Under MTP
+speculation (`drafts`) a step first writes the MTP rows of the previous step's kept positions
+(the engine's verdict), then proposes the drafts the engine asks for, then runs the trunk over
+the works (a verify: its token and drafts, every row's logits back).
 
 Owns the rank's sequences (one ParallelSequence per request, dropped when the engine releases
-it), the wire records of a step and of a weight load, and, for a P/D prefill, the copies of
-each step's new rows sent back to the engine (whose pool the KV connector moves); never
-schedules, never samples (the engine does both in its own process), never decides which
-request runs.
+it) and their draft states, the wire records of a step and of a weight load, and, for a P/D
+prefill, the copies of each step's new rows sent back to the engine (whose pool the KV
+connector moves); never schedules, never samples or accepts drafts (the engine does, in its
+own process), never decides which request runs.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext, serve_steps
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
-from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, forward_batch
+from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, batch_states
 from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 
@@ -41,7 +44,10 @@ class RankServeSpec:
     dcp_backend: DcpBackend = "ag_rs"
     export_rows: bool = False  # send each step's new rows to the engine (its pool mirrors them)
     kv_fp8: Fp8Format | None = None  # rows rounded through fp8 as the engine's fp8 pool keeps them
-    mtp: bool = False  # a P/D prefill with MTP: keep (and export) the MTP layer's prompt rows
+    mtp: bool = False  # keep (and export) the MTP layer's rows beside the trunk's
+    # MTP speculation on the ranks: they draft and verify (needs mtp). Without it, a P/D
+    # prefill with mtp computes its prompts' MTP rows inline and never drafts.
+    drafts: bool = False
     # A step's one-token decodes as one forward over their sequences (decode_batch); False:
     # one forward each, the baseline bench/ranked_batch.py measures against.
     batch_decodes: bool = True
@@ -61,14 +67,38 @@ class RankWork:
     prefix: HeldRows | None = None
     next_id: int | None = None  # the token after token_ids, when known (the MTP rows read it)
     replica: int = 0  # the DP replica whose ranks hold the sequence and run the work
+    draft_tokens: int = 0  # a verify: token_ids are its token and this many drafts
+
+
+@dataclass(frozen=True)
+class RankSettle:
+    """The engine's verdict on a work of the previous step (MTP speculation): `next_ids`, the
+    token after each of its kept positions start.. (fewer than it ran: drafts were rejected).
+    The ranks write the MTP rows there and drop the rows after them."""
+
+    request_id: str
+    start: int
+    next_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RankDraftAsk:
+    """Up to `k` MTP drafts after a sequence (none until its first verdict is settled)."""
+
+    request_id: str
+    k: int
+    replica: int = 0
 
 
 @dataclass(frozen=True)
 class RankStep:
-    """One engine step for the ranks: release these sequences, then run these works."""
+    """One message of an engine step for the ranks, done in this order: release these
+    sequences, settle the previous step's verdicts, propose these drafts, run these works."""
 
     works: tuple[RankWork, ...]
     release: tuple[str, ...] = ()
+    settle: tuple[RankSettle, ...] = ()
+    drafts: tuple[RankDraftAsk, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,11 +112,12 @@ class RankRows:
 @dataclass(frozen=True)
 class RankReply:
     """A rank's answer to a step. `logits`: the rows of its replica's works that wanted them,
-    in order ([n, vocab]; the replica's first rank only, None elsewhere).
+    in order ([n, vocab]: a verify's every row, else its last; the replica's first rank only,
+    None elsewhere). `drafts`: per draft ask of its replica, in order (its first rank only).
     `kv_tokens`/`kv_bytes`: the rows this rank holds for every live sequence, and their bytes
     in whole blocks. `rows`: with `export_rows`, the new rows of every work of its replica that
     this rank holds, when it is one of the replica's first DCP group (together they hold every
-    token once)."""
+    token once); a settled verdict's rows (the MTP rows rewritten) come first."""
 
     logits: torch.Tensor | None
     kv_tokens: int
@@ -94,6 +125,17 @@ class RankReply:
     sequences: int
     rows: tuple[RankRows, ...] = ()
     forwards: int = 0  # model forwards the step ran (its decodes batched count as one)
+    drafts: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A speculating sequence's trunk states from its last forward, kept for its verdict:
+    final-normed rows [n, hidden] of positions first.. (a prompt chunk split or sharded over
+    the ranks keeps only its last: its other MTP rows were written in its forward)."""
+
+    first: int
+    normed: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -133,6 +175,8 @@ class RankSequences:
         self.model = load_sparse_mla(spec.checkpoint, dtype, ctx.device).model
         self.experts = shard_experts(self.model, self.plan.ep)
         self.live: dict[str, ParallelSequence] = {}
+        self._held: dict[str, _Held] = {}  # under MTP speculation, awaiting the verdict
+        self._last: dict[str, torch.Tensor] = {}  # MTP output at the last kept position
         layout, coords = spec.layout, self.plan.coords
         self.replica = coords.dp
         first = coords.dp * layout.tp * layout.pcp  # the replica's first rank
@@ -164,50 +208,96 @@ class RankSequences:
     def step(self, step: RankStep) -> RankReply:
         for request_id in step.release:
             self.live.pop(request_id, None)
+            self._held.pop(request_id, None)
+            self._last.pop(request_id, None)
+        settled = [self._settle(s) for s in step.settle if s.request_id in self._held]
+        drafts = tuple(self._draft(a) for a in step.drafts if a.replica == self.replica)
         mine = tuple(w for w in step.works if w.replica == self.replica)
         logits, forwards = self._run_all(mine)
         self._pad_expert_exchanges(step.works, forwards)
         stores = [seq.store for seq in self.live.values()]
+        ran = [(w.request_id, w.start, w.start + len(w.token_ids)) for w in mine]
         return RankReply(
             logits=None if logits is None else logits.cpu(),
             kv_tokens=sum(s.kv_tokens for s in stores),
             kv_bytes=sum(s.block_bytes(self.spec.block_size) for s in stores),
             sequences=len(stores),
-            rows=self._exported(mine) if self.exports else (),
+            rows=self._exported(settled + ran) if self.exports else (),
             forwards=forwards,
+            drafts=drafts if self.lead else (),
         )
+
+    def _settle(self, verdict: RankSettle) -> tuple[str, int, int]:
+        """Write the MTP rows of a work's kept positions (those its forward left to the
+        verdict) and keep the output at the last; the positions rewritten."""
+        held = self._held.pop(verdict.request_id)
+        ids = verdict.next_ids[held.first - verdict.start :]
+        if not ids or len(ids) > held.normed.shape[0]:
+            raise RuntimeError(
+                f"rank {self.rank}: request {verdict.request_id!r}'s verdict keeps "
+                f"{len(verdict.next_ids)} positions from {verdict.start}, its forward held "
+                f"{held.normed.shape[0]} from {held.first}: the ranks fell out of step"
+            )
+        seq = self.live[verdict.request_id]
+        tokens = torch.tensor(ids, dtype=torch.long)
+        self._last[verdict.request_id] = seq.write_mtp(held.normed[: len(ids)], tokens, held.first)
+        return verdict.request_id, held.first, held.first + len(ids)
+
+    def _draft(self, ask: RankDraftAsk) -> tuple[int, ...]:
+        last = self._last.get(ask.request_id)
+        return () if last is None else tuple(self.live[ask.request_id].draft(last, ask.k))
 
     def _run_all(self, works: Sequence[RankWork]) -> tuple[torch.Tensor | None, int]:
         """Every work of a step (spec.batch_decodes): without PCP and DCP all in one batched
-        forward, else the prompt chunks one by one and then every one-token decode in one
-        batched forward. The logits rows of the works that want them, in the works' order (the
-        replica's first rank only), and the number of forwards run."""
+        forward, else the prompt chunks and verifies one by one and then every one-token
+        decode in one batched forward. The logits rows of the works that want them, in the
+        works' order (the replica's first rank only), and the number of forwards run."""
         rows: dict[int, torch.Tensor] = {}
         batched: list[int] = []
-        whole = self._one_forward()
         for i, work in enumerate(works):
             seq = self._sequence(work)
-            if self.spec.batch_decodes and (whole or self._is_decode(work)):
+            if self._batched(work):
                 batched.append(i)
             else:
                 rows[i] = self._run(seq, work)
         if batched:
             chunks = [torch.tensor(works[i].token_ids, dtype=torch.long) for i in batched]
-            batch = forward_batch([self.live[works[i].request_id] for i in batched], chunks)
-            rows.update(zip(batched, batch, strict=True))
-        wanted = [rows[i] for i, work in enumerate(works) if work.want_logits]
-        return (torch.stack(wanted) if wanted and self.lead else None), self._forwards(works)
+            hidden = batch_states([self.live[works[i].request_id] for i in batched], chunks)
+            at = 0
+            for i, chunk in zip(batched, chunks, strict=True):
+                part, at = hidden[at : at + len(chunk)], at + len(chunk)
+                rows[i] = self._outputs(works[i], part, works[i].start)
+        wanted = [rows[i] for i, w in enumerate(works) if w.want_logits or w.draft_tokens]
+        return (torch.cat(wanted) if wanted and self.lead else None), self._forwards(works)
+
+    def _outputs(self, work: RankWork, hidden: torch.Tensor, first: int) -> torch.Tensor:
+        """The logits rows a work returns from its trunk outputs (positions first..): a
+        verify's every row, else its last; under speculation its states wait for the verdict."""
+        normed = self.model.normed(hidden)
+        if self.spec.drafts:
+            self._held[work.request_id] = _Held(first, normed)
+        return self.model.head(normed if work.draft_tokens else normed[-1:])
+
+    def _batched(self, work: RankWork) -> bool:
+        """Whether the work joins the step's batched forward: every work without PCP and DCP,
+        else a one-token decode."""
+        if not self.spec.batch_decodes:
+            return False
+        return self._one_forward() or (self._is_decode(work) and len(work.token_ids) == 1)
 
     def _forwards(self, works: Sequence[RankWork]) -> int:
-        """The forwards `works` take: one, or each prompt chunk alone and the decodes as one."""
-        whole = self._one_forward()
-        batched = sum(self.spec.batch_decodes and (whole or self._is_decode(w)) for w in works)
+        """The trunk forwards `works` take: one, or each prompt chunk (and verify) alone and
+        the decodes as one. (The MTP layer's forwards make no expert exchange: its experts
+        stay whole on every rank.)"""
+        batched = sum(self._batched(w) for w in works)
         return len(works) - batched + bool(batched)
 
     def _one_forward(self) -> bool:
         """Whether a step's prompt chunks join its decodes' forward: no PCP split or DCP copy
-        to make per sequence, and no MTP rows (those read each chunk's own trunk states)."""
-        return self.plan.pcp.size == 1 and self.plan.dcp.size == 1 and not self.spec.mtp
+        to make per sequence, and no MTP rows to write inline (a P/D prefill's read each
+        chunk's own trunk states; under speculation the verdict writes them after)."""
+        inline_mtp = self.spec.mtp and not self.spec.drafts
+        return self.plan.pcp.size == 1 and self.plan.dcp.size == 1 and not inline_mtp
 
     def _pad_expert_exchanges(self, works: tuple[RankWork, ...], ran: int) -> None:
         """DP replicas share their EP groups: every rank must make as many expert exchanges as
@@ -223,19 +313,20 @@ class RankSequences:
             for layer in sorted(self.experts):
                 self.experts[layer].forward(empty)
 
-    def _exported(self, works: Sequence[RankWork]) -> tuple[RankRows, ...]:
-        """The rows each work just wrote that this rank holds."""
-        out = []
-        for w in works:
-            held = self.live[w.request_id].store.rows_between(w.start, w.start + len(w.token_ids))
-            out.append(RankRows(w.request_id, held))
-        return tuple(out)
+    def _exported(self, spans: Sequence[tuple[str, int, int]]) -> tuple[RankRows, ...]:
+        """The rows this rank holds of each (request, first, end) span the step wrote."""
+        return tuple(
+            RankRows(request_id, self.live[request_id].store.rows_between(first, end))
+            for request_id, first, end in spans
+        )
 
     def _sequence(self, work: RankWork) -> ParallelSequence:
         """The work's sequence, new (a first chunk, or one seeded from a cached prefix) or
         live, checked to be where the work continues."""
         if work.start == 0 or work.prefix is not None:
             self.live[work.request_id] = self._new_sequence(self.spec.capacity)
+            self._held.pop(work.request_id, None)
+            self._last.pop(work.request_id, None)
         seq = self.live.get(work.request_id)
         if seq is not None and work.prefix is not None:
             seq.store.seed(work.prefix)
@@ -248,19 +339,21 @@ class RankSequences:
         return seq
 
     def _is_decode(self, work: RankWork) -> bool:
-        """One token after the sequence's first (with MTP rows every work runs as a chunk)."""
-        return work.start > 0 and len(work.token_ids) == 1 and not self.spec.mtp
+        """A token after the sequence's first, or a verify (with MTP rows written inline, a
+        P/D prefill's, every work runs as a chunk)."""
+        if self.spec.mtp and not self.spec.drafts:
+            return False
+        return work.start > 0 and len(work.token_ids) == 1 + work.draft_tokens
 
     def _run(self, seq: ParallelSequence, work: RankWork) -> torch.Tensor:
-        """One work alone: its last token's logits."""
+        """One work alone: its logits rows (`_outputs`)."""
         ids = torch.tensor(work.token_ids, dtype=torch.long)
         if self._is_decode(work):
-            logits = seq.decode(ids)
-        else:  # a prompt chunk (every work with MTP rows): split over the PCP group when every
-            # chunk gets a token
-            split = len(ids) >= 2 * self.plan.pcp.size
-            logits = seq.prefill(ids, split=split, next_id=work.next_id)
-        return logits[-1]
+            return self._outputs(work, seq.decode_states(ids), work.start)
+        # a prompt chunk: split over the PCP group when every chunk gets a token
+        split = len(ids) >= 2 * self.plan.pcp.size
+        hidden = seq.prefill_states(ids, split=split, next_id=work.next_id)
+        return self._outputs(work, hidden, work.start + len(ids) - 1)
 
     def _new_sequence(self, capacity: int) -> ParallelSequence:
         s = self.spec

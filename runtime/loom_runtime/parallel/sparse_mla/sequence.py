@@ -2,8 +2,9 @@
 split over the PCP group by DualChunkSwap, decode steps over the DCP-sharded cache (or the
 whole one), MoE layers through EP; the same calls on every rank of the worker, in step.
 
-Owns the sequence's store and the shape of each forward, and `decode_batch`: one decode
-forward over several sequences; never samples (the caller does, on the scheduler's rank).
+Owns the sequence's store and the shape of each forward (the MTP layer's drafts and rows
+included), and `decode_batch`: one decode forward over several sequences; never samples or
+decides acceptance (the engine does, in its own process).
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ class ParallelSequence:
         with `all_logits`, else the last token's [1, vocab]. With `split` each PCP rank
         computes its two DualChunkSwap chunks, else every rank computes all T; either way
         every rank keeps (its DCP shard of) every token's rows."""
+        return self.model.logits(self.prefill_states(input_ids, split, next_id, all_logits))
+
+    def prefill_states(
+        self, input_ids: torch.Tensor, split: bool, next_id: int | None, all_logits: bool = False
+    ) -> torch.Tensor:
+        """As `prefill`, the trunk outputs (before the final norm) instead of their logits."""
         new = int(input_ids.shape[0])
         start = self.store.length
         device = self.model.device
@@ -105,19 +112,69 @@ class ParallelSequence:
         if self.mtp:
             self._mtp_rows(ids, next_id, hidden, share, start, hooks)
         self.store.advance()
-        return self.model.logits(self._prompt_hidden(hidden, chunks, all_logits))
+        return self._prompt_hidden(hidden, chunks, all_logits)
 
     def decode(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab] of n new tokens (a decode step), computed by every rank alike;
-        with DCP each rank attends over its shard and the partial outputs are merged."""
+        """Logits [n, vocab] of n new tokens (a decode step, or a verify: a token and its
+        drafts), computed by every rank alike; with DCP each rank attends over its shard and
+        the partial outputs are merged."""
+        return self.model.logits(self.decode_states(input_ids))
+
+    def decode_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """As `decode`, the trunk outputs [n, hidden] (before the final norm)."""
         new = int(input_ids.shape[0])
         positions = self.decode_positions(new)
         self.store.begin(new)
-        sharded = isinstance(self.store, ShardStore)
-        hooks = ParallelHooks(self.plan, self.store, None, sharded=sharded, experts=self.experts)
-        hidden = self.model.hidden_states(input_ids.to(self.model.device), positions, hooks)
+        hidden = self.model.hidden_states(input_ids.to(self.model.device), positions, self._hooks())
         self.store.advance()
-        return self.model.logits(hidden)
+        return hidden
+
+    def _hooks(self) -> ParallelHooks:
+        """The hooks of a forward whose tokens every rank computes alike (a decode's, an MTP
+        layer's): over this rank's DCP shard, merged, or over the whole store."""
+        sharded = isinstance(self.store, ShardStore)
+        return ParallelHooks(self.plan, self.store, None, sharded=sharded, experts=self.experts)
+
+    # --- MTP drafting (a speculating engine's ranks) ------------------------------------------
+
+    def write_mtp(self, normed: torch.Tensor, next_ids: torch.Tensor, start: int) -> torch.Tensor:
+        """The MTP layer's rows at the kept positions start..start + n - 1 (n = len(next_ids),
+        the tokens after them), from the trunk's final-normed states there (`normed`, [n,
+        hidden]); the sequence then ends at start + n (a verify's rejected drafts are dropped).
+        The MTP layer's output at the last of them: what the next step's first draft reads."""
+        if not self.mtp:
+            raise ValueError("write_mtp on a sequence kept without MTP rows")
+        n = int(next_ids.shape[0])
+        if n < 1 or start + n > self.store.length:
+            raise ValueError(
+                f"MTP rows at {start}..{start + n - 1}: the sequence has {self.store.length} tokens"
+            )
+        self.store.truncate(start)
+        self.store.begin(n)
+        device = self.model.device
+        positions = torch.arange(start, start + n, device=device)
+        out = self.model.mtp[0].forward(normed, next_ids.to(device), positions, self._hooks())
+        self.store.advance()
+        return out[-1]
+
+    def draft(self, last: torch.Tensor, k: int) -> list[int]:
+        """The MTP layer's k drafts after the sequence: the first from `last` (its output at
+        the last kept position), draft j + 1 from a scratch row at position length + j - 1,
+        dropped once all are proposed (engine/mtp_runner.py drafts alike on one rank)."""
+        layer, device = self.model.mtp[0], self.model.device
+        committed = self.store.length
+        hidden, drafts = last[None], []
+        for j in range(k):
+            drafts.append(int(torch.argmax(layer.logits(hidden)[-1])))
+            if j + 1 == k:
+                break
+            self.store.begin(1)
+            position = torch.tensor([committed + j], device=device)
+            token = torch.tensor([drafts[-1]], dtype=torch.long, device=device)
+            hidden = layer.forward(hidden, token, position, self._hooks())
+            self.store.advance()
+        self.store.truncate(committed)
+        return drafts
 
     def decode_positions(self, new: int) -> torch.Tensor:
         """The positions of the next `new` tokens."""
@@ -177,6 +234,16 @@ def forward_batch(
     chunk alone. Chunks of more than one token need a plan without PCP or DCP (their rows are
     attended whole; a split prefill or a DCP copy is one sequence's forward). Every rank calls
     it with the same sequences in the same order; their model, plan and experts are shared."""
+    hidden = batch_states(sequences, chunks)
+    ends = torch.tensor([int(c.shape[0]) for c in chunks]).cumsum(0)
+    return sequences[0].model.logits(hidden[ends - 1])
+
+
+def batch_states(
+    sequences: Sequence[ParallelSequence], chunks: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """As `forward_batch`, the trunk outputs of every chunk's every token, chunk after chunk
+    ([sum n_i, hidden], before the final norm)."""
     if not sequences:
         raise ValueError("a forward batch needs at least one sequence")
     if len(sequences) != len(chunks):
@@ -203,4 +270,4 @@ def forward_batch(
     hidden = first.model.hidden_states(ids, positions, hooks)
     for s in sequences:
         s.store.advance()
-    return first.model.logits(hidden[ends - 1])
+    return hidden

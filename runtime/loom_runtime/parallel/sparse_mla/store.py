@@ -123,6 +123,11 @@ class FullStore:
     def block_bytes(self, block_size: int) -> int:
         return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
 
+    def truncate(self, length: int) -> None:
+        """The sequence ends at token `length` (rejected drafts' rows dropped; their memory is
+        reused by the next forward)."""
+        self.cache.truncate(length)
+
     def seed(self, rows: HeldRows) -> None:
         """Start the sequence from a cached prefix: rows of tokens 0..n-1, every one kept."""
         _seed(self.cache, rows, slice(None))
@@ -208,6 +213,13 @@ class ShardStore:
     def block_bytes(self, block_size: int) -> int:
         """Bytes of the KV blocks this rank's rows fill (the last one partly)."""
         return _blocks(self.kv_tokens, block_size) * block_size * self.bytes_per_token
+
+    def truncate(self, length: int) -> None:
+        """The sequence ends at token `length`: this rank keeps the rows it owns before it."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a {self.length}-token sequence to {length}")
+        self.cache.truncate(self.shard.local_length(length))
+        self.length = length
 
     def seed(self, rows: HeldRows) -> None:
         """Start the sequence from a cached prefix (rows of tokens 0..n-1): the owned ones."""
