@@ -16,12 +16,13 @@ MTP off, medians of `--rounds`. Usage:
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,9 +67,10 @@ class ReplayDrafter:
 
 
 def serve(
-    loaded: LoadedModel, reqs: list[EngineRequest], mtp: int, drafter: Drafter | None
+    checkpoint: Path, reqs: list[EngineRequest], mtp: int, drafter: Drafter | None
 ) -> tuple[dict[str, tuple[int, ...]], float, float]:
     """Outputs, mean acceptance length and thread CPU seconds of serving `reqs` together."""
+    loaded = _loaded(checkpoint)
     config = EngineConfig(num_blocks=512, max_model_len=1024, max_num_seqs=16,
                           mtp_draft_tokens=mtp)  # fmt: skip
     engine = Engine(loaded, config, drafter=drafter)
@@ -80,10 +82,22 @@ def serve(
     return outputs, length, seconds
 
 
-def run(prompt_tokens: int, new_tokens: int, concurrency: list[int], alphas: list[float],
-        rounds: int) -> list[Row]:  # fmt: skip
+@functools.cache
+def _loaded(checkpoint: Path) -> LoadedModel:
+    return load_model(checkpoint)
+
+
+Serve = Callable[
+    [Path, list[EngineRequest], int, Drafter | None],
+    tuple[dict[str, tuple[int, ...]], float, float],
+]
+
+
+def run(serve: Serve, prompt_tokens: int, new_tokens: int, concurrency: list[int],
+        alphas: list[float], rounds: int) -> list[Row]:  # fmt: skip
+    """Every case at each concurrency through `serve` (the cases alternate each round)."""
     torch.set_num_threads(1)
-    loaded = load_model(init_tiny_sparse_mla(Path(tempfile.mkdtemp()) / "tiny"))
+    checkpoint = init_tiny_sparse_mla(Path(tempfile.mkdtemp()) / "tiny")
     gen = torch.Generator().manual_seed(0)
     rows: list[Row] = []
     for n in concurrency:
@@ -93,14 +107,14 @@ def run(prompt_tokens: int, new_tokens: int, concurrency: list[int], alphas: lis
         reqs = [EngineRequest(f"c{n}-{i}", p, params) for i, p in enumerate(prompts)]
         samples: dict[str, list[tuple[float, float, bool]]] = {}
         for r in range(rounds):
-            reference, _, plain_s = serve(loaded, reqs, 0, None)
+            reference, _, plain_s = serve(checkpoint, reqs, 0, None)
             samples.setdefault("none (MTP off)", []).append((1.0, plain_s, True))
             truth = {q.request_id: (*q.prompt_token_ids, *reference[q.request_id]) for q in reqs}
             drafters: dict[str, Drafter | None] = {"MTP layer (random weights)": None}
             for alpha in alphas:
                 drafters[f"replay alpha={alpha:g}"] = ReplayDrafter(truth, alpha, seed=r)
             for name, drafter in drafters.items():
-                out, length, secs = serve(loaded, reqs, K, drafter)
+                out, length, secs = serve(checkpoint, reqs, K, drafter)
                 samples.setdefault(name, []).append((length, secs, out == reference))
                 print(f"round {r + 1}/{rounds} n={n} {name}: {length:.2f} tok/step, "
                       f"{secs:.3f} s (off {plain_s:.3f} s)", file=sys.stderr)  # fmt: skip
@@ -113,12 +127,12 @@ def run(prompt_tokens: int, new_tokens: int, concurrency: list[int], alphas: lis
     return rows
 
 
-def main() -> int:
-    args = bench_args(__doc__)
-    if args.quick:
-        rows = run(64, 8, [2], [0.8], 1)
-    else:
-        rows = run(256, 48, [1, 4, 8], [0.5, 0.8, 1.0], args.rounds)
+def main_with(doc: str, serve: Serve, quick: tuple[int, int, list[int], list[float]],
+              full: tuple[int, int, list[int], list[float]]) -> int:  # fmt: skip
+    """Parse the bench's arguments, run the `quick` or `full` (prompt tokens, new tokens,
+    concurrencies, alphas) cases through `serve`, print and save the table."""
+    args = bench_args(doc)
+    rows = run(serve, *quick, 1) if args.quick else run(serve, *full, args.rounds)
     columns = [("concurrent", "---:"), ("drafter", "---"), ("acceptance length", "---:"),
                ("output tok/s", "---:"), ("vs MTP off", "---:"), ("identical", "---")]  # fmt: skip
 
@@ -127,6 +141,12 @@ def main() -> int:
                 f"{r.tokens_per_s:.1f}", f"{r.ratio:.2f}×", str(r.identical)]  # fmt: skip
 
     return report(columns, rows, cells, args.json)
+
+
+def main() -> int:
+    return main_with(
+        __doc__ or "", serve, (64, 8, [2], [0.8]), (256, 48, [1, 4, 8], [0.5, 0.8, 1.0])
+    )
 
 
 if __name__ == "__main__":

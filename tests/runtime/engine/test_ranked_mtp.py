@@ -27,7 +27,9 @@ from loom_runtime.engine.mtp_runner import Drafter
 from loom_runtime.engine.ranked_runner import RankedRunner
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import EngineRequest
+from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel
+from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.parallel.layout import ParallelLayout
 
 LENGTHS = [5, 40, 70, 130]  # > INDEX_TOPK (64) from 70 on; > 96 (one chunk) at 130
@@ -209,3 +211,40 @@ def test_prefix_hits_on_rows_whose_verdict_is_pending_read_their_mtp_rows(
     }
     assert ranked["b"].num_cached_tokens == 80 and ranked["d"].num_cached_tokens == 144
     assert spies[1].seen == spies[0].seen and set(spies[0].seen) >= {"b", "d"}
+
+
+def test_fp8_kv_under_speculation_on_ranks_drafts_as_the_one_rank_fp8_engine(
+    sparse_dir: Path, prompt: Prompt
+) -> None:
+    """The ranks round the MTP layer's rows through fp8 as a one-rank fp8 pool keeps them, so
+    the tokens and every draft equal the one-rank fp8 MTP engine's."""
+    fp8 = Fp8Format(16)
+    reqs = [EngineRequest(f"f{i}", prompt(n, 40 + i), greedy(16)) for i, n in enumerate(LENGTHS)]
+    spies = RecordingDrafter(), RecordingDrafter()
+    one = serve(sparse_dir, config(ONE_RANK, kv_fp8=fp8), reqs, spies[0])[1]
+    cfg = config(ParallelLayout(pcp=2, dcp=2), kv_fp8=fp8)
+    assert serve(sparse_dir, cfg, reqs, spies[1])[1] == one
+    assert spies[1].seen == spies[0].seen and spies[0].seen
+
+
+def test_a_weight_sync_on_drafting_ranks_drafts_with_the_new_mtp_layer(
+    sparse_dir: Path, prompt: Prompt, tmp_path: Path
+) -> None:
+    """Drained, DP2×EP2 drafting ranks load v2 (its MTP layer too): then the tokens and drafts
+    are the one-rank v2 MTP engine's."""
+    v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
+    reqs = [EngineRequest(f"w{i}", prompt(n, 80 + i), greedy(12)) for i, n in enumerate(LENGTHS)]
+    spies = RecordingDrafter(), RecordingDrafter()
+    want = serve(v2, config(ONE_RANK), reqs, spies[0])[1]
+    engine = build(sparse_dir, config(ParallelLayout(dp=2, ep=2)), spies[1])
+    try:
+        run_all(engine, [EngineRequest("v1", prompt(50, 1), greedy(8))])
+        assert engine.pause(timeout=30)
+        engine.load_weights(str(v2), "v2")
+        engine.resume()
+        spies[1].seen.clear()
+        got = run_all(engine, reqs)
+    finally:
+        engine.shutdown()
+    assert got == want
+    assert spies[1].seen == spies[0].seen and spies[0].seen

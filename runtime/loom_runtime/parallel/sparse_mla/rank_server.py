@@ -28,7 +28,12 @@ from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext, serve_steps
 from loom_runtime.parallel.sparse_mla.ep_moe import shard_experts
 from loom_runtime.parallel.sparse_mla.plan import DcpBackend, join_groups
-from loom_runtime.parallel.sparse_mla.sequence import ParallelSequence, batch_states
+from loom_runtime.parallel.sparse_mla.sequence import (
+    ParallelSequence,
+    batch_states,
+    draft,
+    write_mtp,
+)
 from loom_runtime.parallel.sparse_mla.store import HeldRows
 
 
@@ -210,8 +215,8 @@ class RankSequences:
             self.live.pop(request_id, None)
             self._held.pop(request_id, None)
             self._last.pop(request_id, None)
-        settled = [self._settle(s) for s in step.settle if s.request_id in self._held]
-        drafts = tuple(self._draft(a) for a in step.drafts if a.replica == self.replica)
+        settled = self._settle([s for s in step.settle if s.request_id in self._held])
+        drafts = self._draft([a for a in step.drafts if a.replica == self.replica])
         mine = tuple(w for w in step.works if w.replica == self.replica)
         logits, forwards = self._run_all(mine)
         self._pad_expert_exchanges(step.works, forwards)
@@ -227,25 +232,39 @@ class RankSequences:
             drafts=drafts if self.lead else (),
         )
 
-    def _settle(self, verdict: RankSettle) -> tuple[str, int, int]:
-        """Write the MTP rows of a work's kept positions (those its forward left to the
-        verdict) and keep the output at the last; the positions rewritten."""
-        held = self._held.pop(verdict.request_id)
-        ids = verdict.next_ids[held.first - verdict.start :]
-        if not ids or len(ids) > held.normed.shape[0]:
-            raise RuntimeError(
-                f"rank {self.rank}: request {verdict.request_id!r}'s verdict keeps "
-                f"{len(verdict.next_ids)} positions from {verdict.start}, its forward held "
-                f"{held.normed.shape[0]} from {held.first}: the ranks fell out of step"
-            )
-        seq = self.live[verdict.request_id]
-        tokens = torch.tensor(ids, dtype=torch.long)
-        self._last[verdict.request_id] = seq.write_mtp(held.normed[: len(ids)], tokens, held.first)
-        return verdict.request_id, held.first, held.first + len(ids)
+    def _settle(self, verdicts: Sequence[RankSettle]) -> list[tuple[str, int, int]]:
+        """Write the MTP rows of each work's kept positions (those its forward left to the
+        verdict), in one MTP-layer forward, and keep the output at each one's last; the spans
+        (request, first, end) rewritten."""
+        held = [self._held.pop(v.request_id) for v in verdicts]
+        ids = [v.next_ids[h.first - v.start :] for v, h in zip(verdicts, held, strict=True)]
+        for v, h, kept in zip(verdicts, held, ids, strict=True):
+            if not kept or len(kept) > h.normed.shape[0]:
+                raise RuntimeError(
+                    f"rank {self.rank}: request {v.request_id!r}'s verdict keeps "
+                    f"{len(v.next_ids)} positions from {v.start}, its forward held "
+                    f"{h.normed.shape[0]} from {h.first}: the ranks fell out of step"
+                )
+        outputs = write_mtp(
+            [self.live[v.request_id] for v in verdicts],
+            [h.normed[: len(kept)] for h, kept in zip(held, ids, strict=True)],
+            [torch.tensor(kept, dtype=torch.long) for kept in ids],
+            [h.first for h in held],
+        )
+        self._last.update((v.request_id, out) for v, out in zip(verdicts, outputs, strict=True))
+        return [(v.request_id, h.first, h.first + len(kept))
+                for v, h, kept in zip(verdicts, held, ids, strict=True)]  # fmt: skip
 
-    def _draft(self, ask: RankDraftAsk) -> tuple[int, ...]:
-        last = self._last.get(ask.request_id)
-        return () if last is None else tuple(self.live[ask.request_id].draft(last, ask.k))
+    def _draft(self, asks: Sequence[RankDraftAsk]) -> tuple[tuple[int, ...], ...]:
+        """Each ask's drafts, proposed together (none for a sequence with no verdict yet)."""
+        ready = [a for a in asks if a.request_id in self._last]
+        proposed = draft(
+            [self.live[a.request_id] for a in ready],
+            [self._last[a.request_id] for a in ready],
+            [a.k for a in ready],
+        )
+        by_id = {a.request_id: tuple(d) for a, d in zip(ready, proposed, strict=True)}
+        return tuple(by_id.get(a.request_id, ()) for a in asks)
 
     def _run_all(self, works: Sequence[RankWork]) -> tuple[torch.Tensor | None, int]:
         """Every work of a step (spec.batch_decodes): without PCP and DCP all in one batched

@@ -125,56 +125,15 @@ class ParallelSequence:
         new = int(input_ids.shape[0])
         positions = self.decode_positions(new)
         self.store.begin(new)
-        hidden = self.model.hidden_states(input_ids.to(self.model.device), positions, self._hooks())
+        hidden = self.model.hidden_states(input_ids.to(self.model.device), positions, self.hooks())
         self.store.advance()
         return hidden
 
-    def _hooks(self) -> ParallelHooks:
+    def hooks(self) -> ParallelHooks:
         """The hooks of a forward whose tokens every rank computes alike (a decode's, an MTP
         layer's): over this rank's DCP shard, merged, or over the whole store."""
         sharded = isinstance(self.store, ShardStore)
         return ParallelHooks(self.plan, self.store, None, sharded=sharded, experts=self.experts)
-
-    # --- MTP drafting (a speculating engine's ranks) ------------------------------------------
-
-    def write_mtp(self, normed: torch.Tensor, next_ids: torch.Tensor, start: int) -> torch.Tensor:
-        """The MTP layer's rows at the kept positions start..start + n - 1 (n = len(next_ids),
-        the tokens after them), from the trunk's final-normed states there (`normed`, [n,
-        hidden]); the sequence then ends at start + n (a verify's rejected drafts are dropped).
-        The MTP layer's output at the last of them: what the next step's first draft reads."""
-        if not self.mtp:
-            raise ValueError("write_mtp on a sequence kept without MTP rows")
-        n = int(next_ids.shape[0])
-        if n < 1 or start + n > self.store.length:
-            raise ValueError(
-                f"MTP rows at {start}..{start + n - 1}: the sequence has {self.store.length} tokens"
-            )
-        self.store.truncate(start)
-        self.store.begin(n)
-        device = self.model.device
-        positions = torch.arange(start, start + n, device=device)
-        out = self.model.mtp[0].forward(normed, next_ids.to(device), positions, self._hooks())
-        self.store.advance()
-        return out[-1]
-
-    def draft(self, last: torch.Tensor, k: int) -> list[int]:
-        """The MTP layer's k drafts after the sequence: the first from `last` (its output at
-        the last kept position), draft j + 1 from a scratch row at position length + j - 1,
-        dropped once all are proposed (engine/mtp_runner.py drafts alike on one rank)."""
-        layer, device = self.model.mtp[0], self.model.device
-        committed = self.store.length
-        hidden, drafts = last[None], []
-        for j in range(k):
-            drafts.append(int(torch.argmax(layer.logits(hidden)[-1])))
-            if j + 1 == k:
-                break
-            self.store.begin(1)
-            position = torch.tensor([committed + j], device=device)
-            token = torch.tensor([drafts[-1]], dtype=torch.long, device=device)
-            hidden = layer.forward(hidden, token, position, self._hooks())
-            self.store.advance()
-        self.store.truncate(committed)
-        return drafts
 
     def decode_positions(self, new: int) -> torch.Tensor:
         """The positions of the next `new` tokens."""
@@ -259,15 +218,115 @@ def batch_states(
     split = first.plan.pcp.size > 1 or first.plan.dcp.size > 1
     if split and max(sizes) > 1:
         raise ValueError("chunks of several tokens batch only without PCP and DCP")
-    positions = torch.cat([s.decode_positions(n) for s, n in zip(sequences, sizes, strict=True)])
-    for s, n in zip(sequences, sizes, strict=True):
-        s.store.begin(n)
-    ends = torch.tensor(sizes).cumsum(0)
-    queries = [slice(int(end) - n, int(end)) for end, n in zip(ends, sizes, strict=True)]
-    stores = [s.store for s in sequences]
-    hooks = BatchedHooks(first.plan, stores, queries, first.experts)
+    positions, hooks = _begin(sequences, sizes)
     ids = torch.cat(list(chunks)).to(first.model.device)
     hidden = first.model.hidden_states(ids, positions, hooks)
     for s in sequences:
         s.store.advance()
     return hidden
+
+
+# --- MTP drafting (a speculating engine's ranks) ----------------------------------------------
+
+
+def write_mtp(
+    sequences: Sequence[ParallelSequence],
+    normed: Sequence[torch.Tensor],
+    next_ids: Sequence[torch.Tensor],
+    starts: Sequence[int],
+) -> list[torch.Tensor]:
+    """The MTP layer's rows of each sequence's kept positions start..start + n - 1 (n =
+    len(next_ids[i]), the tokens after them) from the trunk's final-normed states there
+    (normed[i], [n, hidden]); each sequence then ends at start + n (a verify's rejected drafts
+    are dropped). One MTP-layer forward for them all (under DCP a sequence with several kept
+    positions runs alone). Per sequence, the MTP output at its last kept position: what its
+    next step's first draft reads."""
+    for seq, ids, start in zip(sequences, next_ids, starts, strict=True):
+        n = int(ids.shape[0])
+        if not seq.mtp:
+            raise ValueError("write_mtp on a sequence kept without MTP rows")
+        if n < 1 or start + n > seq.store.length:
+            raise ValueError(
+                f"MTP rows at {start}..{start + n - 1}: the sequence has {seq.store.length} tokens"
+            )
+        seq.store.truncate(start)
+    out: dict[int, torch.Tensor] = {}
+    for group in _mtp_groups(sequences, [int(ids.shape[0]) for ids in next_ids]):
+        rows = _mtp_forward(
+            [sequences[i] for i in group], [normed[i] for i in group], [next_ids[i] for i in group]
+        )
+        out.update((i, r[-1]) for i, r in zip(group, rows, strict=True))
+    return [out[i] for i in range(len(sequences))]
+
+
+def draft(
+    sequences: Sequence[ParallelSequence], last: Sequence[torch.Tensor], ks: Sequence[int]
+) -> list[list[int]]:
+    """ks[i] MTP drafts after each sequence: the first from last[i] (its MTP output at its
+    last kept position), draft j + 1 from a scratch row at position length + j, one batched
+    MTP-layer forward per draft for every sequence still drafting; the scratch rows are
+    dropped once all are proposed (engine/mtp_runner.py drafts alike on one rank)."""
+    if not sequences:
+        return []
+    layer = sequences[0].model.mtp[0]
+    committed = [seq.store.length for seq in sequences]
+    hidden = [row[None] for row in last]
+    drafts: list[list[int]] = [[] for _ in sequences]
+    for j in range(max(ks)):
+        active = [i for i, k in enumerate(ks) if j < k]
+        logits = layer.logits(torch.cat([hidden[i] for i in active]))
+        for i, row in zip(active, logits, strict=True):
+            drafts[i].append(int(torch.argmax(row)))
+        going = [i for i in active if j + 1 < ks[i]]
+        if not going:
+            break
+        device = sequences[0].model.device
+        tokens = [torch.tensor([drafts[i][-1]], dtype=torch.long, device=device) for i in going]
+        rows = _mtp_forward([sequences[i] for i in going], [hidden[i] for i in going], tokens)
+        for i, r in zip(going, rows, strict=True):
+            hidden[i] = r
+    for seq, length in zip(sequences, committed, strict=True):
+        seq.store.truncate(length)
+    return drafts
+
+
+def _mtp_groups(sequences: Sequence[ParallelSequence], sizes: Sequence[int]) -> list[list[int]]:
+    """Which sequences share one MTP-layer forward: all, but under DCP a sequence extended by
+    several tokens runs alone (a batch's sharded selection takes one query per sequence)."""
+    if not sequences or sequences[0].plan.dcp.size == 1:
+        return [list(range(len(sequences)))] if sequences else []
+    alone = [[i] for i, n in enumerate(sizes) if n > 1]
+    together = [i for i, n in enumerate(sizes) if n == 1]
+    return alone + ([together] if together else [])
+
+
+def _mtp_forward(
+    sequences: Sequence[ParallelSequence],
+    hidden: Sequence[torch.Tensor],
+    next_ids: Sequence[torch.Tensor],
+) -> list[torch.Tensor]:
+    """One MTP-layer forward extending each sequence by len(next_ids[i]) rows (hidden[i]:
+    the states they read); each sequence's outputs."""
+    first = sequences[0]
+    sizes = [int(ids.shape[0]) for ids in next_ids]
+    positions, batched = _begin(sequences, sizes)
+    hooks = batched if len(sequences) > 1 else first.hooks()
+    ids = torch.cat(list(next_ids)).to(first.model.device)
+    out = first.model.mtp[0].forward(torch.cat(list(hidden)), ids, positions, hooks)
+    for s in sequences:
+        s.store.advance()
+    return list(torch.split(out, sizes))
+
+
+def _begin(
+    sequences: Sequence[ParallelSequence], sizes: Sequence[int]
+) -> tuple[torch.Tensor, BatchedHooks]:
+    """Begin the rows of each sequence's next sizes[i] tokens: their positions, and the hooks
+    of one forward over them all (sequence i's tokens are the i-th run of sizes)."""
+    first = sequences[0]
+    positions = torch.cat([s.decode_positions(n) for s, n in zip(sequences, sizes, strict=True)])
+    for s, n in zip(sequences, sizes, strict=True):
+        s.store.begin(n)
+    ends = torch.tensor(sizes).cumsum(0)
+    queries = [slice(int(end) - n, int(end)) for end, n in zip(ends, sizes, strict=True)]
+    return positions, BatchedHooks(first.plan, [s.store for s in sequences], queries, first.experts)
