@@ -120,11 +120,15 @@ def test_the_drafters_kept_rows_equal_one_mtp_forward_over_the_sequence(
     normed = model.normed(model.hidden_states(ids, positions, LocalHooks(cache)))
     mtp = model.new_mtp_cache(CAPACITY)
     model.mtp[0].forward(normed, torch.tensor(seq[1 : committed + 1]), positions, LocalHooks(mtp))
+    # the drafter's rows came from forwards of 1-4 tokens, these from one over the sequence:
+    # the MoE router's float32 GEMM may round a row differently inside a bigger batch (~1e-7
+    # in the states, CPU-dependent; see tests/runtime/parallel/sparse_mla/test_parity.py), while
+    # a scratch row left behind would differ by O(1)
     torch.testing.assert_close(
-        drafter.cache.latent[:, :committed], mtp.latent[:, :committed], rtol=0, atol=1e-10
+        drafter.cache.latent[:, :committed], mtp.latent[:, :committed], rtol=0, atol=1e-6
     )
     torch.testing.assert_close(
-        drafter.cache.index_keys[:, :committed], mtp.index_keys[:, :committed], rtol=0, atol=1e-10
+        drafter.cache.index_keys[:, :committed], mtp.index_keys[:, :committed], rtol=0, atol=1e-6
     )
 
 
