@@ -11,7 +11,8 @@ from loom_runtime.card.model_card import ModelCard
 
 
 def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:
-    """What in `deploy` the model cannot do: HiSparse, MTP, the vllm backend's loop kinds."""
+    """What in `deploy` the model cannot do: HiSparse (and where the native runtime runs it),
+    MTP, the vllm backend's loop kinds."""
     problems: list[Problem] = []
     spec = model.spec
     arch = spec.architecture
@@ -21,6 +22,15 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
         if role.hi_sparse is not None and spec.family != "sparse-mla":
             msg = f"hiSparse needs a sparse-mla model; {model.name!r} is {spec.family}"
             problems.append(((*at, "hiSparse"), "hisparse_needs_sparse_mla", msg))
+        par = role.parallelism
+        native = deploy.spec.backend == "native"
+        if native and role.hi_sparse is not None and par.ranks != par.dp:
+            msg = (
+                f"the native runtime runs hiSparse on dp × ep ranks only (each an attention "
+                f"replica holding its requests' tiers), not with pcp {par.pcp}, dcp {par.dcp}, "
+                f"tp {par.tp}"
+            )
+            problems.append(((*at, "hiSparse"), "hisparse_on_split_ranks", msg))
         if role.mtp is not None and arch is not None and arch.mtp is None and not has_draft:
             msg = f"mtp needs MTP layers (architecture.mtp) or a draft component in {model.name!r}"
             problems.append(((*at, "mtp"), "mtp_without_layers", msg))

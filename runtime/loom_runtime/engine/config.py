@@ -58,7 +58,8 @@ class EngineConfig:
     # pool mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
     # connector (a decode's pull lands there and seeds the ranks). The llama family splits over
     # TP alone (engine/tp_runner.py): each rank keeps its kv heads' pool, indexed by the
-    # engine's block tables; no P/D or CPU offload there yet. No HiSparse on ranks.
+    # engine's block tables; no P/D or CPU offload there yet. HiSparse runs on DP x EP ranks
+    # (each rank holds its requests' tiers: parallel/sparse_mla/tiered_store.py).
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
@@ -136,11 +137,12 @@ class EngineConfig:
                 f"EngineConfig.parallel {layout.describe()}: tp combines with no other split "
                 "in the native runtime (tp for the llama family; pcp, dcp and ep for sparse-mla)"
             )
-        extras = {"hisparse_host_pool_gib": self.hisparse}
-        if on := [name for name, used in extras.items() if used]:
+        if self.hisparse and layout.world != layout.dp:
             raise ValueError(
-                f"EngineConfig.parallel {layout.describe()}: {', '.join(on)} cannot run on "
-                "ranks yet (the ranks keep each request's rows themselves); set it to 0"
+                f"EngineConfig.parallel {layout.describe()}: HiSparse on ranks runs on DP × EP "
+                "ranks (the reference decode's shape: each rank an attention replica holding "
+                "its requests' tiers); with pcp, dcp or tp it is not built: set "
+                "hisparse_host_pool_gib 0 or use dp and ep"
             )
 
     @property

@@ -474,7 +474,7 @@ class Engine:
             kv_cache_bytes=self._kv_cache_bytes,
             kv_bytes_per_token=self._kv_bytes_per_token,
             **offload_stats(self._offload),
-            **({} if self._hisparse is None else hisparse_stats(self._hisparse)),
+            **hisparse_stats(self._hisparse, self._ranks, self.config),
             ranks=() if self._ranks is None else self._ranks.kv(),
             spec=None if self._spec is None else self._spec.stats,
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.hisparse import hisparse_cache
+from loom_runtime.engine.hisparse import hisparse_cache, hisparse_spec
 from loom_runtime.engine.mtp_runner import mtp_kv_spec
 from loom_runtime.engine.rank_channel import EngineRanks
 from loom_runtime.errors import TransferError
@@ -55,11 +55,13 @@ def engine_kv(
     per_block = kv_spec(mc, bs, 1, config.dtype, config.kv_fp8).bytes_per_block
     hisparse: HiSparseKVCache | None = None
     cache: KVStore
-    if config.hisparse:
+    if config.hisparse and ranks is None:
         cache = hisparse = hisparse_cache(mc, config, max_model_len, model_device)
         num_blocks = cache.spec.num_blocks
     else:
         chosen = None if ranks is None else ranks.num_blocks  # TP ranks' pools: the same size
+        if config.hisparse:  # HiSparse ranks hold the tiers: the pool counts the host pool's
+            chosen = hisparse_spec(mc, config, max_model_len, ranked=True).num_blocks
         num_blocks = chosen or config.resolve_num_blocks(per_block, max_model_len)
         spec = kv_spec(mc, bs, num_blocks, config.dtype, config.kv_fp8)
         # a parallel engine's rows live on its ranks: its pool only counts blocks, unless its

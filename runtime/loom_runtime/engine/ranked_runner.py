@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from loom_runtime.engine.rank_channel import START_TIMEOUT_S, RankChannel, rank_
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import RankKVStats
 from loom_runtime.kv.block_table import BlockTable
+from loom_runtime.kv.hisparse_cache import TierCounters
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.parallel.ranks import RankConfig
 from loom_runtime.parallel.sparse_mla.rank_server import (
@@ -77,6 +79,7 @@ class RankedRunner:
         self._held: set[str] = set()  # requests whose sequences the ranks hold
         self._home: dict[str, int] = {}  # the DP replica each live request runs on
         self._mirror: LatentKVCache | None = None
+        self._tiers: list[TierCounters] = []  # each HiSparse rank's, from its last reply
         self._ranks = RankChannel(config, serve_rank, (spec,), workdir)
         ready = self._ranks.receive_all(RankReady, "start", start_timeout_s)
         self._kv = [RankKVStats(r.rank, r.kv_bytes_per_token, 0, 0, 0) for r in ready]
@@ -110,6 +113,13 @@ class RankedRunner:
     def kv(self) -> tuple[RankKVStats, ...]:
         """Per rank, the KV it held after the last step."""
         return tuple(self._kv)
+
+    def tiers(self) -> TierCounters | None:
+        """HiSparse ranks: their tier counters summed, as of the last step (None: off)."""
+        if not self.spec.hot_slots:
+            return None
+        names = [f.name for f in fields(TierCounters)]
+        return TierCounters(**{n: sum(getattr(t, n) for t in self._tiers) for n in names})
 
     def mirror_into(self, cache: LatentKVCache) -> None:
         """Write every step's exported rows into `cache` (the engine's real pool, whose blocks
@@ -176,9 +186,13 @@ class RankedRunner:
         self._ranks.send_all(step)
         replies = self._ranks.receive_all(RankReply, "step", self._timeout_s)
         self._kv = [
-            RankKVStats(kv.rank, kv.kv_bytes_per_token, r.kv_tokens, r.kv_bytes, r.sequences)
+            RankKVStats(
+                kv.rank, kv.kv_bytes_per_token, r.kv_tokens, r.kv_bytes, r.sequences,
+                r.device_kv_bytes,
+            )
             for kv, r in zip(self._kv, replies, strict=True)
-        ]
+        ]  # fmt: skip
+        self._tiers = [r.tiers for r in replies if r.tiers is not None]
         if self._mirror is not None:
             for reply in replies:
                 for exported in reply.rows:
@@ -320,12 +334,13 @@ def start_ranks(
     export_rows: bool = False,
     batch_decodes: bool = True,
     drafts: bool = False,
+    hot_slots: int = 0,
 ) -> RankedRunner:
     """The ranks of an engine whose config asks for a parallel layout (config.parallel);
     `export_rows` for a P/D prefill, whose pool must hold the rows the connector moves;
     `drafts`: the ranks run MTP speculation (config.mtp_draft_tokens; not a P/D prefill's);
     `batch_decodes` False runs a step's decodes one forward each (bench/ranked_batch.py's
-    baseline)."""
+    baseline); `hot_slots` > 0: HiSparse ranks (config.hisparse), hot buffers of that many rows."""
     spec = RankServeSpec(
         checkpoint=checkpoint,
         layout=config.parallel,
@@ -338,5 +353,6 @@ def start_ranks(
         mtp=config.mtp_draft_tokens > 0,
         drafts=drafts,
         batch_decodes=batch_decodes,
+        hot_slots=hot_slots,
     )
     return RankedRunner(spec, rank_config(config))

@@ -8,6 +8,7 @@ Owns that choice only; never drives a step.
 from __future__ import annotations
 
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.hisparse import hot_slots
 from loom_runtime.engine.rank_channel import EngineRanks
 from loom_runtime.engine.ranked_runner import start_ranks
 from loom_runtime.engine.ranks_check import check_ranks
@@ -28,4 +29,5 @@ def start_engine_ranks(
     export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
     # a P/D prefill's ranks compute its prompts' MTP rows for the decode and never draft
     drafts = config.mtp_draft_tokens > 0 and (disagg is None or disagg.role != "prefill")
-    return start_ranks(checkpoint, config, max_model_len, export_rows=export, drafts=drafts)
+    hot = hot_slots(loaded.config, config) if config.hisparse else 0
+    return start_ranks(checkpoint, config, max_model_len, export, drafts=drafts, hot_slots=hot)

@@ -120,6 +120,7 @@ class RankKVStats:
     kv_tokens: int  # tokens whose rows this rank holds now (a DCP rank: its share)
     kv_bytes: int  # those rows' bytes, in whole blocks per sequence
     sequences: int  # live sequences on the rank
+    device_kv_bytes: int = 0  # HiSparse ranks: their sequences' device keys and hot buffers
 
 
 @dataclass(frozen=True)

@@ -152,12 +152,27 @@ class TierCounters:
 class HotRows:
     """One request's hot buffers: per layer a slot map and its `slots` decoded rows."""
 
-    def __init__(self, spec: HiSparseSpec, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        layers: int,
+        slots: int,
+        latent_dim: int,
+        rope_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.maps = [HotBuffer(slots) for _ in range(layers)]
+        self.latent = torch.zeros(layers, slots, latent_dim, dtype=dtype, device=device)
+        self.rope = torch.zeros(layers, slots, rope_dim, dtype=dtype, device=device)
+
+    @classmethod
+    def of(cls, spec: HiSparseSpec, device: torch.device | str) -> HotRows:
         s = spec.latent
-        self.maps = [HotBuffer(spec.hot_slots) for _ in range(s.num_layers)]
-        shape = (s.num_layers, spec.hot_slots)
-        self.latent = torch.zeros(*shape, s.latent_dim, dtype=s.dtype, device=device)
-        self.rope = torch.zeros(*shape, s.rope_dim, dtype=s.dtype, device=device)
+        return cls(s.num_layers, spec.hot_slots, s.latent_dim, s.rope_dim, s.dtype, device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.latent.nbytes + self.rope.nbytes
 
 
 class HiSparseKVCache:
@@ -278,7 +293,7 @@ class HiSparseKVCache:
                     f"request {request_id!r}: {len(self._hot)} hot buffers in use, the most "
                     f"this cache holds ({self.spec.max_requests}); release finished requests'"
                 )
-            hot = self._hot[request_id] = HotRows(self.spec, self.device)
+            hot = self._hot[request_id] = HotRows.of(self.spec, self.device)
         return hot
 
     def release(self, request_id: str) -> None:

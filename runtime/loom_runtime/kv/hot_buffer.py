@@ -89,6 +89,12 @@ class HotBuffer:
         self._slots[position] = slot
         return slot
 
+    def forget_from(self, position: int) -> None:
+        """Forget every position from `position` on (their rows were dropped: a rejected
+        draft's); their slots are free again."""
+        for p in [p for p in self._slots if p >= position]:
+            self._free.append(self._slots.pop(p))
+
     def clear(self) -> None:
         """Forget every position (the request ended or was preempted)."""
         self._slots.clear()

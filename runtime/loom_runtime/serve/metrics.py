@@ -130,6 +130,9 @@ RANK_GAUGES = (
     ("loom:rank_kv_bytes_per_token",
      "KV bytes of one token's rows where a rank keeps them (all layers).", "kv_bytes_per_token"),
     ("loom:rank_sequences", "Live sequences on this rank.", "sequences"),
+    ("loom:rank_kv_device_bytes",
+     "HiSparse ranks: device bytes of their sequences' indexer keys and hot buffers.",
+     "device_kv_bytes"),
 )  # fmt: skip
 
 

@@ -47,6 +47,21 @@ def test_hisparse_needs_a_sparse_mla_model(
     ]
 
 
+def test_the_native_runtime_runs_hisparse_on_dp_ep_ranks_only(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    model_data["spec"]["family"] = "sparse-mla"
+    decode = deploy_data["spec"]["roles"]["decode"]
+    decode["hiSparse"] = {"hostPoolGiB": 1, "offloadGiB": 0}
+    decode["parallelism"] = {"dp": 2, "ep": 2}
+    assert _check(model_data, deploy_data) == []  # the reference decode's shape
+    decode["parallelism"] = {"pcp": 2, "dcp": 2}
+    refused = [("spec.roles.decode.hiSparse", "hisparse_on_split_ranks")]
+    assert _check(model_data, deploy_data) == refused
+    deploy_data["spec"]["backend"] = "vllm"  # its HiSparseConnector has rules of its own
+    assert _check(model_data, deploy_data) == []
+
+
 def test_mtp_needs_mtp_layers_or_a_draft_component(
     model_data: dict[str, Any], deploy_data: dict[str, Any]
 ) -> None:

@@ -1,6 +1,7 @@
 """`loom up examples/tiny-glm-5-class.yaml` end to end: every feature of the reference
 deployment on the tiny sparse-mla model (a PCP2 × DCP2 × EP2 prefill with a host offload tier,
-two HiSparse decode replicas, FP8 KV and MTP 3 on both roles): greedy completions through the
+a DP2 × EP2 decode with HiSparse tiers on each rank, FP8 KV and MTP 3 on both roles): greedy
+completions through the
 router, prefilled on the ranks and decoded after a KV pull, equal one plain aggregated worker
 of the same card (one rank, no speculation, no HiSparse); every feature reports it ran."""
 
@@ -74,12 +75,15 @@ def test_every_feature_of_the_reference_deployment_ran(fleet: FleetProcess) -> N
     decodes = [metrics(w) for w in status.workers if w.role == "decode"]
     text = metrics(prefill)
     assert rank_labels(text) == {"0", "1"}  # PCP2 x DCP2 x EP2 on two ranks
+    assert [rank_labels(m) for m in decodes] == [{"0", "1"}]  # DP2 x EP2 on two ranks
     for m in (text, *decodes):  # fp8 rows, and the MTP layer's as one more layer
         assert sample(m, "loom:kv_bytes_per_token") == FP8_TRUNK + FP8_MTP
     assert sample(text, "loom:kv_offload_capacity_bytes") > 0  # the prefill's host tier
     assert sample(text, "vllm:prefix_cache_hits_total") > 0  # the agentic turn came back
     assert sum(sample(m, "loom:kv_pulled_bytes_total") for m in decodes) > 0  # P/D
     assert all(sample(m, "loom:hisparse_host_pool_bytes") > 0 for m in decodes)
+    # the ranks' tiers: decodes read selected rows through hot buffers, missing some
+    assert all(sample(m, "loom:hisparse_hot_misses_total") > 0 for m in decodes)
     # hiSparse.offloadGiB: the decodes' CPU KV offload tier beside the host pool
     assert all(sample(m, "loom:kv_offload_capacity_bytes") > 0 for m in decodes)
     assert sum(sample(m, "vllm:spec_decode_num_drafts_total") for m in decodes) > 0  # MTP

@@ -149,7 +149,7 @@ def test_a_rank_that_dies_fails_the_step_with_rank_failure(
 def test_settings_the_ranks_cannot_serve_are_refused(sparse_dir: Path) -> None:
     with pytest.raises(LayoutError, match="pcp > 1 cannot be combined with dp > 1"):
         config(ParallelLayout(dp=2, pcp=2))
-    with pytest.raises(ValueError, match="hisparse_host_pool_gib cannot run on ranks"):
+    with pytest.raises(ValueError, match="HiSparse on ranks runs on DP × EP ranks"):
         config(ParallelLayout(pcp=2), hisparse_host_pool_gib=1.0)
     with pytest.raises(ValueError, match="dcp_backend"):
         config(ParallelLayout(pcp=2), dcp_backend="ring")

@@ -4,8 +4,8 @@ trunk forward and write the MTP rows of what the engine's verdict kept. Over PCP
 (interleave 1 ag_rs, interleave 4 a2a), PCP2×EP2 and DP2×EP2, concurrent chunked requests,
 greedy and seeded-sampled, give exactly the tokens of MTP off on one rank, with the ranks' own
 drafts and with an oracle that forces acceptances of every length; the drafts the ranks propose
-are the one-rank MTP engine's at every step; preemption and a prefix hit keep the tokens; the
-ranks release every sequence."""
+are the one-rank MTP engine's at every step (on HiSparse DP2×EP2 ranks too); preemption and a
+prefix hit keep the tokens; the ranks release every sequence."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel
-from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
+from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import ParallelLayout
 
 LENGTHS = [5, 40, 70, 130]  # > INDEX_TOPK (64) from 70 on; > 96 (one chunk) at 130
@@ -248,3 +248,23 @@ def test_a_weight_sync_on_drafting_ranks_drafts_with_the_new_mtp_layer(
         engine.shutdown()
     assert got == want
     assert spies[1].seen == spies[0].seen and spies[0].seen
+
+
+def test_hisparse_ranks_speculate_with_the_one_rank_drafts(
+    sparse_dir: Path,
+    sparse64: LoadedModel,
+    plain_run: Outputs,
+    one_rank_probe: ProbedOracle,
+) -> None:
+    """DP2×EP2 ranks holding their requests in HiSparse tiers (hot buffers of top-k + 1 rows,
+    so decodes and drafts miss and hit) give MTP off's tokens under forced acceptances of
+    every length, and every draft the all-on-device one-rank MTP engine proposes: the MTP
+    layer's rows through the tiers, and no stale hot row of a rejected draft or a scratch row."""
+    reqs = requests(random_prompt)
+    probe = oracle(reqs, plain_run, sparse64)
+    tiers = dict(hisparse_host_pool_gib=0.004, hisparse_hot_slots=INDEX_TOPK + 1, num_blocks=None)
+    engine, got = serve(sparse_dir, config(ParallelLayout(dp=2, ep=2), **tiers), reqs, probe)
+    assert got == plain_run
+    assert probe.real.seen == one_rank_probe.real.seen
+    stats = engine.stats()
+    assert stats.hisparse_hot_hits > 0 and stats.hisparse_hot_misses > 0

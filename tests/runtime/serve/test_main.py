@@ -195,7 +195,7 @@ def test_parallel_flags_become_the_engines_layout(tmp_path: Path) -> None:
         (("--dp", "2", "--pcp", "2"), "pcp > 1 cannot be combined with dp > 1"),
         (("--tp", "2", "--pcp", "2"), "tp combines with no other split"),
         (("--pcp", "2", "--dcp", "3"), "dcp"),
-        (("--pcp", "2", "--hisparse-host-pool-gib", "1"), "cannot run on ranks"),
+        (("--pcp", "2", "--hisparse-host-pool-gib", "1"), "HiSparse on ranks runs on DP × EP"),
     ],
 )
 def test_parallel_layouts_the_worker_cannot_run_are_usage_errors(

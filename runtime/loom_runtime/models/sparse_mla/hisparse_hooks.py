@@ -19,6 +19,7 @@ from loom_runtime.models.sparse_mla.indexer import Indexer, Selection
 from loom_runtime.models.sparse_mla.mla import MlaAttention, Queries
 from loom_runtime.models.sparse_mla.paged_hooks import ContextPacking, select_per_sequence
 from loom_runtime.models.sparse_mla.rotary import PairTables
+from loom_runtime.models.sparse_mla.selected_rows import attend_selected
 
 
 class HiSparseHooks(LocalCompute):
@@ -79,22 +80,12 @@ class HiSparseHooks(LocalCompute):
         self, attention: MlaAttention, q: Queries, rows: LayerRows, selection: Selection
     ) -> torch.Tensor:
         qs = self.batch.query_start
-        latents: list[torch.Tensor] = []
-        ropes: list[torch.Tensor] = []
-        indices = torch.zeros_like(selection.indices)
-        base = 0
-        for i, start in enumerate(self.packing.starts):
-            span = slice(qs[i], qs[i + 1])
-            local = selection.indices[span] - start
-            wanted = torch.unique(local[selection.valid[span]])  # sorted positions
-            latent, rope = self._selected_rows(i, wanted, rows)
-            at = torch.searchsorted(wanted, local).clamp(max=max(0, wanted.numel() - 1))
-            indices[span] = at + base  # padding entries land anywhere: they stay masked
-            base += int(wanted.numel())
-            latents.append(latent)
-            ropes.append(rope)
-        packed = LayerRows(latent=torch.cat(latents), rope_keys=torch.cat(ropes), index_keys=None)
-        return attention.attend(q, packed, Selection(indices=indices, valid=selection.valid))
+        spans = [slice(qs[i], qs[i + 1]) for i in range(self.batch.num_seqs)]
+
+        def rows_of(i: int, wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._selected_rows(i, wanted, rows)
+
+        return attend_selected(attention, q, selection, spans, self.packing.starts, rows_of)
 
     def _selected_rows(
         self, i: int, wanted: torch.Tensor, rows: LayerRows

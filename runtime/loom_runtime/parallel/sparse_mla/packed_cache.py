@@ -34,12 +34,12 @@ class PackedCache(SequenceRows):
         self.dtype = dtype
         self._latent_dim, self._rope_dim = config.kv_lora_rank, config.qk_rope_head_dim
         self._index_dim = config.index_head_dim
-        width = fp8.mla_row_bytes(self._latent_dim, self._rope_dim)
-        self.rows = torch.zeros(self.num_layers, capacity, width, dtype=torch.uint8, device=device)
+        width, n = fp8.mla_row_bytes(self._latent_dim, self._rope_dim), self.allocated
+        self.rows = torch.zeros(self.num_layers, n, width, dtype=torch.uint8, device=device)
         keys = fp8.row_bytes(self._index_dim)
-        self.keys = torch.zeros(
-            self.num_index_layers, capacity, keys, dtype=torch.uint8, device=device
-        )
+        self.keys = torch.zeros(self.num_index_layers, n, keys, dtype=torch.uint8, device=device)
+
+    _stored = ("rows", "keys")
 
     @property
     def device(self) -> torch.device:
@@ -50,21 +50,35 @@ class PackedCache(SequenceRows):
         """Stored bytes one token costs across every layer (the planner's fp8 figure)."""
         return self.rows.shape[0] * self.rows.shape[2] + self.keys.shape[0] * self.keys.shape[2]
 
-    def write(
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token's packed latent + RoPE row in one layer (what a tier copy moves)."""
+        return int(self.rows.shape[2])
+
+    def store(
         self,
         layer: int,
         latent: torch.Tensor,
         rope_keys: torch.Tensor,
         index_keys: torch.Tensor | None,
-    ) -> LayerRows:
-        """Pack the new tokens' rows of `layer`; the whole context's rows, decoded."""
+    ) -> None:
+        """Pack the new tokens' rows of `layer` (at `length` on)."""
         start, end = self.length, self.length + latent.shape[0]
+        self.reserve(end)
         row = self._row[layer]
         slot = self._index_slot.get(layer)
         if end > start:  # a DCP rank may own none of a step's tokens
             self.rows[row, start:end] = pack_mla(latent, rope_keys, self.fp8)
             if slot is not None and index_keys is not None:
                 self.keys[slot, start:end] = pack(index_keys, self.fp8)
+
+    def rows_at(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent and RoPE rows of `layer` at `positions` ([n] int64, cached tokens), decoded."""
+        return self._decode(self.rows[self._row[layer]].index_select(0, positions))
+
+    def context(self, layer: int, end: int) -> LayerRows:
+        """The rows of `layer` for tokens 0..end-1, decoded."""
+        row, slot = self._row[layer], self._index_slot.get(layer)
         lat, rope = self._decode(self.rows[row, :end])
         keys = None if slot is None else self._decode_keys(self.keys[slot, :end])
         return LayerRows(latent=lat, rope_keys=rope, index_keys=keys)

@@ -17,12 +17,13 @@ own process), never decides which request runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 import torch
 
 from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.kv.hisparse_cache import TierCounters
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
 from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.parallel.ranks import RankContext, serve_steps
@@ -35,6 +36,7 @@ from loom_runtime.parallel.sparse_mla.sequence import (
     write_mtp,
 )
 from loom_runtime.parallel.sparse_mla.store import HeldRows
+from loom_runtime.parallel.sparse_mla.tiered_store import TieredStore
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class RankServeSpec:
     # A step's one-token decodes as one forward over their sequences (decode_batch); False:
     # one forward each, the baseline bench/ranked_batch.py measures against.
     batch_decodes: bool = True
+    # Hybrid HiSparse (a decode role's hiSparse, DP × EP ranks): rows per layer of each
+    # sequence's hot buffer; its rows in the host tier, its keys on the device. 0: off.
+    hot_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,8 @@ class RankReply:
     rows: tuple[RankRows, ...] = ()
     forwards: int = 0  # model forwards the step ran (its decodes batched count as one)
     drafts: tuple[tuple[int, ...], ...] = ()
+    tiers: TierCounters | None = None  # HiSparse: the rank's tier counters, cumulative
+    device_kv_bytes: int = 0  # HiSparse: its sequences' device keys and hot buffers
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,7 @@ class RankSequences:
         self.model = load_sparse_mla(spec.checkpoint, dtype, ctx.device).model
         self.experts = shard_experts(self.model, self.plan.ep)
         self.live: dict[str, ParallelSequence] = {}
+        self.tiers = TierCounters() if spec.hot_slots else None
         self._held: dict[str, _Held] = {}  # under MTP speculation, awaiting the verdict
         self._last: dict[str, torch.Tensor] = {}  # MTP output at the last kept position
         layout, coords = spec.layout, self.plan.coords
@@ -222,6 +230,7 @@ class RankSequences:
         self._pad_expert_exchanges(step.works, forwards)
         stores = [seq.store for seq in self.live.values()]
         ran = [(w.request_id, w.start, w.start + len(w.token_ids)) for w in mine]
+        bs = self.spec.block_size
         return RankReply(
             logits=None if logits is None else logits.cpu(),
             kv_tokens=sum(s.kv_tokens for s in stores),
@@ -230,6 +239,8 @@ class RankSequences:
             rows=self._exported(settled + ran) if self.exports else (),
             forwards=forwards,
             drafts=drafts if self.lead else (),
+            tiers=None if self.tiers is None else replace(self.tiers),
+            device_kv_bytes=sum(s.device_bytes(bs) for s in stores if isinstance(s, TieredStore)),
         )
 
     def _settle(self, verdicts: Sequence[RankSettle]) -> list[tuple[str, int, int]]:
@@ -377,8 +388,9 @@ class RankSequences:
     def _new_sequence(self, capacity: int) -> ParallelSequence:
         s = self.spec
         return ParallelSequence(
-            self.model, self.plan, capacity, self.experts, s.block_size, s.kv_fp8, s.mtp
-        )
+            self.model, self.plan, capacity, self.experts, s.block_size, s.kv_fp8, s.mtp,
+            s.hot_slots, self.tiers,
+        )  # fmt: skip
 
 
 def serve_rank(ctx: RankContext, spec: RankServeSpec, conns: tuple[Connection, ...]) -> int:

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from loom_runtime.kv.fp8 import Fp8Format
+from loom_runtime.kv.hisparse_cache import HotRows, TierCounters
 from loom_runtime.models.sparse_mla.cache import SparseMlaCache
+from loom_runtime.models.sparse_mla.hooks import LayerHooks
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 from loom_runtime.parallel.collectives import all_gather_rows, broadcast
 from loom_runtime.parallel.dcp_shard import ShardMap
@@ -29,6 +31,8 @@ from loom_runtime.parallel.sparse_mla.store import (
     ShardStore,
     shard_capacity,
 )
+from loom_runtime.parallel.sparse_mla.tiered_hooks import TieredHooks
+from loom_runtime.parallel.sparse_mla.tiered_store import DeviceKeys, TieredStore
 
 
 class ParallelSequence:
@@ -43,14 +47,21 @@ class ParallelSequence:
         block_size: int = 16,
         kv_fp8: Fp8Format | None = None,
         mtp: bool = False,
+        hot_slots: int = 0,
+        counters: TierCounters | None = None,
     ) -> None:
         """`kv_fp8`: every kept row is stored packed in that format (PackedCache: the fp8 KV
         numerics and memory).
         `mtp`: the store also keeps the first MTP layer's rows, which `prefill` computes for
-        the prompt (a P/D prefill's: the decode drafts from them)."""
+        the prompt (a P/D prefill's: the decode drafts from them).
+        `hot_slots` > 0: Hybrid HiSparse (no PCP, no DCP): the rows live in a host tier, the
+        keys on the device, and a hot buffer of that many rows per layer (TieredStore),
+        counted in `counters` (the rank's)."""
         plan.check(model.config)
         if mtp and not model.mtp:
             raise ValueError("mtp rows need a checkpoint with an MTP layer")
+        if hot_slots and (plan.pcp.size > 1 or plan.dcp.size > 1):
+            raise ValueError("HiSparse tiers need a rank without PCP and DCP (a DP replica)")
         self.model = model
         self.plan = plan
         self.experts = experts or {}
@@ -63,13 +74,16 @@ class ParallelSequence:
             rows = shard_capacity(capacity, shard, block_size)
         else:
             rows = capacity
+        where = torch.device("cpu") if hot_slots else model.device  # HiSparse: the host tier
         cache: SequenceCache = (
-            SparseMlaCache(model.config, rows, model.dtype, model.device, layers)
+            SparseMlaCache(model.config, rows, model.dtype, where, layers)
             if kv_fp8 is None
-            else PackedCache(model.config, rows, kv_fp8, model.dtype, model.device, layers)
+            else PackedCache(model.config, rows, kv_fp8, model.dtype, where, layers)
         )
         if plan.dcp.size > 1:
             self.store = ShardStore(cache, shard, plan.dcp, kv_fp8)
+        elif hot_slots:
+            self.store = _tiered(model, cache, hot_slots, counters or TierCounters(), kv_fp8)
         else:
             self.store = FullStore(cache, kv_fp8)
 
@@ -106,7 +120,11 @@ class ParallelSequence:
             restore = torch.tensor(chunks.restore, dtype=torch.long, device=device)
             pcp_split = PcpSplit(counts=chunks.counts, restore=restore)
         self.store.begin(new)
-        hooks = ParallelHooks(self.plan, self.store, pcp_split, False, self.experts)
+        hooks: LayerHooks = (
+            TieredHooks(self.plan, [self.store], [slice(0, new)], self.experts)
+            if isinstance(self.store, TieredStore)
+            else ParallelHooks(self.plan, self.store, pcp_split, False, self.experts)
+        )
         ids = input_ids.to(device)
         hidden = self.model.hidden_states(ids[share], start + share, hooks)
         if self.mtp:
@@ -129,10 +147,15 @@ class ParallelSequence:
         self.store.advance()
         return hidden
 
-    def hooks(self) -> ParallelHooks:
+    def hooks(self) -> ParallelHooks | TieredHooks:
         """The hooks of a forward whose tokens every rank computes alike (a decode's, an MTP
-        layer's): over this rank's DCP shard, merged, or over the whole store."""
-        sharded = isinstance(self.store, ShardStore)
+        layer's): over this rank's DCP shard, merged, or over the whole store (its tiers)."""
+        store = self.store
+        if isinstance(store, TieredStore):
+            return TieredHooks(
+                self.plan, [store], [slice(0, store.visible - store.length)], self.experts
+            )
+        sharded = isinstance(store, ShardStore)
         return ParallelHooks(self.plan, self.store, None, sharded=sharded, experts=self.experts)
 
     def decode_positions(self, new: int) -> torch.Tensor:
@@ -147,7 +170,7 @@ class ParallelSequence:
         hidden: torch.Tensor,
         share: torch.Tensor,
         start: int,
-        hooks: ParallelHooks,
+        hooks: LayerHooks,
     ) -> None:
         """The MTP layer's rows of this forward's tokens (kept like a layer's: PCP-gathered,
         DCP-sharded): at position i it reads the trunk's state of token i and token i + 1. The
@@ -320,7 +343,7 @@ def _mtp_forward(
 
 def _begin(
     sequences: Sequence[ParallelSequence], sizes: Sequence[int]
-) -> tuple[torch.Tensor, BatchedHooks]:
+) -> tuple[torch.Tensor, BatchedHooks | TieredHooks]:
     """Begin the rows of each sequence's next sizes[i] tokens: their positions, and the hooks
     of one forward over them all (sequence i's tokens are the i-th run of sizes)."""
     first = sequences[0]
@@ -329,4 +352,22 @@ def _begin(
         s.store.begin(n)
     ends = torch.tensor(sizes).cumsum(0)
     queries = [slice(int(end) - n, int(end)) for end, n in zip(ends, sizes, strict=True)]
-    return positions, BatchedHooks(first.plan, [s.store for s in sequences], queries, first.experts)
+    stores = [s.store for s in sequences]
+    tiered = [s for s in stores if isinstance(s, TieredStore)]
+    if len(tiered) == len(stores):
+        return positions, TieredHooks(first.plan, tiered, queries, first.experts)
+    return positions, BatchedHooks(first.plan, stores, queries, first.experts)
+
+
+def _tiered(
+    model: SparseMlaForCausalLM,
+    cache: SequenceCache,
+    hot_slots: int,
+    counters: TierCounters,
+    fp8: Fp8Format | None,
+) -> TieredStore:
+    """A HiSparse store over `cache` (the host tier): its keys and hot rows on the device."""
+    c, device, dtype = model.config, model.device, model.dtype
+    keys = DeviceKeys(cache.num_index_layers, c.index_head_dim, cache.capacity, dtype, device, fp8)
+    hot = HotRows(cache.num_layers, hot_slots, c.kv_lora_rank, c.qk_rope_head_dim, dtype, device)
+    return TieredStore(cache, keys, hot, counters, fp8)

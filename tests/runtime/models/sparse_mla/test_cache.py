@@ -13,7 +13,7 @@ from loom_operator.fleet.kv_layout import (
     ModelShape,
     kv_bytes_per_token,
 )
-from loom_runtime.models.sparse_mla.cache import SparseMlaCache
+from loom_runtime.models.sparse_mla.cache import GROW_ROWS, SparseMlaCache, grown_rows
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.loader import LoadedSparseMla
 
@@ -60,3 +60,28 @@ def test_rows_written_by_a_forward_are_read_back_in_order(ours: LoadedSparseMla)
     shared = cache.write(1, latent, rope, keys)
     assert shared.index_keys is None  # shared-indexer layers keep no keys
     assert cache.index_keys.shape[0] == len(config.full_indexer_layers) == 2
+
+
+def test_the_rows_are_allocated_as_the_sequence_grows_and_kept(ours: LoadedSparseMla) -> None:
+    """Memory follows the tokens held, not the capacity: 64 rows at first, at least a quarter
+    more at a time in runs of 64, never past the capacity; the rows written survive a grow."""
+    config = ours.config
+    cache = SparseMlaCache(config, capacity=1000, dtype=torch.float64)
+    assert cache.allocated == GROW_ROWS == cache.latent.shape[1] == 64
+    written = []
+    for size in (40, 40, 300, 500):
+        latent = torch.randn(size, config.kv_lora_rank, dtype=torch.float64)
+        rope = torch.randn(size, config.qk_rope_head_dim, dtype=torch.float64)
+        for layer in range(config.num_hidden_layers):
+            rows = cache.write(layer, latent, rope, None)
+        cache.advance(size)
+        written.append(latent)
+        assert cache.latent.shape[1] == cache.allocated >= cache.length
+    assert [grown_rows(a, n, 1000) for a, n in ((64, 80), (128, 380), (384, 880))] == [
+        128,
+        384,
+        896,
+    ]
+    assert cache.allocated == 896  # for 880 tokens
+    assert grown_rows(896, 1000, 1000) == 1000  # capped at the capacity
+    assert torch.equal(rows.latent, torch.cat(written))
