@@ -382,6 +382,7 @@ class ARDecodeLoop:
             blocks_held=len(held),
             freeable_blocks=freeable,
             num_draft_tokens=work.draft_tokens if isinstance(work, TokenWork) else 0,
+            replica=state.table.replica,
         )
 
     def grow(self, state: ARDecodeState, num_new_tokens: int) -> bool:

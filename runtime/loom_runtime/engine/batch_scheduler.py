@@ -50,6 +50,9 @@ class BatchScheduler:
     each RequestOutput (increments, then one final) on the calling thread. `remote` (P/D
     workers only) leases finished prefills and pulls remote prompts first. `reloads` (CPU KV
     offload, asynchronous) holds admitted requests while their host-tier prefix is copied in.
+    `replica_blocks` (DP ranks): each attention replica's capacity in blocks; the scheduler
+    places each admitted request on a replica (its table's `replica`) and keeps every replica
+    within its own. Empty: one pool.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class BatchScheduler:
         emit: Emit,
         remote: RemoteKV | None = None,
         reloads: HostReloads | None = None,
+        replica_blocks: tuple[int, ...] = (),
     ) -> None:
         self.loop = loop
         self.executors = executors
@@ -71,6 +75,7 @@ class BatchScheduler:
         self.counters = StepCounters()
         self.remote = remote
         self.reloads = reloads
+        self.replica_blocks = replica_blocks
 
     @property
     def has_work(self) -> bool:
@@ -148,9 +153,12 @@ class BatchScheduler:
         """Free pulled/expired leases, fold in finished pulls and start new ones (before the
         schedule, so a just-pulled request runs its last prompt token in this step)."""
         remote.reap()
-        free = self.kv.pool.num_free - self._growth(self._next_plans())
+        plans = self._next_plans()
+        free = self.kv.pool.num_free - self._growth(plans)
+        replica_free = self._replica_free(plans)
         reloading = len(self.reloads) if self.reloads is not None else 0
-        progress = remote.progress(free, self.max_num_seqs - len(self.running) - reloading)
+        slots = self.max_num_seqs - len(self.running) - reloading
+        progress = remote.progress(free, slots, list(replica_free))
         if progress.admitted_prompt_tokens:
             self._count(num_prompt_tokens=progress.admitted_prompt_tokens)
         self.running.extend(progress.ready)
@@ -174,6 +182,28 @@ class BatchScheduler:
         """Blocks the running loops' next plans need added to what they hold."""
         return sum(p.resources.cache_blocks for p in plans.values())
 
+    def _replica_free(
+        self, plans: Mapping[str, WorkPlan[TokenResult]] | None = None
+    ) -> tuple[int, ...]:
+        """DP ranks: blocks each replica may still take, its capacity less every block of the
+        tables placed on it (running, pulling, reloading) and, given `plans`, the blocks the
+        running loops' next plans add. Empty: one pool."""
+        if not self.replica_blocks:
+            return ()
+        free = list(self.replica_blocks)
+        placed = [*self.running]
+        if self.remote is not None:
+            placed += self.remote.pulling.values()
+        if self.reloads is not None:
+            placed += self.reloads.reloading.values()
+        for state in placed:
+            free[state.table.replica] -= state.table.num_blocks
+        for state in self.running:
+            plan = (plans or {}).get(state.request_id)
+            if plan is not None:
+                free[state.table.replica] -= plan.resources.cache_blocks
+        return tuple(free)
+
     def _schedule_batch(self) -> Batch:
         """Schedule this step and take its KV steps: the batch of (state, plan) to execute."""
         plans = self._next_plans()
@@ -193,7 +223,9 @@ class BatchScheduler:
         waiting: list[WaitingSeq] = [
             self.loop.admission_view(self.waiting[i]) for i in range(max(0, candidates))
         ]
-        limits = StepLimits(self.token_budget, max_seqs, pool.num_free, self.kv.block_size)
+        limits = StepLimits(
+            self.token_budget, max_seqs, pool.num_free, self.kv.block_size, self._replica_free()
+        )
         return schedule(running, waiting, limits)
 
     def _apply(self, decision: Schedule, plans: Mapping[str, WorkPlan[TokenResult]]) -> Batch:
@@ -202,12 +234,16 @@ class BatchScheduler:
             state = by_id.pop(rid)
             self._preempt(state)
         batch: Batch = []
+        replicas = dict(zip(decision.admitted, decision.replicas, strict=False))
         admitted = set(decision.admitted)
         for chunk in decision.chunks:
             if chunk.request_id in admitted:
                 state = self.waiting[0]
-                if state.request_id != chunk.request_id or not self._admit(state):
+                if state.request_id != chunk.request_id:
                     break  # the views went stale; admit the rest next step
+                state.table.replica = replicas.get(chunk.request_id, 0)
+                if not self._admit(state):
+                    break
                 if self.reloads is not None and self.reloads.wants(state):
                     self.running.remove(state)  # it runs once its prefix is copied in
                     self.reloads.add(state)

@@ -59,7 +59,9 @@ class EngineConfig:
     # connector (a decode's pull lands there and seeds the ranks). The llama family splits over
     # TP alone (engine/tp_runner.py): each rank keeps its kv heads' pool, indexed by the
     # engine's block tables; no P/D or CPU offload there yet. HiSparse runs on DP x EP ranks
-    # (each rank holds its requests' tiers: parallel/sparse_mla/tiered_store.py).
+    # (each rank holds its requests' tiers: parallel/sparse_mla/tiered_store.py). On DP ranks
+    # num_blocks, kv_cache_bytes and the HiSparse host pool are each replica's: the engine's
+    # pool counts dp of them and the scheduler keeps each replica within its own.
     parallel: ParallelLayout = field(default_factory=ParallelLayout)
     dcp_backend: Literal["ag_rs", "a2a"] = "ag_rs"  # how DCP merges partial attention
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step

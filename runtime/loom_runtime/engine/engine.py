@@ -149,14 +149,11 @@ class Engine:
             if self._offload is not None and config.kv_reload_async
             else None
         )
+        limits = (config.max_num_batched_tokens, config.max_num_seqs)
         self._scheduler = BatchScheduler(
-            self._loop,
-            {TOKEN_FORWARD: executor},
-            (config.max_num_batched_tokens, config.max_num_seqs),
-            self._emit,
-            remote,
-            self._reloads,
-        )
+            self._loop, {TOKEN_FORWARD: executor}, limits, self._emit, remote, self._reloads,
+            kv.replica_blocks,
+        )  # fmt: skip
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
         self._cond = condition_for(co)

@@ -74,14 +74,14 @@ def hisparse_stats(
     cache: HiSparseKVCache | None, ranks: EngineRanks | None, config: EngineConfig
 ) -> dict[str, int]:
     """The HiSparse fields of EngineStats: the engine's own tiers', or its HiSparse ranks'
-    summed (the host pool then is the one each rank's tiers are bounded by); none when off."""
+    summed (the host pool then is the DP replicas' pools together); none when off."""
     if cache is not None:
         return _fields(cache.counters, cache.host.data.nbytes, cache.hot_requests)
     tiers = ranks.tiers() if isinstance(ranks, RankedRunner) else None
     if tiers is None or ranks is None:
         return {}
     live = sum(r.sequences for r in ranks.kv())
-    return _fields(tiers, config.hisparse_host_pool_bytes, live)
+    return _fields(tiers, config.hisparse_host_pool_bytes * config.parallel.dp, live)
 
 
 def _fields(c: TierCounters, host_bytes: int, hot_requests: int) -> dict[str, int]:

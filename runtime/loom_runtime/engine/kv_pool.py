@@ -31,13 +31,15 @@ from loom_runtime.wire.kv_events import KVEventSink
 class EngineKV:
     """`cache` (HiSparse's tiers when `hisparse` is set), its block count, its device bytes
     (HiSparse: keys and hot buffers; ranks that keep their rows themselves: 0, see
-    EngineStats.ranks) and the KV bytes one token costs (the planner's figure)."""
+    EngineStats.ranks) and the KV bytes one token costs (the planner's figure). On DP ranks
+    each attention replica holds `replica_blocks[d]` of the blocks (empty: one pool)."""
 
     cache: KVStore
     num_blocks: int
     hisparse: HiSparseKVCache | None
     device_bytes: int
     bytes_per_token: int
+    replica_blocks: tuple[int, ...] = ()
 
 
 def engine_kv(
@@ -49,12 +51,15 @@ def engine_kv(
     pd_role: bool,
 ) -> EngineKV:
     """The cache an engine of `mc` under `config` runs on (`model_device`: where its own model
-    lives; a parallel engine's is the meta device). A P/D role's cache must be transferable."""
+    lives; a parallel engine's is the meta device). A P/D role's cache must be transferable.
+    On DP ranks the capacity a config gives (num_blocks, kv_cache_bytes, a HiSparse host pool)
+    is each replica's, as a role's resources are each rank's: the pool counts all of theirs."""
     bs = config.block_size
     kv_spec = mtp_kv_spec if config.mtp_draft_tokens else _family_spec
     per_block = kv_spec(mc, bs, 1, config.dtype, config.kv_fp8).bytes_per_block
     hisparse: HiSparseKVCache | None = None
     cache: KVStore
+    replica_blocks: tuple[int, ...] = ()
     if config.hisparse and ranks is None:
         cache = hisparse = hisparse_cache(mc, config, max_model_len, model_device)
         num_blocks = cache.spec.num_blocks
@@ -63,6 +68,9 @@ def engine_kv(
         if config.hisparse:  # HiSparse ranks hold the tiers: the pool counts the host pool's
             chosen = hisparse_spec(mc, config, max_model_len, ranked=True).num_blocks
         num_blocks = chosen or config.resolve_num_blocks(per_block, max_model_len)
+        dp = config.parallel.dp if ranks is not None else 1
+        replica_blocks = (num_blocks,) * dp if dp > 1 else ()
+        num_blocks *= dp
         spec = kv_spec(mc, bs, num_blocks, config.dtype, config.kv_fp8)
         # a parallel engine's rows live on its ranks: its pool only counts blocks, unless its
         # ranks export their rows (prefix caching, P/D): then the pool mirrors them
@@ -85,7 +93,7 @@ def engine_kv(
         device_bytes = hisparse.spec.device_bytes
     else:
         device_bytes = cache.data.nbytes
-    return EngineKV(cache, num_blocks, hisparse, device_bytes, per_block // bs)
+    return EngineKV(cache, num_blocks, hisparse, device_bytes, per_block // bs, replica_blocks)
 
 
 def kv_offload(kv: EngineKV, config: EngineConfig, events: KVEventSink | None) -> KVOffload | None:

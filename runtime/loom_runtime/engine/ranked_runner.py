@@ -77,7 +77,6 @@ class RankedRunner:
         self._settle: dict[str, RankSettle] = {}  # verdicts the next message carries
         self._tables: dict[str, BlockTable] = {}  # each live request's, for the rows it exports
         self._held: set[str] = set()  # requests whose sequences the ranks hold
-        self._home: dict[str, int] = {}  # the DP replica each live request runs on
         self._mirror: LatentKVCache | None = None
         self._tiers: list[TierCounters] = []  # each HiSparse rank's, from its last reply
         self._ranks = RankChannel(config, serve_rank, (spec,), workdir)
@@ -137,7 +136,6 @@ class RankedRunner:
             self._exchange(self._message())
         self._released.append(request_id)
         self._held.discard(request_id)
-        self._home.pop(request_id, None)
         self._settle.pop(request_id, None)
         self._tables.pop(request_id, None)
 
@@ -151,9 +149,7 @@ class RankedRunner:
         [1 + draft_tokens, vocab]) or None."""
         if self._settle and any(self._is_hit(w) for w in works):
             self._exchange(self._message())  # the hit reads the pool: the MTP rows reach it first
-        step = self._message(
-            works=tuple(self._rank_work(w, self._replica(w.request_id)) for w in works)
-        )
+        step = self._message(works=tuple(self._rank_work(w, self._replica(w)) for w in works))
         self._held.update(w.request_id for w in works)
         self._tables.update((w.request_id, w.table) for w in works)
         replies = self._exchange(step)
@@ -208,7 +204,7 @@ class RankedRunner:
         if not self.spec.drafts:
             raise ValueError("propose needs ranks started with MTP drafting")
         asks = tuple(
-            RankDraftAsk(w.request_id, w.draft_tokens, self._replica(w.request_id))
+            RankDraftAsk(w.request_id, w.draft_tokens, self._replica(w))
             for w in works
             if w.draft_tokens > 0
         )
@@ -235,15 +231,16 @@ class RankedRunner:
             if ids:
                 self._settle[w.request_id] = RankSettle(w.request_id, w.start, ids)
 
-    def _replica(self, request_id: str) -> int:
-        """The DP replica a request runs on: kept while its sequence lives on the ranks; a new
-        one (or a preempted one, restarting) goes to the replica with the fewest live requests."""
-        if request_id not in self._home:
-            load = [0] * self.spec.layout.dp
-            for d in self._home.values():
-                load[d] += 1
-            self._home[request_id] = load.index(min(load))
-        return self._home[request_id]
+    def _replica(self, work: TokenWork) -> int:
+        """The DP replica a work runs on: where the scheduler placed its request (its table's
+        `replica`, set at admission within that replica's blocks)."""
+        replica = work.table.replica
+        if not 0 <= replica < self.spec.layout.dp:
+            raise ValueError(
+                f"request {work.request_id!r} is placed on replica {replica}; the ranks run "
+                f"{self.spec.layout.dp}"
+            )
+        return replica
 
     def _lead(self, replica: int) -> int:
         """The rank that returns a replica's logits: its first."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
+from loom_runtime.engine.scheduler import pick_replica
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort, TransferParams
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.errors import InvalidRequestError, TransferError
@@ -136,9 +137,12 @@ class RemoteKV:
 
     # --- decode side ---------------------------------------------------------------------------
 
-    def progress(self, free_blocks: int, slots: int) -> RemoteProgress:
+    def progress(
+        self, free_blocks: int, slots: int, replica_free: list[int] | None = None
+    ) -> RemoteProgress:
         """Fold in finished pulls, then start pulls for waiting requests while `free_blocks`
-        blocks and `slots` sequence slots last."""
+        blocks and `slots` sequence slots last (and, on DP ranks, blocks on a replica:
+        `replica_free`, each replica's, taken as requests are placed)."""
         out = RemoteProgress()
         for done in self.connector.take_pulled():
             state = self.pulling.pop(done.request_id, None)
@@ -155,7 +159,7 @@ class RemoteKV:
                 out.ready.append(state)
             else:
                 self._failed(state, done.error, out, holds_blocks=True)
-        self._admit(free_blocks, slots - len(self.pulling) - len(out.ready), out)
+        self._admit(free_blocks, slots - len(self.pulling) - len(out.ready), out, replica_free)
         if self.waiting:
             self.connector.keep_alive([s.request.kv_transfer for s in self.waiting])
         return out
@@ -175,7 +179,9 @@ class RemoteKV:
             self.connector.cancel_pull(rid)
         return now
 
-    def _admit(self, free_blocks: int, slots: int, out: RemoteProgress) -> None:
+    def _admit(
+        self, free_blocks: int, slots: int, out: RemoteProgress, replica_free: list[int] | None
+    ) -> None:
         while self.waiting and slots > 0:
             state = self.waiting[0]
             problem = self._mismatch(state)
@@ -185,8 +191,15 @@ class RemoteKV:
                 self._failed(state, problem, out, holds_blocks=False)
                 continue
             cost = self.loop.admission_view(state).admit_blocks
-            if cost > free_blocks or not self.loop.admit(state):
+            whole = self.kv.blocks_for(len(state.tokens))  # what its replica's ranks hold
+            replica = pick_replica(replica_free, whole) if replica_free else 0
+            if cost > free_blocks or replica is None:
                 return  # FIFO: wait for blocks
+            state.table.replica = replica
+            if not self.loop.admit(state):
+                return
+            if replica_free:
+                replica_free[replica] -= whole
             self.loop.reload_now(state)  # host-tier hits (CPU KV offload) are local hits too
             self.waiting.popleft()
             free_blocks, slots = free_blocks - cost, slots - 1

@@ -27,6 +27,7 @@ class BlockTable:
     cache_salt: str | None = None
     lora_name: str | None = None
     reload: ReloadJob | None = None  # host-tier hits still being copied in (async reload)
+    replica: int = 0  # DP ranks: the attention replica whose ranks hold these tokens' rows
 
     @property
     def num_blocks(self) -> int:

@@ -70,7 +70,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--kv-events-port", type=int, help="ZMQ PUB port for KV events (default off)")
     p.add_argument("--kv-events-replay-port", type=int, help="ZMQ ROUTER port for KV replay")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    p.add_argument("--num-blocks", type=int, help="KV blocks (default: sized from max-num-seqs)")
+    p.add_argument(
+        "--num-blocks",
+        type=int,
+        help="KV blocks, each DP replica's (default: sized from max-num-seqs)",
+    )
     p.add_argument(
         "--no-prefix-caching",
         action="store_true",

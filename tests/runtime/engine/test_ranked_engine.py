@@ -92,6 +92,37 @@ def test_dp_replicas_each_run_their_own_requests_and_share_the_experts(
         assert got[r.request_id].result().output_token_ids == want
 
 
+def test_each_dp_replica_keeps_within_its_own_blocks(
+    sparse_dir: Path, sparse64: LoadedModel, prompt: Prompt
+) -> None:
+    """num_blocks is each replica's (8 of 16 tokens): the pool counts both (16), and five
+    40-token prompts growing to 80 tokens (5 blocks each) overflow a replica before the pool,
+    so a replica that runs short preempts its own newest request; no rank ever holds more than
+    its 8 blocks, and the tokens are one rank's."""
+    reqs = [EngineRequest(f"p{i}", prompt(40, 20 + i), greedy(40)) for i in range(5)]
+    cfg = config(ParallelLayout(dp=2, ep=2), num_blocks=8, max_model_len=128)
+    engine = Engine.from_checkpoint(sparse_dir, cfg)
+    got = {r.request_id: OutputCollector(r) for r in reqs}
+    most = [0, 0]  # blocks each rank held at most
+    try:
+        for r in reqs:
+            engine.add_request(r, got[r.request_id])
+        while not all(c.done.is_set() for c in got.values()):
+            engine.step()
+            for rank in engine.stats().ranks:
+                held = rank.kv_bytes // (BLOCK * rank.kv_bytes_per_token)
+                most[rank.rank] = max(most[rank.rank], held)
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    assert stats.num_blocks == 16
+    assert stats.num_preemptions > 0
+    assert min(most) >= 5 and max(most) <= 8  # both replicas used, neither past its blocks
+    for r in reqs:
+        want = one_sequence(inner(sparse64), r.prompt_token_ids, 40)
+        assert got[r.request_id].result().output_token_ids == want
+
+
 def test_each_rank_holds_its_dcp_share_as_the_planner_predicts(
     sparse_dir: Path, prompt: Prompt
 ) -> None:

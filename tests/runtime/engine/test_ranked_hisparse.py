@@ -3,8 +3,8 @@ requests' rows in a host tier, their indexer keys on the device and a hot buffer
 and attends over the selected rows only. Concurrent chunked requests give the one-rank
 engine's greedy tokens (index top-k 64 below the contexts; a hot buffer of top-k + 1 slots,
 so decodes both hit and miss); the block pool is what the host pool holds; the tier counters
-are the engine's HiSparse figures and each rank reports its device bytes; HiSparse with PCP or
-DCP is refused before any rank starts."""
+are the engine's HiSparse figures and each rank reports its device bytes; the pool counts both
+ranks' host pools; HiSparse with PCP or DCP is refused before any rank starts."""
 
 from __future__ import annotations
 
@@ -59,11 +59,12 @@ def test_concurrent_requests_on_hisparse_ranks_equal_one_rank(
     for r in reqs:
         want = one_sequence(inner(sparse64), r.prompt_token_ids, 16)
         assert got[r.request_id].result().output_token_ids == want
-    # the pool holds what the host pool does, as one rank's HiSparse would count it
+    # the pool holds what the two ranks' host pools do, each as one rank's HiSparse counts it
     spec = sparse64.config.kv_spec(cfg.block_size, 1, cfg.dtype, None)
     assert isinstance(spec, LatentKVCacheSpec)
     host = plan_hisparse(spec, cfg.hisparse_host_pool_bytes, INDEX_TOPK + 1, 8, 32)
-    assert stats.num_blocks == host.num_blocks
+    assert stats.num_blocks == 2 * host.num_blocks
+    assert stats.hisparse_host_pool_bytes == 2 * cfg.hisparse_host_pool_bytes
     assert stats.hisparse_hot_hits > 0 and stats.hisparse_hot_misses > 0
     assert stats.hisparse_h2d_bytes > 0 and stats.hisparse_prefill_h2d_bytes > 0
     assert [r.sequences for r in held] == [2, 2]

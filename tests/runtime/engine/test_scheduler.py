@@ -3,6 +3,8 @@ FIFO admission that reserves blocks, and the invariants every decision keeps."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -207,3 +209,116 @@ def test_every_decision_respects_budget_blocks_and_order(
         else:
             w = by_wait[c.request_id]
             assert 1 <= c.num_tokens <= w.num_tokens - w.num_cached
+
+
+# --- DP ranks: each replica has its own capacity (StepLimits.replica_free) --------------------
+
+
+def on(replica: int, seq: RunningSeq) -> RunningSeq:
+    return replace(seq, replica=replica)
+
+
+def replica_limits(*free: int) -> StepLimits:
+    return replace(limits(), replica_free=free)
+
+
+REPLICA_CASES = [
+    pytest.param(
+        [],
+        [wait("a", 8), wait("b", 4), wait("c", 4)],
+        replica_limits(3, 3),
+        [],
+        ["a", "b", "c"],
+        [0, 1, 1],  # the most free blocks, the lowest on a tie
+        id="placed-on-the-replica-with-the-most-free-blocks",
+    ),
+    pytest.param(
+        [],
+        [wait("a", 40, cached=32, blocks=2), wait("b", 4)],
+        replica_limits(10, 1),
+        [],
+        ["a", "b"],
+        [0, 1],  # the pool gives a 2 blocks, its replica holds all 10 of its table
+        id="a-replica-holds-the-whole-table-its-cached-prefix-too",
+    ),
+    pytest.param(
+        [],
+        [wait("a", 40), wait("b", 4)],
+        replica_limits(9, 9),
+        [],
+        [],
+        [],
+        id="fits-the-pool-but-no-replica-so-fifo-waits",
+    ),
+    pytest.param(
+        [
+            on(0, run("old0", 1, 8, held=2)),
+            on(0, run("mid0", 1, 4, held=1)),
+            on(1, run("new1", 1, 4, held=1)),
+        ],
+        [wait("w", 4)],
+        replica_limits(0, 5),
+        ["mid0"],  # not new1, the newest overall: replica 0 is what is short
+        [],
+        [],
+        id="a-short-replica-preempts-its-own-newest",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "lim", "preempted", "admitted", "replicas"), REPLICA_CASES
+)
+def test_replica_table(
+    running: list[RunningSeq],
+    waiting: list[WaitingSeq],
+    lim: StepLimits,
+    preempted: list[str],
+    admitted: list[str],
+    replicas: list[int],
+) -> None:
+    got = schedule(running, waiting, lim)
+    assert list(got.preempted) == preempted
+    assert list(got.admitted) == admitted
+    assert list(got.replicas) == replicas
+    ran = {c.request_id for c in got.chunks}
+    assert ran == {r.request_id for r in running} - set(preempted) | set(admitted)
+
+
+@st.composite
+def replica_scenarios(draw: st.DrawFn) -> tuple[list[RunningSeq], list[WaitingSeq], StepLimits]:
+    running, waiting, lim = draw(scenarios())
+    n = draw(st.integers(1, 3))
+    running = [replace(r, replica=draw(st.integers(0, n - 1))) for r in running]
+    free = tuple(draw(st.integers(0, 15)) for _ in range(n))
+    return running, waiting, replace(lim, replica_free=free)
+
+
+@settings(max_examples=300, deadline=None)
+@given(replica_scenarios())
+def test_no_replica_is_overdrawn(
+    case: tuple[list[RunningSeq], list[WaitingSeq], StepLimits],
+) -> None:
+    """What each replica gains (running growth, admitted whole tables) never exceeds what it
+    had free plus what its preempted requests gave back; the pool's own rules still hold."""
+    running, waiting, lim = case
+    got = schedule(running, waiting, lim)
+    by_run = {r.request_id: r for r in running}
+    by_wait = {w.request_id: w for w in waiting}
+    assert len(got.replicas) == len(got.admitted)
+    assert list(got.admitted) == [w.request_id for w in waiting[: len(got.admitted)]]
+    placed = dict(zip(got.admitted, got.replicas, strict=True))
+    for replica, free in enumerate(lim.replica_free):
+        gained = sum(
+            c.new_blocks for c in got.chunks if c.request_id in by_run
+            and by_run[c.request_id].replica == replica
+        ) + sum(
+            blocks_for(by_wait[a].num_tokens, BS) for a, r in placed.items() if r == replica
+        )  # fmt: skip
+        returned = sum(by_run[v].blocks_held for v in got.preempted if by_run[v].replica == replica)
+        assert gained <= free + returned
+    freed = sum(by_run[v].freeable_blocks for v in got.preempted)
+    used = sum(c.new_blocks for c in got.chunks) + sum(
+        by_wait[a].admit_blocks for a in got.admitted
+    )
+    assert used <= lim.free_blocks + freed
