@@ -75,7 +75,10 @@ def engine_kv(
         # a parallel engine's rows live on its ranks: its pool only counts blocks, unless its
         # ranks export their rows (prefix caching, P/D): then the pool mirrors them
         mirrored = ranks is not None and ranks.export_rows
-        where = model_device if ranks is None else torch.device(config.device)
+        # HiSparse ranks keep their rows in host tiers: their mirror is host memory too (as a
+        # one-rank engine's pulls land in its host pool), never the device's
+        where = torch.device("cpu" if config.hisparse else config.device)
+        where = model_device if ranks is None else where
         counted = ranks is not None and not mirrored
         cache = spec.allocate(torch.device("meta") if counted else where)
         if mirrored and ranks is not None:
@@ -87,8 +90,8 @@ def engine_kv(
             f"{mc.model_type} model's {type(cache).__name__} cannot be transferred yet: "
             "serve it with an aggregated role"
         )
-    if ranks is not None and not ranks.export_rows:
-        device_bytes = 0
+    if ranks is not None and (not ranks.export_rows or config.hisparse):
+        device_bytes = 0  # the ranks' rows (or host tiers): EngineStats.ranks reports them
     elif hisparse is not None:
         device_bytes = hisparse.spec.device_bytes
     else:

@@ -65,6 +65,8 @@ def test_concurrent_requests_on_hisparse_ranks_equal_one_rank(
     host = plan_hisparse(spec, cfg.hisparse_host_pool_bytes, INDEX_TOPK + 1, 8, 32)
     assert stats.num_blocks == 2 * host.num_blocks
     assert stats.hisparse_host_pool_bytes == 2 * cfg.hisparse_host_pool_bytes
+    # the engine's mirror of the ranks' rows is host memory, not a device pool
+    assert stats.kv_cache_bytes == 0
     assert stats.hisparse_hot_hits > 0 and stats.hisparse_hot_misses > 0
     assert stats.hisparse_h2d_bytes > 0 and stats.hisparse_prefill_h2d_bytes > 0
     assert [r.sequences for r in held] == [2, 2]
