@@ -234,14 +234,15 @@ class BatchScheduler:
             state = by_id.pop(rid)
             self._preempt(state)
         batch: Batch = []
-        replicas = dict(zip(decision.admitted, decision.replicas, strict=False))
+        placed = decision.replicas or (0,) * len(decision.admitted)  # () without replicas
+        replicas = dict(zip(decision.admitted, placed, strict=True))
         admitted = set(decision.admitted)
         for chunk in decision.chunks:
             if chunk.request_id in admitted:
                 state = self.waiting[0]
                 if state.request_id != chunk.request_id:
                     break  # the views went stale; admit the rest next step
-                state.table.replica = replicas.get(chunk.request_id, 0)
+                state.table.replica = replicas[chunk.request_id]
                 if not self._admit(state):
                     break
                 if self.reloads is not None and self.reloads.wants(state):

@@ -77,8 +77,9 @@ def engine_kv(
         mirrored = ranks is not None and ranks.export_rows
         # HiSparse ranks keep their rows in host tiers: their mirror is host memory too (as a
         # one-rank engine's pulls land in its host pool), never the device's
-        where = torch.device("cpu" if config.hisparse else config.device)
-        where = model_device if ranks is None else where
+        where = model_device
+        if ranks is not None:
+            where = torch.device("cpu" if config.hisparse else config.device)
         counted = ranks is not None and not mirrored
         cache = spec.allocate(torch.device("meta") if counted else where)
         if mirrored and ranks is not None:
