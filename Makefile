@@ -8,6 +8,7 @@ CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
+.PHONY: e2e-node-build
 .PHONY: status fuzz images kernels
 .PHONY: dashboards prometheus
 
@@ -82,8 +83,15 @@ $(CACHE)/bin/kubectl: | venv
 e2e-build:
 	bash e2e/cluster/build.sh >/dev/null
 
+# The real node (kubelet, kube-proxy, containerd 2.x, CNI plugins, pause), built from Go modules
+# into ~/.cache/loom/e2e/node-<version> (first build ~8 min on 2 cores; then cached).
+e2e-node-build: e2e-build
+	bash e2e/cluster/build_node.sh >/dev/null
+
+# E2E_PROVIDER=node: the control plane plus a real node running Loom's images (make images).
+E2E_PROVIDER ?= local
 e2e-cluster: venv tools e2e-build
-	$(BIN)/python -m e2e.cluster up
+	$(BIN)/python -m e2e.cluster up --provider $(E2E_PROVIDER)
 
 e2e-down: venv
 	$(BIN)/python -m e2e.cluster down
@@ -113,7 +121,9 @@ clean:
 	  "tiny model in $${LOOM_CACHE:-$$HOME/.cache/loom}/models, the e2e build in" \
 	  "~/.cache/loom/e2e and local fleet state in .loom/."
 
-images:  ## build the operator and runtime images (needs a Docker or Podman engine)
+# The operator and CPU runtime images from a Debian root filesystem and PyPI (images/; starts
+# Debian's dockerd where no engine answers). IMAGES="runtime-cuda" builds the vLLM image too.
+images:
 	images/build.sh
 
 # vLLM in its own cached environment (it pins another torch than Loom's), for the test that parses

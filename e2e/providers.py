@@ -1,4 +1,5 @@
-"""Where the e2e suite runs: the local control plane (default) or kind, behind one interface.
+"""Where the e2e suite runs: the local control plane with the stand-in kubelet (default), with a
+real node (kubelet, containerd, CNI, kube-proxy: `E2E_PROVIDER=node`), or kind.
 
 Owns bringing a cluster up and down and the handle tests use (kubeconfig, API client,
 kubectl); never holds test logic. `E2E_PROVIDER=kind` picks kind (needs Docker and kind).
@@ -16,12 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from e2e.cluster import control_plane, kwok
+from e2e.cluster import control_plane, kwok, node, node_config
 from e2e.tools import ensure_tools
 from loom_operator.k8s.kube import Kube
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".cache" / "e2e" / "cluster"
+# The images `make images` builds, as the chart and the renderer name them.
+LOOM_IMAGES = (
+    "ghcr.io/loom-serving/loom-operator:0.1.0",
+    "ghcr.io/loom-serving/loom-runtime:0.1.0",
+)
 
 
 @dataclass
@@ -124,6 +130,43 @@ class LocalProvider:
         control_plane.down(self.root)
 
 
+class NodeProvider:
+    """The same control plane, its API server on the node's address, and a real node: the kubelet
+    and kube-proxy (loom-node), containerd 2.x with runc, the CNI bridge, Loom's images loaded
+    into containerd (`make images` builds them). One per machine (docs/e2e.md)."""
+
+    name = "node"
+
+    def __init__(self, root: Path = DEFAULT_ROOT, images: tuple[str, ...] = LOOM_IMAGES) -> None:
+        self.root, self.images = root, images
+
+    def up(self) -> Cluster:
+        tools = ensure_tools()
+        missing = [i for i in self.images if not _docker_has(i)]
+        if missing:
+            raise RuntimeError(f"E2E_PROVIDER=node runs Loom's images; build them first "
+                               f"(make images): missing {', '.join(missing)}")  # fmt: skip
+        node.down(self.root)
+        node.prepare_host(self.root)
+        try:
+            state = control_plane.up(self.root, address=node_config.NODE_IP)
+            node.up(self.root, list(self.images))
+            cluster = Cluster(self.name, Path(state.kubeconfig), tools, False, self.root)
+            wait_usable(cluster, 1)
+        except BaseException:
+            self.down()
+            raise
+        return cluster
+
+    def down(self) -> None:
+        node.stop_node(self.root)
+
+
+def _docker_has(image: str) -> bool:
+    out = subprocess.run(["docker", "image", "inspect", image], capture_output=True, check=False)
+    return out.returncode == 0
+
+
 class KindProvider:
     """kind (Kubernetes in Docker): real kubelets; pods need an image with Loom (images/)."""
 
@@ -166,9 +209,11 @@ def provider_from_env() -> Provider:
     name = os.environ.get("E2E_PROVIDER", "local")
     if name == "local":
         return LocalProvider(backoff_s=float(os.environ.get("E2E_BACKOFF_SECONDS", "10")))
+    if name == "node":
+        return NodeProvider()
     if name == "kind":
         return KindProvider()
-    raise ValueError(f"E2E_PROVIDER={name!r}: use local or kind")
+    raise ValueError(f"E2E_PROVIDER={name!r}: use local, node or kind")
 
 
 def node_ready(node: dict[str, Any]) -> bool:

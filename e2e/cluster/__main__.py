@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from e2e.cluster import control_plane
-from e2e.providers import DEFAULT_ROOT, LocalProvider
+from e2e.cluster import control_plane, node
+from e2e.providers import DEFAULT_ROOT, LocalProvider, NodeProvider, Provider
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,10 +19,16 @@ def main(argv: list[str] | None = None) -> int:
         "--root", type=Path, default=DEFAULT_ROOT, help="state folder (certs, logs, etcd)"
     )
     p.add_argument("--nodes", type=int, default=1, help="stand-in kubelet nodes")
+    p.add_argument(
+        "--provider",
+        choices=["local", "node"],
+        default="local",
+        help="local: the stand-in kubelet; node: a real kubelet, containerd and CNI",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[e2e] %(message)s")
     if args.command == "down":
-        control_plane.down(args.root)
+        node.stop_node(args.root)  # a real node first, if one runs; then the control plane
         print("e2e cluster stopped")
         return 0
     state = control_plane.ClusterState.load(args.root)
@@ -35,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"export KUBECONFIG={state.kubeconfig}")
         return 0
     start = time.monotonic()
-    LocalProvider(args.root, nodes=args.nodes).up()
+    provider: Provider = (
+        NodeProvider(args.root) if args.provider == "node" else LocalProvider(args.root, args.nodes)
+    )
+    provider.up()
     state = control_plane.ClusterState.load(args.root)
     assert state is not None
     print(f"e2e cluster ready in {time.monotonic() - start:.1f} s at {state.server}")

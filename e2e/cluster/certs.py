@@ -44,15 +44,17 @@ def _ca(root: Path, name: str, subject: str) -> None:
     )  # fmt: skip
 
 
-def _signed(root: Path, name: str, subject: str, ca: str, *, server: bool = False) -> None:
+def _signed(
+    root: Path, name: str, subject: str, ca: str, *, server_ips: tuple[str, ...] = ()
+) -> None:
     _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=root)
     _openssl(
         "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=root
     )
     ext = root / f"{name}.ext"
     lines = ["basicConstraints=CA:FALSE", "keyUsage=digitalSignature,keyEncipherment"]
-    if server:
-        alt = [f"DNS:{n}" for n in SERVER_NAMES] + [f"IP:{ip}" for ip in SERVER_IPS]
+    if server_ips:
+        alt = [f"DNS:{n}" for n in SERVER_NAMES] + [f"IP:{ip}" for ip in server_ips]
         lines += ["extendedKeyUsage=serverAuth", "subjectAltName=" + ",".join(alt)]
     else:
         lines.append("extendedKeyUsage=clientAuth")
@@ -64,12 +66,13 @@ def _signed(root: Path, name: str, subject: str, ca: str, *, server: bool = Fals
     )  # fmt: skip
 
 
-def make_pki(root: Path) -> Pki:
-    """Writes a fresh PKI into `root` (created) and returns its paths."""
+def make_pki(root: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Writes a fresh PKI into `root` (created) and returns its paths; the API server's
+    certificate also names `extra_ips` (a real node's address)."""
     root.mkdir(parents=True, exist_ok=True)
     _ca(root, "ca", "/CN=loom-e2e-ca")
     _ca(root, "front-proxy-ca", "/CN=loom-e2e-front-proxy-ca")
-    _signed(root, "apiserver", "/CN=kube-apiserver", "ca", server=True)
+    _signed(root, "apiserver", "/CN=kube-apiserver", "ca", server_ips=(*SERVER_IPS, *extra_ips))
     _signed(root, "admin", "/O=system:masters/CN=loom-e2e-admin", "ca")
     _signed(root, "front-proxy-client", "/CN=front-proxy-client", "front-proxy-ca")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=root)

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 SERVICE_CIDR = "10.96.0.0/16"
+LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 90.0
 
 
@@ -42,10 +43,12 @@ class ClusterState:
     apiserver_port: int
     etcd_port: int
     children: list[dict[str, object]] = field(default_factory=list)
+    address: str = LOOPBACK
+    """Where the API server listens: loopback, or a real node's address that pods reach."""
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
     def save(self) -> None:
         path = Path(self.root) / "state.json"
@@ -113,8 +116,8 @@ def apiserver_args(state: ClusterState, pki: Pki) -> list[str]:
     p = pki.path
     return [
         f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={state.address}",
+        f"--advertise-address={state.address}",
         f"--secure-port={state.apiserver_port}",
         f"--tls-cert-file={p('apiserver.crt')}",
         f"--tls-private-key-file={p('apiserver.key')}",
@@ -124,8 +127,7 @@ def apiserver_args(state: ClusterState, pki: Pki) -> list[str]:
         f"--service-account-signing-key-file={p('sa.key')}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=RBAC",
-        # A 127.0.0.1 advertise address is otherwise rejected by the endpoint reconciler, forever.
-        "--endpoint-reconciler-type=none",
+        *_endpoint_args(state, pki),
         f"--requestheader-client-ca-file={pki.front_proxy_ca}",
         "--requestheader-allowed-names=front-proxy-client",
         "--requestheader-username-headers=X-Remote-User",
@@ -137,6 +139,20 @@ def apiserver_args(state: ClusterState, pki: Pki) -> list[str]:
         # Pods that request an extended resource (nvidia.com/gpu) tolerate its node taint.
         "--enable-admission-plugins=ExtendedResourceToleration",
         "--profiling=false",
+    ]
+
+
+def _endpoint_args(state: ClusterState, pki: Pki) -> list[str]:
+    """On loopback, no `kubernetes` Service endpoints (a 127.0.0.1 advertise address is rejected
+    by the reconciler, forever). On a real node's address, the default reconciler, so pods reach
+    the API server through the Service, and its client certificate to the kubelet, which it
+    dials by the node's InternalIP (its name does not resolve here) for logs and exec."""
+    if state.address == LOOPBACK:
+        return ["--endpoint-reconciler-type=none"]
+    return [
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki.path('admin.crt')}",
+        f"--kubelet-client-key={pki.path('admin.key')}",
     ]
 
 
@@ -195,20 +211,22 @@ def wait_ready(state: ClusterState, pki: Pki, timeout: float = READY_TIMEOUT_S) 
     )
 
 
-def up(root: Path, bin_dir: Path | None = None) -> ClusterState:
-    """Starts a fresh control plane under `root` (any previous one there is stopped first)."""
+def up(root: Path, bin_dir: Path | None = None, address: str = LOOPBACK) -> ClusterState:
+    """Starts a fresh control plane under `root` (any previous one there is stopped first),
+    its API server on `address` (loopback, or a real node's address: e2e/cluster/node.py)."""
     down(root)
     bin_dir = bin_dir or build_binaries()
     root.mkdir(parents=True, exist_ok=True)
     for stale in ("etcd", "pki", "logs"):
         subprocess.run(["rm", "-rf", str(root / stale)], check=True)
-    pki = make_pki(root / "pki")
+    pki = make_pki(root / "pki", extra_ips=() if address == LOOPBACK else (address,))
     state = ClusterState(
         root=str(root),
         bin_dir=str(bin_dir),
         kubeconfig=str(root / "kubeconfig"),
         apiserver_port=free_port(),
         etcd_port=free_port(),
+        address=address,
     )
     write_kubeconfig(Path(state.kubeconfig), state.server, pki)
     state.save()

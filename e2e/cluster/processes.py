@@ -96,3 +96,19 @@ def stop_marked(variable: str, value: str) -> int:
             except ProcessLookupError:
                 pass
     return killed
+
+
+def pids_with_argument(argument: str, program: str | None = None) -> list[int]:
+    """Processes with `argument` among their argv (and, if given, `program`'s basename as
+    argv[0]): the shims of one containerd socket, or a node's kubelet."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argument in argv and (program is None or Path(argv[0]).name == program):
+            found.append(int(proc.name))
+    return found

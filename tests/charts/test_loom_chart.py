@@ -13,6 +13,13 @@ import yaml
 from e2e.tools import ensure_tools
 
 from loom_operator.k8s.rbac import LEASE_RULES, WATCHED_NAMESPACE_RULES
+from loom_operator.k8s.render.security import (
+    SCRATCH_ENV,
+    SCRATCH_MOUNT,
+    SCRATCH_VOLUME,
+    container_security,
+    pod_security,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "loom"
@@ -122,3 +129,13 @@ def test_bad_values_are_refused_with_the_path_of_the_value(
     out = run(helm, "template", "loom", str(CHART), *values)
     assert out.returncode != 0
     assert message in out.stderr, out.stderr
+
+
+def test_the_operator_pod_is_locked_down_as_every_pod_loom_renders(helm: Path) -> None:
+    (deployment,) = by_kind(template(helm), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"] == pod_security()
+    assert container["securityContext"] == container_security()
+    assert SCRATCH_VOLUME in pod["volumes"] and SCRATCH_MOUNT in container["volumeMounts"]
+    assert SCRATCH_ENV in container["env"]

@@ -11,6 +11,7 @@ import yaml
 
 from loom_operator.api.documents import load_documents, parse_documents
 from loom_operator.k8s.render import render
+from loom_operator.k8s.render.security import SCRATCH_ENV, SCRATCH_MOUNT, SCRATCH_VOLUME, USER
 from loom_operator.k8s.settings import RenderSettings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -212,3 +213,22 @@ def test_only_the_operator_reaches_control_ports_and_only_the_router_the_api() -
 
 def test_no_network_policies_unless_asked() -> None:
     assert "NetworkPolicy" not in {m["kind"] for m in rendered("tiny-pd.yaml")}
+
+
+@pytest.mark.parametrize("example", ["tiny-pd.yaml", "tiny-aggregated.yaml", "glm-5-class.yaml"])
+def test_every_pod_runs_as_non_root_on_a_read_only_root_with_no_capabilities(example: str) -> None:
+    templates = [m["spec"]["template"]["spec"] for m in rendered(example)
+                 if m["kind"] in ("StatefulSet", "Deployment")]  # fmt: skip
+    assert templates
+    for pod in templates:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == USER
+        assert SCRATCH_VOLUME in pod["volumes"]
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"] == {"drop": ["ALL"]}
+            # The one writable path is the scratch volume, TMPDIR included.
+            assert SCRATCH_MOUNT in container["volumeMounts"]
+            assert SCRATCH_ENV in container["env"]

@@ -12,6 +12,13 @@ from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.fleet.commands import ADMIN_TOKEN_ENV, API_KEYS_ENV
 from loom_operator.k8s.labels import common, control_secret, router_object, router_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MOUNT_PATH, ROUTER_KEY, cards_volume
+from loom_operator.k8s.render.security import (
+    SCRATCH_ENV,
+    SCRATCH_MOUNT,
+    SCRATCH_VOLUME,
+    container_security,
+    pod_security,
+)
 from loom_operator.k8s.render.workers import http_service
 from loom_operator.k8s.settings import RenderSettings
 from loom_runtime.wire.pods import DEPLOYMENT_LABEL, HTTP_PORT, ROUTER_ADMIN_PORT, ROUTER_PORTS
@@ -37,12 +44,14 @@ def router_container(deployment: DeploymentCard, settings: RenderSettings) -> di
             },
             {"name": ADMIN_TOKEN_ENV, "valueFrom": token},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            SCRATCH_ENV,
             *_api_keys(settings),
         ],
         "ports": [{"name": n, "containerPort": p} for n, p in ROUTER_PORTS.items()],
         "readinessProbe": {"httpGet": {"path": "/ready", "port": HTTP_PORT}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/health", "port": HTTP_PORT}, "periodSeconds": 10},
-        "volumeMounts": [CARDS_MOUNT],
+        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT],
+        "securityContext": container_security(),
     }
 
 
@@ -87,8 +96,9 @@ def router_manifests(deployment: DeploymentCard, settings: RenderSettings) -> li
                 "metadata": {"labels": labels},
                 "spec": {
                     "serviceAccountName": name,
+                    "securityContext": pod_security(),
                     "containers": [router_container(deployment, settings)],
-                    "volumes": [cards_volume(deployment)],
+                    "volumes": [cards_volume(deployment), SCRATCH_VOLUME],
                 },
             },
         },

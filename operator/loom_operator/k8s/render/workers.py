@@ -20,6 +20,13 @@ from loom_operator.fleet.commands import (
 )
 from loom_operator.k8s.labels import common, control_secret, role_object, worker_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MODEL_CARD_KEY, MOUNT_PATH, cards_volume
+from loom_operator.k8s.render.security import (
+    SCRATCH_ENV,
+    SCRATCH_MOUNT,
+    SCRATCH_VOLUME,
+    container_security,
+    pod_security,
+)
 from loom_operator.k8s.render.vllm import sidecar_command, vllm_args, vllm_env
 from loom_operator.k8s.settings import RenderSettings
 from loom_runtime.card.model_card import ModelCard
@@ -81,6 +88,7 @@ def _env() -> list[dict[str, Any]]:
         field_env("POD_IP", "status.podIP"),
         field_env("POD_NAME", "metadata.name"),
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        SCRATCH_ENV,
     ]
 
 
@@ -121,7 +129,8 @@ def worker_container(
         "ports": container_ports,
         # The first start may generate or load a checkpoint: allow it up to 10 minutes.
         **probes("/ready", startup_s=600, startup_period_s=2),
-        "volumeMounts": [CARDS_MOUNT],
+        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT],
+        "securityContext": container_security(),
     }
     res = resources(role_settings(deployment, role).resources)
     if res:
@@ -148,6 +157,8 @@ def vllm_containers(
         ],
         # Loading a large checkpoint onto 8 GPUs takes a while: allow up to 30 minutes.
         **probes("/health", startup_s=1800, startup_period_s=5),
+        "volumeMounts": [SCRATCH_MOUNT],
+        "securityContext": container_security(),
     }
     res = resources(role_settings(deployment, role).resources)
     if res:
@@ -159,7 +170,8 @@ def vllm_containers(
         "command": sidecar_command(card, deployment, role, settings.loom),
         "env": [*_env(), {"name": CONTROL_TOKEN_ENV, "valueFrom": token}],
         "ports": [{"name": CONTROL_PORT, "containerPort": p[CONTROL_PORT]}],
-        "volumeMounts": [CARDS_MOUNT],
+        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT],
+        "securityContext": container_security(),
     }
     return [server, sidecar]
 
@@ -195,8 +207,9 @@ def role_manifests(
                 "metadata": {"labels": labels},
                 "spec": {
                     "terminationGracePeriodSeconds": grace,
+                    "securityContext": pod_security(),
                     "containers": role_containers(model, deployment, role, settings),
-                    "volumes": [cards_volume(deployment)],
+                    "volumes": [cards_volume(deployment), SCRATCH_VOLUME],
                 },
             },
         },

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Finds a container engine that answers, or installs and starts one: Debian's docker.io, with
+# dockerd run by hand (these machines have no init system to start it). Prints the client to use.
+set -euo pipefail
+log() { printf '[make images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+answers() { "$1" info >/dev/null 2>&1; }
+
+if [ -n "${CONTAINER_ENGINE:-}" ]; then
+  answers "$CONTAINER_ENGINE" || { log "CONTAINER_ENGINE=$CONTAINER_ENGINE does not answer"; exit 1; }
+  echo "$CONTAINER_ENGINE"; exit 0
+fi
+# Debian's client first: it builds with BuildKit by itself (a newer client wants buildx for that).
+for candidate in /usr/bin/docker docker podman; do
+  if command -v "$candidate" >/dev/null 2>&1 && answers "$candidate"; then
+    echo "$candidate"; exit 0
+  fi
+done
+if [ -n "${LOOM_NO_ENGINE_START:-}" ] || { ! command -v apt-get >/dev/null 2>&1 && \
+    ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; }; then
+  log "no Docker or Podman engine answers on this machine, and none can be installed or started"
+  log "here: install Docker or Podman (CONTAINER_ENGINE=docker|podman to choose one)"
+  exit 1
+fi
+if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then
+  log "installing Debian's docker.io (dockerd, containerd 1.6, runc)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y docker.io >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y docker.io >/dev/null; }
+fi
+state="${LOOM_DOCKER_STATE:-$HOME/.cache/loom/docker}"
+mkdir -p "$state"
+log "starting dockerd (log: $state/dockerd.log)"
+dockerd="$(command -v dockerd || echo /usr/sbin/dockerd)"
+setsid "$dockerd" --pidfile "$state/dockerd.pid" >>"$state/dockerd.log" 2>&1 < /dev/null &
+client=/usr/bin/docker
+[ -x "$client" ] || client=docker
+for _ in $(seq 60); do
+  answers "$client" && { echo "$client"; exit 0; }
+  sleep 1
+done
+log "dockerd did not answer within 60 s; see $state/dockerd.log"
+tail -n 20 "$state/dockerd.log" >&2
+exit 1
