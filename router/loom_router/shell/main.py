@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -44,6 +43,7 @@ from loom_router.shell.scraper import MetricsScraper
 from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
 from loom_runtime.errors import CheckpointError
+from loom_runtime.wire.process import configure_logging, serve_until_signalled
 from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -229,43 +229,17 @@ class RouterServer:
                     lambda: [((), float(state.sessions.evictions))], counter=True)  # fmt: skip
 
 
-class _ExtrasFormatter(logging.Formatter):
-    """Appends `extra={...}` fields (request_id, endpoint, …) to each line as key=value."""
-
-    _standard = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extras = {k: v for k, v in record.__dict__.items() if k not in self._standard}
-        return line + "".join(f" {k}={v}" for k, v in extras.items())
-
-
-async def serve_until_signalled(server: RouterServer) -> None:
-    stop = asyncio.Event()
-    event_loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        event_loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    try:
-        await stop.wait()
-        logger.info("router stopping")
-    finally:
-        await server.stop()
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args, env())
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_ExtrasFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.basicConfig(level=options.log_level.upper(), handlers=[handler])
+        configure_logging(options.log_level.upper())
         config = load_config(options.config)
         server = RouterServer(config, options)
     except (OptionsError, RouterConfigError, ValueError) as exc:
         print(f"loom router: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve_until_signalled(server))
+        asyncio.run(serve_until_signalled(server, logger, "router stopping"))
     except OSError as exc:
         print(f"loom router: cannot listen: {exc}", file=sys.stderr)
         return 2
