@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from loom_runtime.control_api.status import PHASES, PhaseName, drain_phase
 from loom_runtime.engine.types import EngineStats, RequestMetrics
 
 logger = logging.getLogger(__name__)
@@ -39,14 +40,10 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-PHASES = ("serving", "draining", "paused")
-
-
-def worker_phase(admission_open: bool, in_flight: int, kv_leases: int) -> str:
-    """The worker's own view of a weight sync's freeze → drain → load → resume."""
-    if admission_open:
-        return "serving"
-    return "draining" if in_flight or kv_leases else "paused"
+def worker_phase(admission_open: bool, in_flight: int, kv_leases: int) -> PhaseName:
+    """The worker's own view of a weight sync's freeze → drain → load → resume: the drain rule,
+    with a prefill's KV leases awaiting a pull counted as work left."""
+    return drain_phase(admission_open, bool(in_flight or kv_leases))
 
 
 class StatsSource(Protocol):
