@@ -20,6 +20,7 @@ import aiohttp
 from loom_operator.api.roles import RoleName
 from loom_operator.control.client import ControlClient, ControlError
 from loom_runtime.control_api.status import WorkerStatus
+from loom_runtime.wire.metric_names import KV_LEASES
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ class Target(Protocol):
 
 
 PROBE_TIMEOUT_S = 2.0
-KV_LEASES = "loom:kv_leases"
 
 
 @dataclass(frozen=True)

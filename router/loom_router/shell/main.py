@@ -43,6 +43,7 @@ from loom_router.shell.scraper import MetricsScraper
 from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
 from loom_runtime.errors import CheckpointError
+from loom_runtime.wire.metric_names import ROUTER_ENDPOINTS, ROUTER_IN_FLIGHT, ROUTER_INDEX_ENTRIES
 from loom_runtime.wire.process import configure_logging, serve_until_signalled
 from loom_runtime.wire.tokenizer import Tokenizer
 
@@ -210,14 +211,14 @@ class RouterServer:
         def problems() -> Iterable[tuple[tuple[str, ...], float]]:
             return [((eid,), 1.0) for eid in sorted(state.prefix.stats().hash_problems)]
 
-        m.add_gauge("endpoints", "Endpoints by routing state.", ("state",), endpoints)
-        m.add_gauge("in_flight", "Requests the router has on each endpoint.", ("endpoint",),
+        m.add_gauge(ROUTER_ENDPOINTS, "Endpoints by routing state.", ("state",), endpoints)
+        m.add_gauge(ROUTER_IN_FLIGHT, "Requests the router has on each endpoint.", ("endpoint",),
                     in_flight)  # fmt: skip
         m.add_gauge("scrape_age_seconds", "Seconds since the last good /metrics scrape.",
                     ("endpoint",), ages)  # fmt: skip
         m.add_gauge("scrape_stale", "1 when the endpoint's load is unknown (stale scrape).",
                     ("endpoint",), stale)  # fmt: skip
-        m.add_gauge("index_entries", "Prefix-index entries (in_flight: prompts just routed).",
+        m.add_gauge(ROUTER_INDEX_ENTRIES, "Prefix-index entries (in_flight: prompts just routed).",
                     ("index",), entries)  # fmt: skip
         m.add_gauge("index_evictions", "Prefix-index entries evicted to stay bounded.",
                     ("index",), evictions, counter=True)  # fmt: skip
