@@ -2,9 +2,9 @@
 all at once with timeouts, remembering what each last answered.
 
 Owns the probes of any substrate (a local process or a pod: anything with a name, role, HTTP
-URL and control address); never acts on a worker and never builds a `WorkerState` (each
-substrate does, from its own facts). A probe that fails keeps the last values it saw: an unknown
-in-flight count is never taken for zero.
+URL and control address) and the "ready" rule read from them; never acts on a worker and never
+builds a `WorkerState` (each substrate does, from its own facts). A probe that fails keeps the
+last values it saw: an unknown in-flight count is never taken for zero.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import aiohttp
 from loom_operator.api.roles import RoleName
 from loom_operator.control.client import ControlClient, ControlError
 from loom_runtime.control_api.status import WorkerStatus
+from loom_runtime.wire.metric_names import KV_LEASES
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ class Target(Protocol):
 
 
 PROBE_TIMEOUT_S = 2.0
-KV_LEASES = "loom:kv_leases"
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,28 @@ class Seen:
     status: WorkerStatus | None = None
     kv_leases: int = 0
     last_seen: float | None = None
+
+
+def latest_status(probe: Probe | None, seen: Seen) -> WorkerStatus | None:
+    """This round's status, or the last one seen when this round's probe did not get one."""
+    return probe.status if probe is not None and probe.status is not None else seen.status
+
+
+def probed_ready(alive: bool, probe: Probe | None) -> bool:
+    """The one "ready" rule of every substrate: the worker's process is alive, and this
+    round's probe answered both /health and Status, with a state other than failed."""
+    return (
+        alive
+        and probe is not None
+        and probe.health_ok
+        and probe.status is not None
+        and probe.status.state != "failed"
+    )
+
+
+def is_loading(loading: bool, status: WorkerStatus | None) -> bool:
+    """Loading: the substrate is loading it, or its last status says so."""
+    return loading or (status is not None and status.state == "loading")
 
 
 def metric_value(text: str, name: str) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from loom_operator.dashboards.panels import Chart, Query, Section, dashboard, quantiles, rate
+from loom_runtime.wire import metric_names as names
 
 UID = "loom-fleet"
 
@@ -21,15 +22,23 @@ def build() -> Dashboard:
                 "Requests by route and status",
                 "What clients got from the router: every answer, by OpenAI route and HTTP code.",
                 "reqps",
-                (Query(rate("loom_router:requests_total", "route, code"), "{{route}} {{code}}"),),
+                (
+                    Query(
+                        rate(
+                            names.total(names.router_metric(names.ROUTER_REQUESTS)), "route, code"
+                        ),
+                        "{{route}} {{code}}",
+                    ),
+                ),
             ),
             Chart(
                 "Finished requests by reason (workers)",
-                "Requests the workers finished (vllm:request_success), by finish reason.",
+                f"Requests the workers finished ({names.REQUEST_SUCCESS}), by finish reason.",
                 "reqps",
                 (
                     Query(
-                        rate("vllm:request_success_total", "finished_reason"), "{{finished_reason}}"
+                        rate(names.total(names.REQUEST_SUCCESS), "finished_reason"),
+                        "{{finished_reason}}",
                     ),
                 ),
             ),
@@ -38,8 +47,8 @@ def build() -> Dashboard:
                 "Prompt tokens prefilled and tokens generated, all workers.",
                 "short",
                 (
-                    Query(rate("vllm:prompt_tokens_total"), "prompt"),
-                    Query(rate("vllm:generation_tokens_total"), "generated"),
+                    Query(rate(names.total(names.PROMPT_TOKENS)), "prompt"),
+                    Query(rate(names.total(names.GENERATION_TOKENS)), "generated"),
                 ),
             ),
             Chart(
@@ -47,8 +56,12 @@ def build() -> Dashboard:
                 "The engine's running batch and its queue.",
                 "short",
                 (
-                    Query("sum by (instance) (vllm:num_requests_running)", "{{instance}} running"),
-                    Query("sum by (instance) (vllm:num_requests_waiting)", "{{instance}} waiting"),
+                    Query(
+                        f"sum by (instance) ({names.NUM_REQUESTS_RUNNING})", "{{instance}} running"
+                    ),
+                    Query(
+                        f"sum by (instance) ({names.NUM_REQUESTS_WAITING})", "{{instance}} waiting"
+                    ),
                 ),
             ),
         ),
@@ -58,27 +71,27 @@ def build() -> Dashboard:
         (
             Chart(
                 "Time to first token (workers)",
-                "vllm:time_to_first_token_seconds: arrival at the worker to its first token.",
+                f"{names.TIME_TO_FIRST_TOKEN}: arrival at the worker to its first token.",
                 "s",
-                quantiles("vllm:time_to_first_token_seconds", "TTFT"),
+                quantiles(names.TIME_TO_FIRST_TOKEN, "TTFT"),
             ),
             Chart(
                 "Time to first token (clients, via the router)",
                 "What clients wait for the first streamed chunk, including P/D and routing.",
                 "s",
-                quantiles("loom_router:time_to_first_token_seconds", "TTFT"),
+                quantiles(names.router_metric(names.ROUTER_TIME_TO_FIRST_TOKEN), "TTFT"),
             ),
             Chart(
                 "Inter-token latency",
-                "vllm:inter_token_latency_seconds: the gap between streamed tokens.",
+                f"{names.INTER_TOKEN_LATENCY}: the gap between streamed tokens.",
                 "s",
-                quantiles("vllm:inter_token_latency_seconds", "ITL"),
+                quantiles(names.INTER_TOKEN_LATENCY, "ITL"),
             ),
             Chart(
                 "End-to-end request latency (workers)",
-                "vllm:e2e_request_latency_seconds: arrival to the last token.",
+                f"{names.E2E_REQUEST_LATENCY}: arrival to the last token.",
                 "s",
-                quantiles("vllm:e2e_request_latency_seconds", "latency"),
+                quantiles(names.E2E_REQUEST_LATENCY, "latency"),
             ),
         ),
     )
@@ -92,17 +105,26 @@ def build() -> Dashboard:
                 "reqps",
                 (
                     Query(
-                        rate("loom_router:requests_total", "route, code", '{code!~"2.."}'),
+                        rate(
+                            names.total(names.router_metric(names.ROUTER_REQUESTS)),
+                            "route, code",
+                            '{code!~"2.."}',
+                        ),
                         "{{route}} {{code}}",
                     ),
-                    Query(rate("loom_router:upstream_errors_total", "kind"), "upstream {{kind}}"),
+                    Query(
+                        rate(
+                            names.total(names.router_metric(names.ROUTER_UPSTREAM_ERRORS)), "kind"
+                        ),
+                        "upstream {{kind}}",
+                    ),
                 ),
             ),
             Chart(
                 "KV cache usage (per worker)",
-                "vllm:kv_cache_usage_perc: the fraction of KV blocks in use.",
+                f"{names.KV_CACHE_USAGE}: the fraction of KV blocks in use.",
                 "percentunit",
-                (Query("max by (instance) (vllm:kv_cache_usage_perc)", "{{instance}}"),),
+                (Query(f"max by (instance) ({names.KV_CACHE_USAGE})", "{{instance}}"),),
             ),
         ),
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from loom_operator.dashboards.panels import RATE, Chart, Query, Section, dashboard, rate
+from loom_runtime.wire import metric_names as names
 
 UID = "loom-pd-kv"
 
@@ -21,21 +22,21 @@ def build() -> Dashboard:
                 "KV pulled per second",
                 "Bytes of KV each decode worker pulled from prefill workers.",
                 "Bps",
-                (Query(rate("loom:kv_pulled_bytes_total", "instance"), "{{instance}}"),),
+                (Query(rate(names.total(names.KV_PULLED_BYTES), "instance"), "{{instance}}"),),
             ),
             Chart(
                 "Prompt tokens pulled per second",
                 "Prompt tokens whose KV came from a prefill worker instead of being computed.",
                 "short",
-                (Query(rate("loom:kv_pulled_tokens_total", "instance"), "{{instance}}"),),
+                (Query(rate(names.total(names.KV_PULLED_TOKENS), "instance"), "{{instance}}"),),
             ),
             Chart(
                 "Pulls in flight and leases held",
                 "Decode requests awaiting their KV, and prefill KV leases awaiting a pull.",
                 "short",
                 (
-                    Query("sum by (instance) (loom:kv_pulls_in_flight)", "{{instance}} pulls"),
-                    Query("sum by (instance) (loom:kv_leases)", "{{instance}} leases"),
+                    Query(f"sum by (instance) ({names.KV_PULLS_IN_FLIGHT})", "{{instance}} pulls"),
+                    Query(f"sum by (instance) ({names.KV_LEASES})", "{{instance}} leases"),
                 ),
             ),
             Chart(
@@ -45,7 +46,8 @@ def build() -> Dashboard:
                 "short",
                 (
                     Query(
-                        f"sum by (instance) (increase(loom:kv_transfer_failures_total[{RATE}]))",
+                        "sum by (instance) "
+                        f"(increase({names.total(names.KV_TRANSFER_FAILURES)}[{RATE}]))",
                         "{{instance}}",
                     ),
                 ),
@@ -60,13 +62,22 @@ def build() -> Dashboard:
                 "remote-prefill: a prefill worker computed the prompt; local-prefill: the decode "
                 "worker did (too few uncached tokens, or a fallback).",
                 "reqps",
-                (Query(rate("loom_router:pd_total", "mode"), "{{mode}}"),),
+                (
+                    Query(
+                        rate(names.total(names.router_metric(names.ROUTER_PD)), "mode"), "{{mode}}"
+                    ),
+                ),
             ),
             Chart(
                 "P/D fallbacks by reason",
                 "Remote prefills that failed, so the decode worker prefilled locally.",
                 "reqps",
-                (Query(rate("loom_router:pd_fallbacks_total", "reason"), "{{reason}}"),),
+                (
+                    Query(
+                        rate(names.total(names.router_metric(names.ROUTER_PD_FALLBACKS)), "reason"),
+                        "{{reason}}",
+                    ),
+                ),
             ),
             Chart(
                 "Expired KV leases",
@@ -75,7 +86,7 @@ def build() -> Dashboard:
                 "short",
                 (
                     Query(
-                        f"sum by (instance) (increase(loom:kv_expired_total[{RATE}]))",
+                        f"sum by (instance) (increase({names.total(names.KV_EXPIRED)}[{RATE}]))",
                         "{{instance}}",
                     ),
                 ),
@@ -84,7 +95,7 @@ def build() -> Dashboard:
                 "Free KV blocks (per worker)",
                 "KV blocks free or evictable: a prefill short of them is holding leases.",
                 "short",
-                (Query("sum by (instance) (loom:kv_free_blocks)", "{{instance}}"),),
+                (Query(f"sum by (instance) ({names.KV_FREE_BLOCKS})", "{{instance}}"),),
             ),
         ),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from loom_operator.dashboards.panels import Chart, Query, Section, dashboard, quantiles, rate
+from loom_runtime.wire import metric_names as names
 
 UID = "loom-routing"
 
@@ -19,12 +20,12 @@ def build() -> Dashboard:
             Chart(
                 "Prefix-cache hit rate (per worker)",
                 "Prompt tokens found in the worker's prefix cache over those looked up "
-                "(vllm:prefix_cache_hits / vllm:prefix_cache_queries).",
+                f"({names.PREFIX_CACHE_HITS} / {names.PREFIX_CACHE_QUERIES}).",
                 "percentunit",
                 (
                     Query(
-                        f"{rate('vllm:prefix_cache_hits_total', 'instance')} / "
-                        f"{rate('vllm:prefix_cache_queries_total', 'instance')}",
+                        f"{rate(names.total(names.PREFIX_CACHE_HITS), 'instance')} / "
+                        f"{rate(names.total(names.PREFIX_CACHE_QUERIES), 'instance')}",
                         "{{instance}}",
                     ),
                 ),
@@ -33,14 +34,24 @@ def build() -> Dashboard:
                 "Picks per endpoint",
                 "Requests the router sent to each endpoint.",
                 "reqps",
-                (Query(rate("loom_router:routed_total", "endpoint"), "{{endpoint}}"),),
+                (
+                    Query(
+                        rate(names.total(names.router_metric(names.ROUTER_ROUTED)), "endpoint"),
+                        "{{endpoint}}",
+                    ),
+                ),
             ),
             Chart(
                 "Picks by reason",
                 "Why the chosen endpoint won: prefix (cached blocks), session, load, spill "
                 "(moved off a hot endpoint), migration.",
                 "reqps",
-                (Query(rate("loom_router:routed_total", "reason"), "{{reason}}"),),
+                (
+                    Query(
+                        rate(names.total(names.router_metric(names.ROUTER_ROUTED)), "reason"),
+                        "{{reason}}",
+                    ),
+                ),
             ),
             Chart(
                 "Spills",
@@ -49,7 +60,11 @@ def build() -> Dashboard:
                 "reqps",
                 (
                     Query(
-                        rate("loom_router:routed_total", "endpoint", '{reason="spill"}'),
+                        rate(
+                            names.total(names.router_metric(names.ROUTER_ROUTED)),
+                            "endpoint",
+                            '{reason="spill"}',
+                        ),
                         "{{endpoint}}",
                     ),
                 ),
@@ -64,27 +79,42 @@ def build() -> Dashboard:
                 "Requests moved to another worker (a worker failed or was drained past its "
                 "timeout): resumed mid-stream, restarted from the start, or failed.",
                 "reqps",
-                (Query(rate("loom_router:migrations_total", "outcome"), "{{outcome}}"),),
+                (
+                    Query(
+                        rate(names.total(names.router_metric(names.ROUTER_MIGRATIONS)), "outcome"),
+                        "{{outcome}}",
+                    ),
+                ),
             ),
             Chart(
                 "Router pick time",
                 "Arrival to chosen endpoint: reading, tokenizing, hashing, any wait for paused "
                 "capacity, and the pick.",
                 "s",
-                quantiles("loom_router:pick_seconds", "pick"),
+                quantiles(names.router_metric(names.ROUTER_PICK_SECONDS), "pick"),
             ),
             Chart(
                 "Requests on each endpoint (router's count)",
                 "What the router has in flight on each endpoint now.",
                 "short",
-                (Query("sum by (endpoint) (loom_router:in_flight)", "{{endpoint}}"),),
+                (
+                    Query(
+                        f"sum by (endpoint) ({names.router_metric(names.ROUTER_IN_FLIGHT)})",
+                        "{{endpoint}}",
+                    ),
+                ),
             ),
             Chart(
                 "Prefix-index entries",
                 "Entries of the router's prefix indexes (precise: from KV events; approximate: "
                 "from what it routed).",
                 "short",
-                (Query("sum by (index) (loom_router:index_entries)", "{{index}}"),),
+                (
+                    Query(
+                        f"sum by (index) ({names.router_metric(names.ROUTER_INDEX_ENTRIES)})",
+                        "{{index}}",
+                    ),
+                ),
             ),
         ),
     )

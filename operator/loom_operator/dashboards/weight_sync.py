@@ -10,11 +10,14 @@ from __future__ import annotations
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from loom_operator.dashboards.panels import RANGE, RATE, Chart, Query, Section, dashboard, rate
+from loom_runtime.wire import metric_names as names
 
 UID = "loom-weight-sync"
 
 # Loom's processes among everything the Prometheus scrapes: workers and routers.
-LOOM_TARGETS = "on (instance, job) (loom:weights_version_info or loom_router:held_requests)"
+VERSION_INFO = names.info(names.WEIGHTS_VERSION)
+HELD = names.router_metric(names.ROUTER_HELD_REQUESTS)
+LOOM_TARGETS = f"on (instance, job) ({VERSION_INFO} or {HELD})"
 
 
 def build() -> Dashboard:
@@ -23,12 +26,12 @@ def build() -> Dashboard:
         (
             Chart(
                 "Weights version per worker",
-                "One line per worker and version it serves (loom:weights_version_info); during "
+                f"One line per worker and version it serves ({VERSION_INFO}); during "
                 "a Rolling sync two versions show, after a Barrier one.",
                 "short",
                 (
                     Query(
-                        "max by (instance, version) (loom:weights_version_info)",
+                        f"max by (instance, version) ({VERSION_INFO})",
                         "{{instance}} {{version}}",
                     ),
                 ),
@@ -38,7 +41,7 @@ def build() -> Dashboard:
                 "serving: admission open; draining: closed, requests or KV leases left; paused: "
                 "closed and idle (ready for LoadWeights).",
                 "short",
-                (Query("sum by (phase) (loom:worker_phase)", "{{phase}}"),),
+                (Query(f"sum by (phase) ({names.WORKER_PHASE})", "{{phase}}"),),
             ),
             Chart(
                 "Drain time",
@@ -46,9 +49,11 @@ def build() -> Dashboard:
                 "and the mean over the window of every drain.",
                 "s",
                 (
-                    Query("max by (instance) (loom:last_drain_seconds)", "{{instance}} latest"),
+                    Query(f"max by (instance) ({names.LAST_DRAIN_SECONDS})", "{{instance}} latest"),
                     Query(
-                        f"{rate('loom:drain_seconds_total')} / {rate('loom:drains_total')}", "mean"
+                        f"{rate(names.total(names.DRAIN_SECONDS))} / "
+                        f"{rate(names.total(names.DRAINS))}",
+                        "mean",
                     ),
                 ),
             ),
@@ -57,7 +62,7 @@ def build() -> Dashboard:
                 "Requests the router holds (not refuses) while every worker that could take "
                 "them is paused: a Barrier sync or a capacity gap.",
                 "short",
-                (Query("sum (loom_router:held_requests)", "held"),),
+                (Query(f"sum ({HELD})", "held"),),
             ),
         ),
     )
@@ -79,7 +84,12 @@ def build() -> Dashboard:
                 "Endpoints by routing state",
                 "The router's view: routable, draining, down, not ready.",
                 "short",
-                (Query("max by (state) (loom_router:endpoints)", "{{state}}"),),
+                (
+                    Query(
+                        f"max by (state) ({names.router_metric(names.ROUTER_ENDPOINTS)})",
+                        "{{state}}",
+                    ),
+                ),
             ),
             Chart(
                 "Endpoints marked down",
@@ -89,7 +99,7 @@ def build() -> Dashboard:
                 (
                     Query(
                         "sum by (endpoint, cause) "
-                        f"(increase(loom_router:marked_down_total[{RATE}]))",
+                        f"(increase({names.total(names.router_metric(names.ROUTER_MARKED_DOWN))}[{RATE}]))",
                         "{{endpoint}} {{cause}}",
                     ),
                 ),
@@ -98,7 +108,7 @@ def build() -> Dashboard:
                 "Requests in flight (per worker)",
                 "Admitted and not finished: what a draining worker still has to finish.",
                 "short",
-                (Query("sum by (instance) (loom:in_flight_requests)", "{{instance}}"),),
+                (Query(f"sum by (instance) ({names.IN_FLIGHT_REQUESTS})", "{{instance}}"),),
             ),
         ),
     )

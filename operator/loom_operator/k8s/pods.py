@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from loom_operator.api.roles import ROLE_NAMES, RoleName
-from loom_operator.control.probe import Probe, Seen
+from loom_operator.control.probe import Probe, Seen, is_loading, latest_status, probed_ready
 from loom_operator.fleet.observed import WorkerState
 from loom_runtime.wire.pods import (
     CONTROL_PORT,
@@ -122,14 +122,7 @@ def worker_state(
     routers say: the requests they still count for it (a drain waits for the larger of theirs
     and its own) and whether every router that answered routes it as its annotated version
     (`router_routes`): a worker counts as routed, so as available, only once they do."""
-    status = probe.status if probe is not None and probe.status is not None else seen.status
-    ready = (
-        pod.alive
-        and probe is not None
-        and probe.health_ok
-        and probe.status is not None
-        and probe.status.state != "failed"
-    )
+    status = latest_status(probe, seen)
     version = None if status is None else status.weights_version
     return WorkerState(
         name=pod.name,
@@ -137,7 +130,7 @@ def worker_state(
         weights_version=version,
         address=None if pod.ip is None else f"{pod.ip}:{pod.http_port}",
         alive=pod.alive,
-        ready=ready,
+        ready=probed_ready(pod.alive, probe),
         in_flight=max(router_in_flight, 0 if status is None else status.in_flight),
         pending_kv_pulls=seen.kv_leases,
         admission_open=True if status is None else status.admission_open,
@@ -147,7 +140,7 @@ def worker_state(
             and version is not None
             and pod.routed_version == version
         ),
-        loading=loading or (status is not None and status.state == "loading"),
+        loading=is_loading(loading, status),
         restarts=pod.restarts,
         started_at=pod.started_at,
         last_exit_at=pod.last_exit_at,

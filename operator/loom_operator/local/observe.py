@@ -7,7 +7,7 @@ on a worker. A worker whose probe failed counts as not ready.
 
 from __future__ import annotations
 
-from loom_operator.control.probe import Probe, Seen
+from loom_operator.control.probe import Probe, Seen, is_loading, latest_status, probed_ready
 from loom_operator.fleet.observed import WorkerState
 from loom_operator.local.state import WorkerEntry
 
@@ -21,26 +21,19 @@ def worker_state(
     loading: bool,
 ) -> WorkerState:
     """The WorkerState of `entry` from this round's probe and what was seen before (pure)."""
-    status = probe.status if probe is not None and probe.status is not None else seen.status
-    ready = (
-        alive
-        and probe is not None
-        and probe.health_ok
-        and probe.status is not None
-        and probe.status.state != "failed"
-    )
+    status = latest_status(probe, seen)
     return WorkerState(
         name=entry.name,
         role=entry.role,
         weights_version=None if status is None else status.weights_version,
         address=entry.address,
         alive=alive,
-        ready=ready,
+        ready=probed_ready(alive, probe),
         in_flight=0 if status is None else status.in_flight,
         pending_kv_pulls=seen.kv_leases,
         admission_open=True if status is None else status.admission_open,
         routed=routed,
-        loading=loading or (status is not None and status.state == "loading"),
+        loading=is_loading(loading, status),
         restarts=entry.restarts,
         started_at=entry.started_at,
         last_exit_at=entry.last_exit_at,

@@ -13,13 +13,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from loom_router.core.migration import Kind
 from loom_router.errors import BadRequestError
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS, resolve_max_tokens
-from loom_runtime.wire.prompt import join_text_parts
+from loom_runtime.wire.openai.fields import (
+    INT_MAX,
+    NO_MESSAGES,
+    message_content,
+    prompt_value,
+    required,
+)
+from loom_runtime.wire.openai.response import Kind
 
-INT_MAX = 2**31 - 1  # the worker's ceiling for a token id
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -67,45 +72,22 @@ def check_body(kind: Kind, body: Mapping[str, Any]) -> None:
 
 
 def _check_prompt(prompt: object, present: bool) -> None:
+    """The worker's prompt rule (loom_runtime.wire.openai.fields), as a 400 on `prompt`."""
     if not present:
-        raise BadRequestError("prompt is required", param="prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    elif (
-        isinstance(prompt, list)
-        and len(prompt) > 1
-        and all(isinstance(p, str | list) for p in prompt)
-    ):
-        raise BadRequestError(
-            f"prompt: batched prompts ({len(prompt)}) are not supported: send one request per "
-            "prompt",
-            param="prompt",
-        )
-    if isinstance(prompt, str | list) and not prompt:
-        raise BadRequestError("prompt: prompt is empty", param="prompt")
-    if isinstance(prompt, str):
-        return
-    if not isinstance(prompt, list):
-        raise BadRequestError(
-            "prompt: prompt must be a string or a list of token ids", param="prompt"
-        )
-    for i, token in enumerate(prompt):
-        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= INT_MAX:
-            shown = repr(token)[:40]
-            raise BadRequestError(
-                "prompt: a token-id prompt must be a list of non-negative integers "
-                f"(item {i} is {shown})",
-                param="prompt",
-            )
+        raise BadRequestError(required("prompt"), param="prompt")
+    try:
+        prompt_value(prompt)
+    except ValueError as exc:
+        raise BadRequestError(f"prompt: {exc}", param="prompt") from None
 
 
 def _check_messages(messages: object, present: bool) -> None:
     if not present:
-        raise BadRequestError("messages is required", param="messages")
+        raise BadRequestError(required("messages"), param="messages")
     if not isinstance(messages, list):
         raise BadRequestError("messages: Input should be a valid array", param="messages")
     if not messages:
-        raise BadRequestError("messages: at least one message is required", param="messages")
+        raise BadRequestError(f"messages: {NO_MESSAGES}", param="messages")
     for i, message in enumerate(messages):
         at = f"messages[{i}]"
         if not isinstance(message, Mapping):
@@ -113,7 +95,7 @@ def _check_messages(messages: object, present: bool) -> None:
         if not isinstance(message.get("role"), str):
             raise BadRequestError(f"{at}.role: the role must be a string", param=f"{at}.role")
         try:
-            join_text_parts(message.get("content"))
+            message_content(message.get("content"))
         except ValueError as exc:
             raise BadRequestError(f"{at}.content: {exc}", param=f"{at}.content") from None
 

@@ -15,13 +15,25 @@ from types import MappingProxyType
 from prometheus_client.parser import text_string_to_metric_families
 
 from loom_router.errors import MetricsParseError, RouterConfigError
+from loom_runtime.wire.metric_names import (
+    ADMISSION_OPEN,
+    KV_CACHE_USAGE,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    WEIGHTS_VERSION,
+    info,
+)
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-WEIGHTS_VERSION = "loom:weights_version_info"
-ADMISSION_OPEN = "loom:admission_open"
-_READ = frozenset({WAITING, RUNNING, KV_USAGE, WEIGHTS_VERSION, ADMISSION_OPEN})
+WEIGHTS_VERSION_INFO = info(WEIGHTS_VERSION)
+_READ = frozenset(
+    {
+        NUM_REQUESTS_WAITING,
+        NUM_REQUESTS_RUNNING,
+        KV_CACHE_USAGE,
+        WEIGHTS_VERSION_INFO,
+        ADMISSION_OPEN,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -50,15 +62,15 @@ def parse_metrics(text: str) -> EngineMetrics:
                 if sample.name not in _READ or math.isnan(sample.value):
                     continue
                 values[sample.name].append(float(sample.value))
-                if sample.name == WEIGHTS_VERSION and "version" in sample.labels:
+                if sample.name == WEIGHTS_VERSION_INFO and "version" in sample.labels:
                     versions.append(sample.labels["version"])
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsParseError(f"not Prometheus text exposition: {exc}") from exc
-    usage = values[KV_USAGE]
+    usage = values[KV_CACHE_USAGE]
     admission = values[ADMISSION_OPEN]
     return EngineMetrics(
-        waiting=sum(values[WAITING]) if values[WAITING] else None,
-        running=sum(values[RUNNING]) if values[RUNNING] else None,
+        waiting=sum(values[NUM_REQUESTS_WAITING]) if values[NUM_REQUESTS_WAITING] else None,
+        running=sum(values[NUM_REQUESTS_RUNNING]) if values[NUM_REQUESTS_RUNNING] else None,
         kv_usage=min(1.0, max(0.0, sum(usage) / len(usage))) if usage else None,
         # Two versions in one scrape (engines of one server mid-sync): unknown.
         weights_version=versions[0] if len(set(versions)) == 1 else None,

@@ -2,7 +2,8 @@
 a replacement worker's chunks continue the client's stream without a repeated or lost token.
 
 Owns `StreamTracker` (per in-flight stream, one owner: its relay) and the replay request it
-builds; never does I/O, never tokenizes (it replays the worker's own token ids), never decides
+builds; never does I/O, never tokenizes (it replays the worker's own token ids), never writes a
+chunk's JSON itself (loom_runtime.wire.openai encodes it, as the worker does) and never decides
 which worker to use.
 
 How a resume stays exact (greedy sampling): the router asks the worker for `return_token_ids`,
@@ -19,21 +20,28 @@ skips everything already sent: slower, equally exact.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
+from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
+from loom_runtime.wire.openai.logprobs import COMPLETION_FIELDS, chat_entry
+from loom_runtime.wire.openai.response import (
+    HEAD_FIELDS,
+    Kind,
+    chunk,
+    chunk_object,
+    usage_chunk,
+)
 
-Kind = Literal["completion", "chat"]
 COMPLETIONS_PATH = "/v1/completions"
 _NOT_FOR_COMPLETIONS = frozenset(
     {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
      "response_format", "parallel_tool_calls", "functions", "function_call", "echo",
      "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs",
-     "documents", "kv_transfer_params", "prompt", "max_tokens"}
+     "documents", KV_TRANSFER_FIELD, "prompt", "max_tokens"}
 )  # fmt: skip
-_HEAD = ("id", "object", "created", "model", "system_fingerprint")
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ class StreamTracker:
         self, path: str, body: Mapping[str, Any], max_model_len: int | None = None
     ) -> Attempt:
         """The next attempt after a failure: prompt + tokens so far, or the original again."""
-        original = {k: v for k, v in body.items() if k != "kv_transfer_params"}
+        original = {k: v for k, v in body.items() if k != KV_TRANSFER_FIELD}
         restart = Attempt(
             path,
             {**original, "stream": True, "return_token_ids": True},
@@ -159,9 +167,9 @@ class StreamTracker:
         if attempt is None:
             raise RuntimeError("StreamTracker.take before begin")
         if self.head is None:
-            self.head = {k: event[k] for k in _HEAD if k in event}
+            self.head = {k: event[k] for k in HEAD_FIELDS if k in event}
             if self.kind == "chat":
-                self.head["object"] = "chat.completion.chunk"
+                self.head["object"] = chunk_object("chat")
         choices = event.get("choices")
         if not choices:
             return self._usage(event, attempt) if "usage" in event else None
@@ -193,7 +201,7 @@ class StreamTracker:
         if not (role or out_ids or out_text or reason is not None or _has_entries(logprobs)):
             return None
         self.role_sent = self.role_sent or role
-        return self._chunk(event, attempt, role, out_text, out_ids, logprobs, reason)
+        return self._chunk(event, role, out_text, out_ids, logprobs, reason)
 
     def _track(self, ids: list[int], text: str, skipped: int, cut: int) -> None:
         new_text = text[cut:]
@@ -216,33 +224,23 @@ class StreamTracker:
     def _chunk(
         self,
         event: Mapping[str, Any],
-        attempt: Attempt,
         role: bool,
         text: str,
         ids: list[int],
         logprobs: Any,
         reason: Any,
     ) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.head or {})
-        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": reason}
-        if self.kind == "chat":
-            choice["delta"] = ({"role": "assistant"} if role else {}) | {"content": text}
-        else:
-            choice["text"] = text
-        if self.want_ids:
-            choice["token_ids"] = ids
-            if not self.prompt_sent and self.prompt_ids is not None:
-                self.prompt_sent = True
-                (out if self.kind == "chat" else choice)["prompt_token_ids"] = list(self.prompt_ids)
-        out["choices"] = [choice]
-        if "usage" in event:
-            out["usage"] = event["usage"]
-        return out
+        """The client's chunk, encoded as the worker encodes one (the prompt's ids once)."""
+        prompt_ids: tuple[int, ...] | None = None
+        if self.want_ids and not self.prompt_sent and self.prompt_ids is not None:
+            self.prompt_sent = True
+            prompt_ids = self.prompt_ids
+        token_ids = ids if self.want_ids else None
+        return chunk(self.kind, self.head or {}, text, logprobs, reason, "usage" in event, role,
+                     token_ids, prompt_ids, event.get("usage"))  # fmt: skip
 
     def _usage(self, event: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
         """The usage chunk, counting the whole request: a replay's prompt held k output ids."""
-        out: dict[str, Any] = dict(self.head or {})
-        out["choices"] = []
         usage = dict(event.get("usage") or {})
         k = attempt.token_base
         if k and isinstance(usage.get("prompt_tokens"), int):
@@ -252,8 +250,7 @@ class StreamTracker:
             if isinstance(details.get("cached_tokens"), int):
                 details["cached_tokens"] = min(details["cached_tokens"], usage["prompt_tokens"])
                 usage["prompt_tokens_details"] = details
-        out["usage"] = usage
-        return out
+        return usage_chunk(self.head or {}, usage)
 
 
 def max_tokens_of(
@@ -306,23 +303,13 @@ def _logprobs(attempt: Attempt, raw: Any, skipped: int, client_kind: Kind) -> An
         return None
     if attempt.source_kind == "chat":
         return {"content": list(raw.get("content") or [])[skipped:]}
-    cut = {k: list(raw.get(k) or [])[skipped:] for k in
-           ("tokens", "token_logprobs", "top_logprobs", "text_offset")}  # fmt: skip
+    cut = {k: list(raw.get(k) or [])[skipped:] for k in COMPLETION_FIELDS}
     cut["text_offset"] = [o + attempt.char_base for o in cut["text_offset"]]
     if client_kind == "completion":
         return cut
-    return {"content": [_chat_entry(t, lp, top) for t, lp, top in
-                        zip(cut["tokens"], cut["token_logprobs"], cut["top_logprobs"],
-                            strict=False)]}  # fmt: skip
+    entries = zip(cut["tokens"], cut["token_logprobs"], cut["top_logprobs"], strict=False)
+    return {"content": [chat_entry(t, lp, _alternatives(top)) for t, lp, top in entries]}
 
 
-def _chat_entry(token: str, logprob: float, top: Any) -> dict[str, Any]:
-    alternatives = top.items() if isinstance(top, Mapping) else ()
-    return {
-        "token": token,
-        "logprob": logprob,
-        "bytes": list(token.encode("utf-8")),
-        "top_logprobs": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))} for t, lp in alternatives
-        ],
-    }
+def _alternatives(top: Any) -> Iterable[tuple[str, float]]:
+    return top.items() if isinstance(top, Mapping) else ()

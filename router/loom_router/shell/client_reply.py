@@ -16,17 +16,17 @@ from typing import Any
 from aiohttp import web
 
 from loom_router.core.endpoints import Endpoint
-from loom_router.core.migration import Kind
 from loom_router.core.request import RequestFeatures
 from loom_router.errors import RouterError, classify
 from loom_router.shell.metrics import RouterMetrics
-from loom_router.shell.sse import encode
 from loom_runtime.wire.headers import (
     ENDPOINT_HEADER,
     IGNORED_FIELDS_HEADER,
     REQUEST_ID_HEADER,
     WEIGHTS_HEADER,
 )
+from loom_runtime.wire.openai.response import Kind
+from loom_runtime.wire.openai.sse import encode
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from loom_router.core.body_check import (
     check_rewritten_fields,
     parse_body,
 )
-from loom_router.core.migration import Kind
 from loom_router.core.request import RequestFeatures, features_from_text, features_from_tokens
 from loom_router.core.state import RouterState
 from loom_router.errors import PrefillFailedError, UpstreamRefusedError
@@ -36,6 +35,7 @@ from loom_router.shell.prober import Prober
 from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream
 from loom_runtime.wire.headers import PD_FALLBACK_HEADER, PD_HEADER, REQUEST_ID_HEADER
+from loom_runtime.wire.openai.response import Kind
 from loom_runtime.wire.pd import decode_body
 from loom_runtime.wire.prompt import chat_ids, completion_ids
 from loom_runtime.wire.tokenizer import Tokenizer

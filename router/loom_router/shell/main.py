@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -44,6 +43,8 @@ from loom_router.shell.scraper import MetricsScraper
 from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
 from loom_runtime.errors import CheckpointError
+from loom_runtime.wire.metric_names import ROUTER_ENDPOINTS, ROUTER_IN_FLIGHT, ROUTER_INDEX_ENTRIES
+from loom_runtime.wire.process import configure_logging, serve_until_signalled
 from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -210,14 +211,14 @@ class RouterServer:
         def problems() -> Iterable[tuple[tuple[str, ...], float]]:
             return [((eid,), 1.0) for eid in sorted(state.prefix.stats().hash_problems)]
 
-        m.add_gauge("endpoints", "Endpoints by routing state.", ("state",), endpoints)
-        m.add_gauge("in_flight", "Requests the router has on each endpoint.", ("endpoint",),
+        m.add_gauge(ROUTER_ENDPOINTS, "Endpoints by routing state.", ("state",), endpoints)
+        m.add_gauge(ROUTER_IN_FLIGHT, "Requests the router has on each endpoint.", ("endpoint",),
                     in_flight)  # fmt: skip
         m.add_gauge("scrape_age_seconds", "Seconds since the last good /metrics scrape.",
                     ("endpoint",), ages)  # fmt: skip
         m.add_gauge("scrape_stale", "1 when the endpoint's load is unknown (stale scrape).",
                     ("endpoint",), stale)  # fmt: skip
-        m.add_gauge("index_entries", "Prefix-index entries (in_flight: prompts just routed).",
+        m.add_gauge(ROUTER_INDEX_ENTRIES, "Prefix-index entries (in_flight: prompts just routed).",
                     ("index",), entries)  # fmt: skip
         m.add_gauge("index_evictions", "Prefix-index entries evicted to stay bounded.",
                     ("index",), evictions, counter=True)  # fmt: skip
@@ -229,43 +230,17 @@ class RouterServer:
                     lambda: [((), float(state.sessions.evictions))], counter=True)  # fmt: skip
 
 
-class _ExtrasFormatter(logging.Formatter):
-    """Appends `extra={...}` fields (request_id, endpoint, …) to each line as key=value."""
-
-    _standard = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extras = {k: v for k, v in record.__dict__.items() if k not in self._standard}
-        return line + "".join(f" {k}={v}" for k, v in extras.items())
-
-
-async def serve_until_signalled(server: RouterServer) -> None:
-    stop = asyncio.Event()
-    event_loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        event_loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    try:
-        await stop.wait()
-        logger.info("router stopping")
-    finally:
-        await server.stop()
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args, env())
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_ExtrasFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.basicConfig(level=options.log_level.upper(), handlers=[handler])
+        configure_logging(options.log_level.upper())
         config = load_config(options.config)
         server = RouterServer(config, options)
     except (OptionsError, RouterConfigError, ValueError) as exc:
         print(f"loom router: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve_until_signalled(server))
+        asyncio.run(serve_until_signalled(server, logger, "router stopping"))
     except OSError as exc:
         print(f"loom router: cannot listen: {exc}", file=sys.stderr)
         return 2

@@ -16,24 +16,36 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from loom_router.shell.pd_flow import FallbackReason
+from loom_runtime.wire.metric_names import (
+    ROUTER_MARKED_DOWN,
+    ROUTER_MIGRATIONS,
+    ROUTER_PD,
+    ROUTER_PD_FALLBACKS,
+    ROUTER_PICK_SECONDS,
+    ROUTER_PREFIX,
+    ROUTER_REQUESTS,
+    ROUTER_ROUTED,
+    ROUTER_TIME_TO_FIRST_TOKEN,
+    ROUTER_UPSTREAM_ERRORS,
+)
 from loom_runtime.wire.pd import PDMode
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-P = "loom_router:"
+P = ROUTER_PREFIX
 
 # name -> (help, label names); every counter the shell bumps is declared here.
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "requests": ("Client requests answered, by route and status.", ("route", "code")),
-    "routed": ("Requests sent to an endpoint, by why it won.", ("endpoint", "reason")),
-    "migrations": (
+    ROUTER_REQUESTS: ("Client requests answered, by route and status.", ("route", "code")),
+    ROUTER_ROUTED: ("Requests sent to an endpoint, by why it won.", ("endpoint", "reason")),
+    ROUTER_MIGRATIONS: (
         "Requests moved to another worker, by outcome (resumed: a stream continued; "
         "restarted: sent again from the start; exhausted, no_endpoint: failed).",
         ("outcome",),
     ),
-    "pd": ("Requests by how their prompt was prefilled.", ("mode",)),
-    "pd_fallbacks": ("Remote prefills that failed; decode prefilled locally.", ("reason",)),
-    "upstream_errors": ("Failed calls to workers, by kind.", ("endpoint", "kind")),
-    "marked_down": ("Endpoints the router took out of routing.", ("endpoint", "cause")),
+    ROUTER_PD: ("Requests by how their prompt was prefilled.", ("mode",)),
+    ROUTER_PD_FALLBACKS: ("Remote prefills that failed; decode prefilled locally.", ("reason",)),
+    ROUTER_UPSTREAM_ERRORS: ("Failed calls to workers, by kind.", ("endpoint", "kind")),
+    ROUTER_MARKED_DOWN: ("Endpoints the router took out of routing.", ("endpoint", "cause")),
     "scrape_failures": ("Failed /metrics scrapes.", ("endpoint",)),
     "kv_batches": ("KV-event batches applied to the prefix index.", ("endpoint", "source")),
     "kv_gaps": ("KV-event sequence gaps or restarts seen.", ("endpoint",)),
@@ -45,15 +57,15 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
 # Label values known in advance start at 0 (Prometheus' "avoid missing metrics"), so a
 # dashboard's rate() over them reads 0 before the first event instead of "no data".
 KNOWN: dict[str, tuple[tuple[str, ...], ...]] = {
-    "migrations": (("resumed",), ("restarted",), ("exhausted",), ("no_endpoint",)),
-    "pd": tuple((m,) for m in get_args(PDMode)),
-    "pd_fallbacks": tuple((r,) for r in (*get_args(FallbackReason), "unknown")),
+    ROUTER_MIGRATIONS: (("resumed",), ("restarted",), ("exhausted",), ("no_endpoint",)),
+    ROUTER_PD: tuple((m,) for m in get_args(PDMode)),
+    ROUTER_PD_FALLBACKS: tuple((r,) for r in (*get_args(FallbackReason), "unknown")),
 }
 # The same for each endpoint, from when the router first sees it until it leaves.
 PER_ENDPOINT: dict[str, tuple[str, ...]] = {
-    "routed": ("prefix", "session", "load", "spill", "migration", "cost"),
-    "upstream_errors": ("refused", "broken"),
-    "marked_down": ("refused", "probe"),
+    ROUTER_ROUTED: ("prefix", "session", "load", "spill", "migration", "cost"),
+    ROUTER_UPSTREAM_ERRORS: ("refused", "broken"),
+    ROUTER_MARKED_DOWN: ("refused", "probe"),
 }
 
 GaugeSource = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
@@ -80,13 +92,13 @@ class RouterMetrics(Collector):
         self._gauges: list[GaugeSpec] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.ttft = Histogram(
-            P + "time_to_first_token_seconds",
+            P + ROUTER_TIME_TO_FIRST_TOKEN,
             "Client-observed time to the first streamed chunk (or the full answer).",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
         self.overhead = Histogram(
-            P + "pick_seconds",
+            P + ROUTER_PICK_SECONDS,
             "Time from a request's arrival to its endpoint: reading the body, tokenizing, "
             "hashing, any wait for paused capacity (a Barrier sync) and the pick.",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1, 10, 60),

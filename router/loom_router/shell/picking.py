@@ -23,6 +23,7 @@ from loom_router.errors import NoEndpointError
 from loom_router.shell.config import POLICIES, Policy
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.upstream import Upstream
+from loom_runtime.wire.metric_names import ROUTER_HELD_REQUESTS
 
 CAPACITY_WAIT_S = 60.0
 """How long a new request waits for capacity while every worker that could take it is draining
@@ -72,7 +73,7 @@ class Picking:
         self.held = 0
         """Requests waiting in `pick_waiting` for paused capacity now (a sync, a gap)."""
         metrics.add_gauge(
-            "held_requests",
+            ROUTER_HELD_REQUESTS,
             "Requests held (not refused) while every worker that could take them is paused: "
             "a weight sync or a capacity gap. `loom up` reports it in the Ready condition.",
             (),

@@ -12,7 +12,6 @@ import asyncio
 import hmac
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
@@ -24,6 +23,7 @@ from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.media_proxy import MediaProxy
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
 from loom_runtime.wire.headers import REQUEST_ID_HEADER
+from loom_runtime.wire.openai.request_id import router_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +35,8 @@ _ROUTE_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat
 
 
 def request_id_of(request: web.Request) -> str:
-    """The client's x-request-id if it is short and printable, else a new one."""
-    given = request.headers.get(REQUEST_ID_HEADER, "")
-    if given and len(given) <= 128 and given.isprintable():
-        return given
-    return f"rtr-{uuid.uuid4().hex}"
+    """The client's x-request-id if it is kept (short and printable), else a new one."""
+    return router_request_id(request.headers.get(REQUEST_ID_HEADER, ""))
 
 
 def _route_label(path: str) -> str:

@@ -1,16 +1,13 @@
-"""Server-sent events: splitting a byte stream into `data:` payloads, and writing one.
+"""Server-sent events from an upstream: splitting a byte stream into `data:` payloads.
 
-Owns the framing only (pure, incremental); never parses the JSON inside an event.
+Owns the decoding only (pure, incremental); never parses the JSON inside an event and never
+writes one (loom_runtime.wire.openai.sse frames what the router sends, as the worker does).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from loom_router.errors import RouterError
 
-DONE = "[DONE]"
 MAX_EVENT_BYTES = 16 << 20
 
 
@@ -49,8 +46,3 @@ def _data(raw: bytes) -> str | None:
         raise SSEFormatError(f"an event is not UTF-8: {exc}") from exc
     lines = [line[5:].removeprefix(" ") for line in text.split("\n") if line.startswith("data:")]
     return "\n".join(lines) if lines else None
-
-
-def encode(data: dict[str, Any] | str) -> bytes:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()

@@ -23,7 +23,8 @@ from loom_router.errors import (
     UpstreamRefusedError,
     UpstreamUnavailableError,
 )
-from loom_router.shell.sse import DONE, SSEDecoder, SSEFormatError
+from loom_router.shell.sse import SSEDecoder, SSEFormatError
+from loom_runtime.wire.openai.sse import DONE
 
 MAX_BODY_BYTES = 64 << 20
 

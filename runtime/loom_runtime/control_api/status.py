@@ -22,6 +22,9 @@ STATE_NAMES: dict[int, StateName] = {
     pb.WORKER_STATE_FAILED: "failed",
 }
 _STATE_CODES = {name: code for code, name in STATE_NAMES.items()}
+PhaseName = Literal["serving", "draining", "paused"]
+PHASES: tuple[PhaseName, ...] = ("serving", "draining", "paused")
+"""Where a live worker is in a drain: the states a healthy, loaded worker can be in."""
 
 
 class EngineCounts(Protocol):
@@ -47,15 +50,21 @@ class EngineCounts(Protocol):
     def num_preemptions(self) -> int: ...
 
 
+def drain_phase(admission_open: bool, busy: bool) -> PhaseName:
+    """The one drain rule (pure): serving while admission is open; closed, draining while work
+    is left (`busy`) and paused once idle."""
+    if admission_open:
+        return "serving"
+    return "draining" if busy else "paused"
+
+
 def worker_state(admission_open: bool, in_flight: int, loading: bool, healthy: bool) -> StateName:
     """The state a worker is in (pure): failed > loading > serving > draining > paused."""
     if not healthy:
         return "failed"
     if loading:
         return "loading"
-    if admission_open:
-        return "serving"
-    return "draining" if in_flight > 0 else "paused"
+    return drain_phase(admission_open, in_flight > 0)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from loom_runtime.engine.types import (
     FinishReason,
     RequestMetrics,
     RequestOutput,
-    TokenLogprob,
 )
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.loop.contract import Done, LoopContext, ResourceRequest, WorkPlan
+from loom_runtime.wire.openai.logprobs import TokenLogprob
 from loom_runtime.wire.prefix_hash import BlockHash
 
 

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 
 from loom_runtime.engine.ar_decode import CompletedRequest
-from loom_runtime.engine.types import EngineRequest, RequestOutput, TokenLogprob
+from loom_runtime.engine.types import EngineRequest, RequestOutput
+from loom_runtime.wire.openai.logprobs import TokenLogprob
 
 
 class OutputCollector:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loom_runtime.engine.types import SamplingParams, TokenLogprob
+from loom_runtime.engine.types import SamplingParams
+from loom_runtime.wire.openai.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)

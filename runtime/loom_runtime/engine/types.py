@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loom_runtime.engine.transfer_port import TransferParams
+from loom_runtime.wire.openai.logprobs import TokenLogprob
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -41,13 +42,6 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0  # time.monotonic() at arrival; 0: when add_request is called
     kv_transfer: TransferParams | None = None  # P/D instructions (see engine/remote.py)
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 import grpc
 from aiohttp import web
@@ -185,23 +184,3 @@ async def start_control(
     service = ControlService(engine, settings)
     server, _ = await start_control_server(service, s.host, s.control_port, s.control_token)
     return server
-
-
-class Servable(Protocol):
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-
-async def serve_until_signalled(worker: Servable) -> None:
-    """Run the worker until SIGTERM or SIGINT, then stop it gracefully."""
-    stop = asyncio.Event()
-    event_loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        event_loop.add_signal_handler(sig, stop.set)
-    await worker.start()
-    try:
-        await stop.wait()
-        logger.info("stopping")
-    finally:
-        await worker.stop()

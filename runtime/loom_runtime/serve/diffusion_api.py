@@ -32,8 +32,8 @@ from loom_runtime.serve.diffusion_protocol import (
 )
 from loom_runtime.serve.errors import EngineStalledError, JobNotReadyError, RequestAbortedError
 from loom_runtime.serve.media import mp4_bytes, png_bytes, to_uint8
-from loom_runtime.serve.protocol import parse_request
 from loom_runtime.serve.video_jobs import FINISHED, JobStore, VideoJob
+from loom_runtime.wire.openai.request import parse_request
 
 logger = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,9 +23,12 @@ from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.diffusion_engine_types import ComponentVersions, DiffusionEngineConfig
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.wan.loader import load_wan
-from loom_runtime.serve.app import ServeSettings, serve_until_signalled
+from loom_runtime.serve.app import ServeSettings
 from loom_runtime.serve.diffusion_app import DiffusionWorker, JobSettings
 from loom_runtime.serve.diffusion_control import DiffusionControl
+from loom_runtime.wire.process import serve_until_signalled
+
+logger = logging.getLogger(__name__)
 
 MODEL_INDEX = "model_index.json"
 # Card component kinds -> the Wan component whose weights version they carry.
@@ -118,7 +122,7 @@ def run_diffusion(plan: DiffusionPlan, resolve_source: Callable[[str], Path]) ->
     engine.start()
     try:
         worker = DiffusionWorker(control, plan.serve, plan.jobs, resolve_source)
-        asyncio.run(serve_until_signalled(worker))
+        asyncio.run(serve_until_signalled(worker, logger))
     except OSError as exc:
         print(f"loom runtime: cannot listen: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,11 @@ from prometheus_client.registry import Collector
 from loom_runtime.engine.diffusion_engine_types import COMPONENTS, DiffusionStats
 from loom_runtime.engine.step_cost import KindCost
 from loom_runtime.serve.metrics import model_families
+from loom_runtime.wire.metric_names import (
+    ADMISSION_OPEN,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +49,9 @@ class _DiffusionCollector(Collector):
         m = [self._model]
         gauge, counter = model_families(self._model)
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting for memory.", s.num_waiting)
-        yield gauge("loom:admission_open", "1 when new requests are admitted.", s.admission_open)
+        yield gauge(NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running)
+        yield gauge(NUM_REQUESTS_WAITING, "Requests waiting for memory.", s.num_waiting)
+        yield gauge(ADMISSION_OPEN, "1 when new requests are admitted.", s.admission_open)
         yield gauge(
             "loom:diffusion_memory_reserved_bytes",
             "Estimated peak bytes reserved by running diffusion requests.",

@@ -30,10 +30,11 @@ from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
 from loom_runtime.serve import diffusion_main
-from loom_runtime.serve.app import ServeSettings, Worker, serve_until_signalled
+from loom_runtime.serve.app import ServeSettings, Worker
 from loom_runtime.serve.dual_app import DualWorker
 from loom_runtime.serve.sources import checkpoint_path
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
+from loom_runtime.wire.process import configure_logging, serve_until_signalled
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ def _publisher(args: argparse.Namespace) -> KVEventPublisher | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _configure_logging()
+    configure_logging(logging.INFO)
     try:
         plan = plan_worker(args, dict(os.environ))
         root = diffusion_main.diffusion_root(plan.checkpoint)
@@ -333,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
         if dit is not None and co is not None and side is not None:
             worker = DualWorker(engine, dit, co, plan.serve, side.jobs, checkpoint_path)
         try:
-            asyncio.run(serve_until_signalled(worker))
+            asyncio.run(serve_until_signalled(worker, logger))
         except OSError as exc:  # a port in use, an address that cannot be bound
             print(f"loom runtime: cannot listen: {exc}", file=sys.stderr)
             return 2
@@ -375,20 +376,3 @@ def _plan_diffusion(
         )
     card = load_model_card(args.card)
     return diffusion_main.plan_diffusion(args, card, root, plan.serve, plan.engine.dtype)
-
-
-class _ExtrasFormatter(logging.Formatter):
-    """Appends `extra={...}` fields (request_id, …) to each line as key=value."""
-
-    _standard = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        extras = {k: v for k, v in record.__dict__.items() if k not in self._standard}
-        return line + "".join(f" {k}={v}" for k, v in extras.items())
-
-
-def _configure_logging() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_ExtrasFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -24,7 +24,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from loom_runtime.control_api.status import PHASES, PhaseName, drain_phase
 from loom_runtime.engine.types import EngineStats, RequestMetrics
+from loom_runtime.wire import metric_names as names
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +41,10 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-PHASES = ("serving", "draining", "paused")
-
-
-def worker_phase(admission_open: bool, in_flight: int, kv_leases: int) -> str:
-    """The worker's own view of a weight sync's freeze → drain → load → resume."""
-    if admission_open:
-        return "serving"
-    return "draining" if in_flight or kv_leases else "paused"
+def worker_phase(admission_open: bool, in_flight: int, kv_leases: int) -> PhaseName:
+    """The worker's own view of a weight sync's freeze → drain → load → resume: the drain rule,
+    with a prefill's KV leases awaiting a pull counted as work left."""
+    return drain_phase(admission_open, bool(in_flight or kv_leases))
 
 
 class StatsSource(Protocol):
@@ -190,31 +188,29 @@ class _EngineCollector(Collector):
         m = [self._model]
         gauge, counter = model_families(self._model)
 
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.", s.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1).", s.kv_usage)
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up.", s.prefix_queries)
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens found cached.", s.prefix_hits)
+        yield gauge(names.NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running)
+        yield gauge(names.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting)
+        yield gauge(names.KV_CACHE_USAGE, "Fraction of KV blocks in use (0..1).", s.kv_usage)
+        yield counter(names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up.", s.prefix_queries)
+        yield counter(names.PREFIX_CACHE_HITS, "Prompt tokens found cached.", s.prefix_hits)
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
-        yield counter("vllm:prompt_tokens", "Prompt tokens prefilled.", s.num_prompt_tokens)
-        yield counter("vllm:generation_tokens", "Tokens generated.", s.num_generation_tokens)
-        yield gauge("loom:admission_open", "1 when new requests are admitted.", s.admission_open)
-        yield gauge("loom:in_flight_requests", "Requests admitted, not finished.", in_flight)
-        yield gauge("loom:kv_free_blocks", "KV blocks free or evictable.", s.num_free_blocks)
+        yield counter(names.PROMPT_TOKENS, "Prompt tokens prefilled.", s.num_prompt_tokens)
+        yield counter(names.GENERATION_TOKENS, "Tokens generated.", s.num_generation_tokens)
+        yield gauge(names.ADMISSION_OPEN, "1 when new requests are admitted.", s.admission_open)
+        yield gauge(names.IN_FLIGHT_REQUESTS, "Requests admitted, not finished.", in_flight)
+        yield gauge(names.KV_FREE_BLOCKS, "KV blocks free or evictable.", s.num_free_blocks)
         yield gauge("loom:kv_cache_bytes", "Bytes of this rank's KV pool.", s.kv_cache_bytes)
         yield gauge(
             "loom:kv_bytes_per_token",
             "KV bytes one cached token costs on this rank (all layers): the planner's figure.",
             s.kv_bytes_per_token,
         )
-        yield gauge(
-            "loom:kv_leases", "Prefill KV leases awaiting a decode's pull.", s.num_kv_leases
-        )
-        yield gauge("loom:kv_pulls_in_flight", "Decode requests awaiting their KV.", s.num_kv_pulls)
-        yield counter("loom:kv_expired", "KV leases that expired unpulled.", s.kv_expired)
-        yield counter("loom:kv_transfer_failures", "KV pulls that failed.", s.kv_transfer_failures)
-        yield counter("loom:kv_pulled_tokens", "Prompt tokens pulled.", s.kv_pulled_tokens)
-        yield counter("loom:kv_pulled_bytes", "KV bytes pulled from prefills.", s.kv_pulled_bytes)
+        yield gauge(names.KV_LEASES, "Prefill KV leases awaiting a decode's pull.", s.num_kv_leases)
+        yield gauge(names.KV_PULLS_IN_FLIGHT, "Decode requests awaiting their KV.", s.num_kv_pulls)
+        yield counter(names.KV_EXPIRED, "KV leases that expired unpulled.", s.kv_expired)
+        yield counter(names.KV_TRANSFER_FAILURES, "KV pulls that failed.", s.kv_transfer_failures)
+        yield counter(names.KV_PULLED_TOKENS, "Prompt tokens pulled.", s.kv_pulled_tokens)
+        yield counter(names.KV_PULLED_BYTES, "KV bytes pulled from prefills.", s.kv_pulled_bytes)
         yield gauge(
             "loom:kv_offload_capacity_bytes",
             "Bytes of the host KV tier (CPU KV offload; 0 when off).",
@@ -241,11 +237,11 @@ class _EngineCollector(Collector):
         yield from _hisparse_metrics(s, gauge, counter)
         yield from _rank_metrics(s, self._model)
         yield from _spec_metrics(s, self._model, counter)
-        yield counter("loom:drains", "Drains completed (admission closed until idle).", s.drains)
-        yield counter("loom:drain_seconds", "Seconds the completed drains took.", s.drain_seconds)
-        yield gauge("loom:last_drain_seconds", "The latest drain's duration.", s.last_drain_seconds)
+        yield counter(names.DRAINS, "Drains completed (admission closed until idle).", s.drains)
+        yield counter(names.DRAIN_SECONDS, "Seconds the completed drains took.", s.drain_seconds)
+        yield gauge(names.LAST_DRAIN_SECONDS, "The latest drain's duration.", s.last_drain_seconds)
         phase = GaugeMetricFamily(
-            "loom:worker_phase",
+            names.WORKER_PHASE,
             "1 for the worker's phase now: serving (admission open), draining (closed, work "
             "left), paused (closed and idle: ready for LoadWeights).",
             labels=["model_name", "phase"],
@@ -255,7 +251,7 @@ class _EngineCollector(Collector):
             phase.add_metric([*m, name], float(name == now))
         yield phase
         info = InfoMetricFamily(
-            "loom:weights_version", "Weights version served.", labels=["model_name"]
+            names.WEIGHTS_VERSION, "Weights version served.", labels=["model_name"]
         )
         info.add_metric(m, {"version": s.weights_version})
         yield info
@@ -276,11 +272,11 @@ class ServerMetrics:
             return Histogram(name, doc, labels, registry=reg, buckets=buckets)
 
         self.request_success = Counter(
-            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=reg
+            names.REQUEST_SUCCESS, "Finished requests.", [*labels, "finished_reason"], registry=reg
         )
-        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
-        self.e2e = hist("vllm:e2e_request_latency_seconds", "Request latency.", REQUEST_BUCKETS)
+        self.ttft = hist(names.TIME_TO_FIRST_TOKEN, "Time to first token.", TTFT_BUCKETS)
+        self.itl = hist(names.INTER_TOKEN_LATENCY, "Inter-token latency.", ITL_BUCKETS)
+        self.e2e = hist(names.E2E_REQUEST_LATENCY, "Request latency.", REQUEST_BUCKETS)
         self.queue_time = hist(
             "vllm:request_queue_time_seconds",
             "Time before first scheduled.",

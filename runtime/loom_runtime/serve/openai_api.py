@@ -6,10 +6,8 @@ itself (errors.py does) and never blocks the event loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,23 +25,20 @@ from loom_runtime.serve.prepare import (
     prepare_chat,
     prepare_completion,
 )
-from loom_runtime.serve.protocol import (
+from loom_runtime.serve.responses import Accumulated
+from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
+from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
+from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
+from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
     unknown_fields,
 )
-from loom_runtime.serve.responses import (
-    Accumulated,
-    Kind,
-    ResponseMeta,
-    chat_logprobs,
-    chunk,
-    completion_logprobs,
-    full_body,
-    usage_chunk,
-)
-from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
+from loom_runtime.wire.openai.request_id import worker_request_id
+from loom_runtime.wire.openai.response import Kind, ResponseMeta, chunk, usage_chunk
+from loom_runtime.wire.openai.sse import DONE
+from loom_runtime.wire.openai.sse import encode as _sse
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +77,7 @@ API_CONTEXT = web.AppKey("api_context", ApiContext)
 
 
 def _request_id(request: web.Request, prefix: str) -> str:
-    """A unique id; a client's x-request-id is kept in it for tracing (never trusted unique)."""
-    given = request.headers.get(REQUEST_ID_HEADER, "")
-    if given and len(given) <= 128 and given.isprintable():
-        return f"{prefix}-{given}-{uuid.uuid4().hex[:8]}"
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def _sse(data: dict[str, Any] | str) -> bytes:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()
+    return worker_request_id(request.headers.get(REQUEST_ID_HEADER, ""), prefix)
 
 
 class _Run:
@@ -182,8 +168,8 @@ async def _write_events(
     prompt_ids = run.prompt_ids  # sent once, on the first chunk
     if run.kind == "chat":
         start = Accumulated(prompt_tokens=first.num_prompt_tokens).usage()
-        head = chunk("chat", meta, "", None, None, usage.final, True, None, prompt_ids,
-                     start if usage.every_chunk else None)  # fmt: skip
+        head = chunk("chat", meta.chunk_head("chat"), "", None, None, usage.final, True, None,
+                     prompt_ids, start if usage.every_chunk else None)  # fmt: skip
         await resp.write(_sse(head))
         prompt_ids = None
     out = first
@@ -195,8 +181,8 @@ async def _write_events(
                 reason = run.acc.finish_reason if out.finished else None
                 tokens = out.new_token_ids if ids else None
                 so_far = run.acc.usage() if usage.every_chunk else None
-                body = chunk(run.kind, meta, out.new_text, lp, reason, usage.final,
-                             False, tokens, prompt_ids, so_far)  # fmt: skip
+                body = chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
+                             usage.final, False, tokens, prompt_ids, so_far)  # fmt: skip
                 await resp.write(_sse(body))
                 prompt_ids = None
                 run.text_len += len(out.new_text)
@@ -204,11 +190,11 @@ async def _write_events(
                 break
             out = await outputs.next(run.ctx.stall_timeout_s)
         if usage.final:
-            await resp.write(_sse(usage_chunk(run.kind, meta, run.acc)))
+            await resp.write(_sse(usage_chunk(meta.chunk_head(run.kind), run.acc.usage())))
     except LoomError as exc:  # headers are sent: the error travels as an SSE event
         logger.warning("stream ended by error: %s", exc, extra={"request_id": meta.id})
         await resp.write(_sse(classify(exc, meta.id).body()))
-    await resp.write(_sse("[DONE]"))
+    await resp.write(_sse(DONE))
     await resp.write_eof()
 
 
@@ -237,9 +223,9 @@ async def _serve(
         finally:
             if not outputs.finished:  # the client left or the engine stalled: counted as aborted
                 ctx.metrics.observe_finished("abort", None)
-    body = full_body(kind, meta, run.acc, run.logprobs(None), run.prompt_ids)
+    body = run.acc.body(kind, meta, run.logprobs(None), run.prompt_ids)
     if run.kv_transfer_params is not None:
-        body["kv_transfer_params"] = run.kv_transfer_params
+        body[KV_TRANSFER_FIELD] = run.kv_transfer_params
     return web.json_response(body, headers=headers)
 
 

@@ -11,10 +11,10 @@ from typing import Any, Protocol
 
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
-from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest
 from loom_runtime.wire import context_length
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
 from loom_runtime.wire.kv_transfer import FIELD, KVTransferParams
+from loom_runtime.wire.openai.request import ChatCompletionRequest, CompletionRequest
 from loom_runtime.wire.prompt import template_message
 
 

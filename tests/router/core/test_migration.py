@@ -16,6 +16,9 @@ from loom_router.core.migration import (
     first_attempt,
     max_tokens_of,
 )
+from loom_runtime.wire.openai.response import Kind, ResponseMeta, chunk, usage_chunk
+from loom_runtime.wire.openai.sse import encode
+from loom_runtime.wire.openai.usage import usage
 
 HEAD = {
     "id": "cmpl-1",
@@ -327,3 +330,35 @@ def test_a_continuation_shrinks_min_tokens_by_what_was_already_sent() -> None:
     assert completions_body("completion", body, [1, 2, 3], 6, 4)["min_tokens"] == 2
     assert completions_body("completion", body, [1, 2, 3], 2, 8)["min_tokens"] == 0
     assert "min_tokens" not in completions_body("completion", {"model": "m"}, [1], 4, 1)
+
+
+def _worker_stream(
+    kind: Kind, with_ids: bool, role_ids: tuple[int, ...] | None = None
+) -> list[dict[str, Any]]:
+    """A worker's chunks as its server encodes them (usage on every chunk, then a usage chunk)."""
+    meta = ResponseMeta("w-1", 7, "m", "v1")
+    head = meta.chunk_head(kind)
+    ids = (lambda i: (i,)) if with_ids else (lambda i: None)
+    out = []
+    if kind == "chat":
+        prompt_ids = PROMPT if with_ids else None
+        out.append(
+            chunk(kind, head, "", None, None, True, True, role_ids, prompt_ids, usage(3, 0, 0))
+        )
+    prompt = PROMPT if with_ids and kind == "completion" else None
+    out.append(chunk(kind, head, "A", None, None, True, False, ids(10), prompt, usage(3, 1, 0)))
+    out.append(chunk(kind, head, "B", None, "stop", True, False, ids(11), None, usage(3, 2, 0)))
+    out.append(usage_chunk(head, usage(3, 2, 0)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_a_stream_that_never_moves_is_relayed_byte_for_byte(kind: Kind, with_ids: bool) -> None:
+    """The router encodes what it relays with the worker's codec: same bytes, same key order."""
+    # As it always has, the router's role chunk lists its (no) token ids when they were asked for.
+    client = _worker_stream(kind, with_ids, () if with_ids else None)
+    tracker = started(kind, return_token_ids=with_ids)
+    upstream = _worker_stream(kind, True)  # the router always asks for token ids
+    sent = feed(tracker, upstream)
+    assert [encode(e) for e in sent] == [encode(e) for e in client]

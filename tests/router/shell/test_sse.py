@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loom_router.shell.sse import SSEDecoder, SSEFormatError, encode
+from loom_router.shell.sse import SSEDecoder, SSEFormatError
+from loom_runtime.wire.openai.sse import encode
 
 
 def test_events_split_across_reads_are_joined() -> None:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from loom_runtime.control_api import control_pb2 as pb
-from loom_runtime.control_api.status import STATE_NAMES, WorkerStatus, worker_state
+from loom_runtime.control_api.status import (
+    PHASES,
+    STATE_NAMES,
+    WorkerStatus,
+    drain_phase,
+    worker_state,
+)
 from loom_runtime.engine.types import EngineStats
 
 
@@ -35,6 +41,16 @@ def test_worker_state(
         healthy=healthy,
     )  # fmt: skip
     assert status.to_pb().state == state
+
+
+@pytest.mark.parametrize(
+    ("admission_open", "busy", "phase"),
+    [(True, True, "serving"), (True, False, "serving"), (False, True, "draining"),
+     (False, False, "paused")],
+)  # fmt: skip
+def test_the_drain_rule(admission_open: bool, busy: bool, phase: str) -> None:
+    assert drain_phase(admission_open, busy) == phase
+    assert phase in PHASES and phase in STATE_NAMES.values()
 
 
 def test_the_record_round_trips_through_protobuf_with_every_field() -> None:

@@ -14,7 +14,7 @@ from loom_runtime.serve.diffusion_protocol import (
     diffusion_requests,
     parse_size,
 )
-from loom_runtime.serve.protocol import parse_request
+from loom_runtime.wire.openai.request import parse_request
 
 
 class Chars:

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from loom_runtime.control_api.status import PHASES
 from loom_runtime.engine.types import EngineStats, RankKVStats, RequestMetrics, SpecDecodeStats
-from loom_runtime.serve.metrics import PHASES, ServerMetrics, worker_phase
+from loom_runtime.serve.metrics import ServerMetrics, worker_phase
 
 
 class Snapshot:

@@ -18,7 +18,7 @@ from loom_runtime.serve.prepare import (
     prepare_completion,
     resolve_max_tokens,
 )
-from loom_runtime.serve.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from loom_runtime.wire.openai.request import ChatCompletionRequest, CompletionRequest, parse_request
 
 LIMITS = ModelLimits(model_name="tiny", max_model_len=100, vocab_size=500)
 

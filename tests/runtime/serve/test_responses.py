@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from loom_runtime.engine.types import RequestOutput, TokenLogprob
-from loom_runtime.serve.responses import (
-    Accumulated,
-    ResponseMeta,
-    chat_logprobs,
-    chunk,
-    completion_logprobs,
-    full_body,
-    usage_chunk,
-)
+from loom_runtime.engine.types import RequestOutput
+from loom_runtime.serve.responses import Accumulated
+from loom_runtime.wire.openai.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
+from loom_runtime.wire.openai.response import ResponseMeta, chunk, usage_chunk
 
 META = ResponseMeta(id="cmpl-1", created=1, model="tiny", weights_version="v2")
 
@@ -30,7 +24,7 @@ def test_full_bodies_carry_text_usage_cached_tokens_and_version() -> None:
     acc = Accumulated()
     for out in _outputs():
         acc.add(out)
-    chat = full_body("chat", META, acc, None)
+    chat = acc.body("chat", META, None)
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert chat["choices"][0]["finish_reason"] == "length"
@@ -41,22 +35,22 @@ def test_full_bodies_carry_text_usage_cached_tokens_and_version() -> None:
         "total_tokens": 42,
         "prompt_tokens_details": {"cached_tokens": 32},
     }
-    text = full_body("completion", META, acc, None)
+    text = acc.body("completion", META, None)
     assert text["object"] == "text_completion"
     assert text["choices"][0]["text"] == "hello"
 
 
 def test_chunks_have_deltas_and_the_usage_chunk_has_no_choices() -> None:
-    first = chunk("chat", META, "", None, None, True, role=True)
+    first = chunk("chat", META.chunk_head("chat"), "", None, None, True, role=True)
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["usage"] is None
-    last = chunk("chat", META, "x", None, "stop", False)
+    last = chunk("chat", META.chunk_head("chat"), "x", None, "stop", False)
     assert last["choices"][0] == {"index": 0, "logprobs": None, "finish_reason": "stop",
                                   "delta": {"content": "x"}}  # fmt: skip
     assert "usage" not in last
     acc = Accumulated()
     acc.add(_outputs()[1])
-    tail = usage_chunk("completion", META, acc)
+    tail = usage_chunk(META.chunk_head("completion"), acc.usage())
     assert tail["choices"] == []
     assert tail["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
 

@@ -10,26 +10,29 @@ from typing import Any
 
 import pytest
 
-from loom_runtime.serve.responses import Accumulated, ResponseMeta, chunk, full_body
+from loom_runtime.serve.responses import Accumulated
+from loom_runtime.wire.openai.response import ResponseMeta, chunk
 
 META = ResponseMeta("id-1", 0, "m", "v1")
 
 
 def test_chunk_places_token_ids_like_vllm() -> None:
-    plain = chunk("completion", META, "a", None, None, False)
+    plain = chunk("completion", META.chunk_head("completion"), "a", None, None, False)
     assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain
-    first = chunk("completion", META, "a", None, None, False, False, (7,), (1, 2))
+    first = chunk(
+        "completion", META.chunk_head("completion"), "a", None, None, False, False, (7,), (1, 2)
+    )
     assert first["choices"][0]["token_ids"] == [7]
     assert first["choices"][0]["prompt_token_ids"] == [1, 2]
-    chat = chunk("chat", META, "", None, None, False, True, None, (1, 2))
+    chat = chunk("chat", META.chunk_head("chat"), "", None, None, False, True, None, (1, 2))
     assert chat["prompt_token_ids"] == [1, 2] and "token_ids" not in chat["choices"][0]
 
 
 def test_full_body_lists_every_output_id_only_when_asked() -> None:
     acc = Accumulated()
     acc.token_ids.extend([5, 6, 7])
-    assert "token_ids" not in full_body("completion", META, acc, None)["choices"][0]
-    body = full_body("chat", META, acc, None, (1, 2, 3))
+    assert "token_ids" not in acc.body("completion", META, None)["choices"][0]
+    body = acc.body("chat", META, None, (1, 2, 3))
     assert body["choices"][0]["token_ids"] == [5, 6, 7]
     assert body["prompt_token_ids"] == [1, 2, 3]
 

@@ -1,7 +1,8 @@
 """OpenAI request bodies (completions, chat, and vLLM's extension fields) as pydantic models,
 parsed into typed errors; fields neither defines are ignored and named, or refused when strict.
 
-Owns field names, ranges and what Loom refuses to pretend to support; never touches the engine.
+Owns field names, ranges and what Loom refuses to pretend to support (the value rules are
+fields.py's); never touches the engine.
 """
 
 from __future__ import annotations
@@ -19,65 +20,23 @@ from pydantic import (
 )
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.wire.prompt import join_text_parts
+from loom_runtime.wire.openai.fields import (
+    INT_MAX,
+    MAX_LOGPROBS,
+    MAX_MESSAGES,
+    MAX_STOP_TOKEN_IDS,
+    NO_MESSAGES,
+    SEED_MAX,
+    SEED_MIN,
+    message_content,
+    prompt_value,
+    required,
+    stop_value,
+)
 
-MAX_LOGPROBS = 20  # top alternatives per token, as vLLM allows
-MAX_STOP_SEQUENCES = 16
-MAX_STOP_TOKEN_IDS = 256
-MAX_MESSAGES = 4096
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.long, as vLLM bounds `seed`
-INT_MAX = 2**31 - 1  # ceiling of every count and token-id field (the vocabulary comes later)
-
-
-def _prompt(value: object) -> str | tuple[int, ...]:
-    """A completion prompt: a string or token ids, or a batch of exactly one of them."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        value = value[0]
-    elif isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
-        raise ValueError(
-            f"batched prompts ({len(value)}) are not supported: send one request per prompt"
-        )
-    if isinstance(value, str):
-        if not value:
-            raise ValueError("prompt is empty")
-        return value
-    if isinstance(value, list):
-        if not value:
-            raise ValueError("prompt is empty")
-        for i, t in enumerate(value):
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= INT_MAX:
-                raise ValueError(
-                    f"a token-id prompt must be a list of non-negative integers (item {i} is "
-                    f"{_shown(t)})"
-                )
-        return tuple(value)
-    raise ValueError("prompt must be a string or a list of token ids")
-
-
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _stop(value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
-    if len(items) > MAX_STOP_SEQUENCES:
-        raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(items)}")
-    return tuple(items)
-
-
-def _message_content(value: object) -> str:
-    """Message content: a string, or a list of text parts that is joined into one."""
-    return join_text_parts(value)
-
-
-Prompt = Annotated[str | tuple[int, ...], PlainValidator(_prompt)]
-Stop = Annotated[tuple[str, ...], PlainValidator(_stop)]
-Content = Annotated[str, PlainValidator(_message_content)]
+Prompt = Annotated[str | tuple[int, ...], PlainValidator(prompt_value)]
+Stop = Annotated[tuple[str, ...], PlainValidator(stop_value)]
+Content = Annotated[str, PlainValidator(message_content)]
 
 
 class _Strict(BaseModel):
@@ -211,7 +170,7 @@ class ChatCompletionRequest(_SamplingRequest):
     @classmethod
     def _some_messages(cls, v: list[ChatMessage]) -> list[ChatMessage]:
         if not v:
-            raise ValueError("at least one message is required")
+            raise ValueError(NO_MESSAGES)
         return v
 
     @field_validator("tools")
@@ -265,7 +224,7 @@ def _message(err: Any, param: str | None) -> str:
     if err["type"] == "extra_forbidden":
         return f"unsupported field {param!r}: this server does not implement it"
     if err["type"] == "missing":
-        return f"{param} is required"
+        return required(str(param))
     return f"{param}: {msg}" if param else msg
 
 

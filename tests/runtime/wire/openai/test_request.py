@@ -7,7 +7,7 @@ import json
 import pytest
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.serve.protocol import (
+from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
