@@ -63,9 +63,7 @@ kernels: venv
 prometheus:
 	@command -v prometheus >/dev/null 2>&1 || { \
 	  echo "[$$(date +%T)] make prometheus: installing Debian's prometheus (~20 s)"; \
-	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$sudo apt-get install -y prometheus >/dev/null 2>&1 || \
-	  { $$sudo apt-get update >/dev/null 2>&1 && $$sudo apt-get install -y prometheus >/dev/null; } || \
+	  bash images/apt-install.sh prometheus || \
 	  echo "make prometheus: could not install it; the dashboards' Prometheus test will be skipped"; }
 
 # The request fuzzing of tests/router/integration/test_fuzz.py, ten times longer than in CI.
@@ -140,3 +138,5 @@ $(VLLM_VENV)/bin/vllm:
 	mv $(VLLM_VENV).tmp $(VLLM_VENV)
 	@echo "[$$(date +%T)] make vllm-venv: done"
 unit: vllm-venv
+# The real-node e2e suite (e2e/real_node) runs Loom's images on a real kubelet.
+unit: images e2e-node-build

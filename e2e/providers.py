@@ -20,14 +20,13 @@ from typing import Any, Protocol
 from e2e.cluster import control_plane, kwok, node, node_config
 from e2e.tools import ensure_tools
 from loom_operator.k8s.kube import Kube
+from loom_operator.k8s.settings import RenderSettings
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".cache" / "e2e" / "cluster"
-# The images `make images` builds, as the chart and the renderer name them.
-LOOM_IMAGES = (
-    "ghcr.io/loom-serving/loom-operator:0.1.0",
-    "ghcr.io/loom-serving/loom-runtime:0.1.0",
-)
+# The images `make images` builds, as the renderer (and the chart) name them: the operator image
+# (which carries the router), then the CPU runtime.
+LOOM_IMAGES = (RenderSettings().router_image, RenderSettings().runtime_image)
 
 
 @dataclass
@@ -70,6 +69,14 @@ class Cluster:
                 f"kubectl {' '.join(args)} failed ({out.returncode}):\n{out.stderr}"
             )
         return out
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300.0) -> str:
+        """Runs the real helm against this cluster; fails with its output when asked to."""
+        out = subprocess.run([str(self.tools / "helm"), *args], capture_output=True, text=True,
+                             env=self.env, timeout=timeout)  # fmt: skip
+        if check and out.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stdout}{out.stderr}")
+        return out.stdout
 
     def add_fake_nodes(self, count: int, capacity: dict[str, str]) -> list[str]:
         """kwok nodes: scheduled onto, marked Running, run nothing (local provider only)."""

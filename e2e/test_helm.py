@@ -10,7 +10,6 @@ the API server) but not enforced: the harness has no network plugin.
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,6 @@ pytestmark = pytest.mark.timeout(600)
 
 NAME = "helm-sync"
 CHART = REPO / "charts" / "loom"
-
-
-def helm(cluster: Cluster, *args: str, check: bool = True) -> str:
-    out = subprocess.run([str(cluster.tools / "helm"), *args], capture_output=True, text=True,
-                         env=cluster.env, timeout=180)  # fmt: skip
-    if check:
-        assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
 
 
 def objects(cluster: Cluster, namespace: str, kinds: str) -> list[dict[str, Any]]:
@@ -61,7 +52,7 @@ def test_helm_install_serves_and_syncs_under_the_charts_rbac_and_uninstalls_clea
     ns = f"helm-{uuid.uuid4().hex[:6]}"
     release = "loom"
     try:
-        helm(cluster, "install", release, str(CHART), "-n", ns, "--create-namespace",
+        cluster.helm("install", release, str(CHART), "-n", ns, "--create-namespace",
              "--set", "operator.kvConnector=tcp", "--wait=false")  # fmt: skip
         kinds = "serviceaccounts,roles,rolebindings,deployments,configmaps"
         made = {(o["kind"], o["metadata"]["name"]) for o in objects(cluster, ns, kinds)}
@@ -101,12 +92,12 @@ def test_helm_install_serves_and_syncs_under_the_charts_rbac_and_uninstalls_clea
         assert not problems, "\n".join(problems[:10])
 
         cluster.kubectl("delete", "deploymentcard", NAME, "-n", ns, "--wait=true", "--timeout=120s")
-        helm(cluster, "uninstall", release, "-n", ns, "--wait", "--timeout", "120s")
+        cluster.helm("uninstall", release, "-n", ns, "--wait", "--timeout", "120s")
         wait_for(lambda: not objects(cluster, ns, kinds + ",pods"), 120,
                  "every object the chart made to be gone")  # fmt: skip
         # CRDs stay (Helm never deletes what it installed from crds/): cards elsewhere keep theirs.
         crd = cluster.kubectl("get", "crd", "deploymentcards.loom.dev", check=False)
         assert crd.returncode == 0
     finally:
-        helm(cluster, "uninstall", release, "-n", ns, check=False)
+        cluster.helm("uninstall", release, "-n", ns, check=False)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

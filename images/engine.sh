@@ -23,8 +23,7 @@ if [ -n "${LOOM_NO_ENGINE_START:-}" ] || { ! command -v apt-get >/dev/null 2>&1 
 fi
 if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then
   log "installing Debian's docker.io (dockerd, containerd 1.6, runc)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y docker.io >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y docker.io >/dev/null; }
+  "$BASH" "$(dirname "$0")/apt-install.sh" docker.io
 fi
 state="${LOOM_DOCKER_STATE:-$HOME/.cache/loom/docker}"
 mkdir -p "$state"

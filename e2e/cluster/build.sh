@@ -3,7 +3,8 @@
 # outside the repo, keyed by version; a second run finds them and returns at once.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-K8S_VERSION="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$here/go.mod")"
+# shellcheck source=e2e/cluster/k8s_version.sh
+. "$here/k8s_version.sh"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 key="$K8S_VERSION-$(sha256sum "$here/go.mod" "$here/go.sum" "$here/cmd/main.go" | sha256sum | cut -c1-12)"
 CACHE="${LOOM_E2E_CACHE:-$HOME/.cache/loom/e2e}/$key"
@@ -12,18 +13,10 @@ export GOFLAGS="${GOFLAGS:--p=2} -buildvcs=false"
 
 log() { printf '[e2e build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# kubectl parses the server's version: stamp it, or the server says v0.0.0-master.
-minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
-
 if [ ! -x "$CACHE/bin/loom-k8s" ]; then
   start=$(date +%s)
   log "building kube-apiserver, controller-manager, scheduler and etcd $K8S_VERSION (first build on a machine: ~12 min on 2 cores)"
-  (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$CACHE/bin/loom-k8s.tmp" ./cmd) &
+  (cd "$here" && go build -trimpath -ldflags "$K8S_LDFLAGS" -o "$CACHE/bin/loom-k8s.tmp" ./cmd) &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 30

@@ -5,10 +5,11 @@
 # Debian's (installed when missing). A second run finds everything and returns at once.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-K8S_VERSION="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$here/go.mod")"
+# shellcheck source=e2e/cluster/k8s_version.sh
+. "$here/k8s_version.sh"
 CONTAINERD_VERSION=v2.4.2
 CNI_VERSION=v1.9.1
-key="$K8S_VERSION-$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/node/main.go" "$here/pause/pause.c" "$here/build_node.sh" | sha256sum | cut -c1-12)"
+key="$K8S_VERSION-$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/node/main.go" "$here/pause/pause.c" "$here/build_node.sh" "$here/k8s_version.sh" | sha256sum | cut -c1-12)"
 CACHE="${LOOM_E2E_CACHE:-$HOME/.cache/loom/e2e}/node-$key"
 mkdir -p "$CACHE/bin" "$CACHE/cni"
 export GOFLAGS="${GOFLAGS:--p=2} -buildvcs=false"
@@ -23,15 +24,9 @@ timed() {  # timed WHAT COMMAND...: runs it, printing progress every 30 s and it
   wait "$pid"; log "built $what in $(( $(date +%s) - start )) s"
 }
 
-minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
 if [ ! -x "$CACHE/bin/loom-node" ]; then
   timed "kubelet and kube-proxy $K8S_VERSION (loom-node; ~5 min on 2 cores after loom-k8s)" \
-    bash -c "cd '$here' && go build -trimpath -ldflags '$ldflags' -o '$CACHE/bin/loom-node.tmp' ./cmd/node"
+    bash -c "cd '$here' && go build -trimpath -ldflags '$K8S_LDFLAGS' -o '$CACHE/bin/loom-node.tmp' ./cmd/node"
   mv "$CACHE/bin/loom-node.tmp" "$CACHE/bin/loom-node"
 fi
 if [ ! -x "$CACHE/bin/containerd-shim-runc-v2" ]; then
@@ -53,6 +48,6 @@ if [ ! -x "$CACHE/bin/pause" ]; then
 fi
 command -v runc >/dev/null 2>&1 || {
   log "installing Debian's runc"
-  apt-get install -y runc >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y runc >/dev/null; }
+  bash "$here/../../images/apt-install.sh" runc
 }
 echo "$CACHE"

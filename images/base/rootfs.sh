@@ -18,7 +18,7 @@ if "$ENGINE" image inspect "$IMAGE" >/dev/null 2>&1; then
 fi
 command -v debootstrap >/dev/null 2>&1 || {
   log "installing Debian's debootstrap"
-  apt-get install -y debootstrap >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get install -y debootstrap >/dev/null; }
+  "$BASH" "$here/../apt-install.sh" debootstrap
 }
 work="$(mktemp -d "${TMPDIR:-/tmp}/loom-rootfs.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

@@ -1,0 +1,129 @@
+"""A real node: the kubelet and containerd register it Ready, a pod of Loom's runtime image
+serves a completion through a ClusterIP Service (kube-proxy), as a non-root user on a read-only
+root filesystem with no capabilities, and `kubectl logs` / `exec` reach it."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.conftest import wait_for
+from e2e.providers import LOOM_IMAGES, REPO, Cluster
+from loom_operator.k8s.render.security import (
+    SCRATCH_ENV,
+    SCRATCH_MOUNT,
+    SCRATCH_VOLUME,
+    USER,
+    container_security,
+    pod_security,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+RUNTIME_IMAGE = LOOM_IMAGES[1]
+MODEL_CARD = next(d for d in yaml.safe_load_all((REPO / "examples" / "tiny-pd.yaml").read_text())
+                  if d["kind"] == "ModelCard")  # fmt: skip
+
+
+@pytest.fixture
+def namespace(node_cluster: Cluster) -> Iterator[str]:
+    name = f"node-{uuid.uuid4().hex[:6]}"
+    node_cluster.kubectl("create", "namespace", name)
+    account = ("get", "serviceaccount", "default", "-n", name)
+    wait_for(lambda: node_cluster.kubectl(*account, check=False).returncode == 0, 60,
+             "the namespace's ServiceAccount")  # fmt: skip
+    try:
+        yield name
+    finally:
+        node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_the_node_is_ready_with_its_real_kubelet_and_container_runtime(
+    node_cluster: Cluster,
+) -> None:
+    (node,) = node_cluster.kube.get("/api/v1/nodes")["items"]
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.36.3"
+    assert info["containerRuntimeVersion"].startswith("containerd://2.")
+    wide = node_cluster.kubectl("get", "nodes", "-o", "wide").stdout
+    assert " Ready " in wide and "containerd://2." in wide, wide
+
+
+def runtime_pod(name: str) -> list[dict[str, Any]]:
+    """A ConfigMap with the tiny ModelCard, a pod of the runtime image serving it, a Service."""
+    labels = {"app": name}
+    command = ["loom", "runtime", "--card", "/etc/loom/card.yaml", "--role", "aggregated",
+               "--host", "0.0.0.0", "--port", "8000"]  # fmt: skip
+    container = {
+        "name": "runtime", "image": RUNTIME_IMAGE, "imagePullPolicy": "Never", "command": command,
+        "env": [SCRATCH_ENV], "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1},
+        "volumeMounts": [{"name": "card", "mountPath": "/etc/loom", "readOnly": True},
+                         SCRATCH_MOUNT],
+        "securityContext": container_security(),
+    }  # fmt: skip
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+         "data": {"card.yaml": yaml.safe_dump(MODEL_CARD)}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+         "spec": {"securityContext": pod_security(), "containers": [container],
+                  "volumes": [{"name": "card", "configMap": {"name": name}}, SCRATCH_VOLUME]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+         "spec": {"selector": labels, "ports": [{"port": 80, "targetPort": "http"}]}},
+    ]  # fmt: skip
+
+
+def completion(base: str) -> dict[str, Any]:
+    body = json.dumps({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8}).encode()
+    req = urllib.request.Request(f"{base}/v1/completions", body,
+                                 {"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out: dict[str, Any] = json.loads(r.read())
+    return out
+
+
+def test_a_runtime_image_pod_serves_a_completion_through_a_service(
+    node_cluster: Cluster, namespace: str
+) -> None:
+    docs = runtime_pod("tiny")
+    node_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def ready() -> dict[str, Any] | None:
+        pod = node_cluster.kube.get(f"/api/v1/namespaces/{namespace}/pods/tiny")
+        conditions = pod["status"].get("conditions") or []
+        ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        return pod if ok else None
+
+    pod = wait_for(ready, 300, "the runtime pod Ready (it generates the tiny checkpoint)")
+    service = node_cluster.kube.get(f"/api/v1/namespaces/{namespace}/services/tiny")
+    out = completion(f"http://{service['spec']['clusterIP']}:80")  # through kube-proxy
+    assert out["usage"]["completion_tokens"] == 8
+    assert out["choices"][0]["text"]
+    slices = node_cluster.kube.get(
+        f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+        labelSelector="kubernetes.io/service-name=tiny",
+    )
+    (endpoint,) = [e for s in slices["items"] for e in s.get("endpoints") or []]
+    assert endpoint["addresses"] == [pod["status"]["podIP"]]
+
+    exec_id = node_cluster.kubectl("exec", "-n", namespace, "tiny", "--", "id", "-u").stdout
+    assert exec_id.strip() == str(USER)
+    # The uid has a name (kopf and getpass look it up) and a home on the scratch volume.
+    whoami = node_cluster.kubectl("exec", "-n", namespace, "tiny", "--", "whoami").stdout
+    assert whoami.strip() == "loom"
+    touch = node_cluster.kubectl("exec", "-n", namespace, "tiny", "--", "touch", "/opt/loom/x",
+                                 check=False)  # fmt: skip
+    assert touch.returncode != 0 and "Read-only file system" in touch.stderr
+    caps = node_cluster.kubectl("exec", "-n", namespace, "tiny", "--", "grep", "CapEff",
+                                "/proc/1/status").stdout  # fmt: skip
+    assert caps.split()[-1] == "0000000000000000"
+    logs = node_cluster.kubectl("logs", "-n", namespace, "tiny").stdout
+    assert "loaded checkpoint path=/var/cache/loom/models/tiny" in logs
+    # The image holds what the runtime's CPU kernel build needs (g++, ninja).
+    assert "CPU kernels are off" not in logs
