@@ -1,8 +1,8 @@
 """What every substrate starts: a worker's `loom runtime` flags and ModelCard, the router's
 ROUTER.json. Pure: the same cards and ports give the same command on `loom up` and in a pod.
 
-Owns the mapping from card fields to runtime and router flags; never starts anything and
-never chooses addresses (the substrate passes host and ports).
+Owns a worker's command (its engine flags come from fleet/engine_flags.py) and the router's
+document; never starts anything and never chooses addresses (the substrate passes them).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import yaml
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import Role, RoleName
 from loom_operator.fleet.desired import served_component
+from loom_operator.fleet.engine_flags import card_value, runtime_engine_flags
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.card.serving import Router
+from loom_runtime.wire.engine_settings import setting
 
 CONTROL_TOKEN_ENV = "LOOM_CONTROL_TOKEN"
 ADMIN_TOKEN_ENV = "LOOM_ROUTER_ADMIN_TOKEN"
 API_KEYS_ENV = "LOOM_ROUTER_API_KEYS"
 """The router's accepted API keys, comma-separated (loom_router.shell.config reads it)."""
-# Card precision / engine dtype -> the runtime's --dtype (fp8 has no CPU compute dtype: default).
-DTYPES = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,6 @@ def role_settings(deployment: DeploymentCard, role: RoleName) -> Role:
     if role_card is None:  # a worker of a role the card dropped (retiring): its defaults
         return Role()
     return role_card
-
-
-def worker_dtype(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> str | None:
-    engine = role_settings(deployment, role).engine
-    name = engine.dtype or served_component(model).precision.weights
-    return DTYPES.get(name)
 
 
 DEFAULT_DIFFUSION_STEPS = 50  # the runtime's default when neither loop nor recipe names steps
@@ -86,31 +80,14 @@ def runtime_flags(
     """The flags after `loom runtime --card CARD --host HOST` (the token goes in the env).
     `version` None: the worker reports the card's weightsVersion (on Kubernetes the card is the
     ConfigMap's, so a version change never changes the pod template)."""
-    settings = role_settings(deployment, role)
-    engine = settings.engine
     argv = ["--role", role, "--port", str(ports.http), "--control-port", str(ports.control)]
     if diffusion_steps(model) is not None:  # no KV cache: no events, blocks or sequences
         return argv + ([] if version is None else ["--weights-version", version])
-    argv += [
-        "--kv-events-port", str(ports.kv_events), "--kv-events-replay-port", str(ports.kv_replay),
-        "--block-size", str(engine.block_size), "--max-num-seqs", str(engine.max_num_seqs),
-    ]  # fmt: skip
+    argv += ["--kv-events-port", str(ports.kv_events), "--kv-events-replay-port",
+             str(ports.kv_replay)]  # fmt: skip
     if version is not None:
         argv += ["--weights-version", version]
-    if engine.max_model_len is not None:
-        argv += ["--max-model-len", str(engine.max_model_len)]
-    dtype = worker_dtype(model, deployment, role)
-    if dtype is not None:
-        argv += ["--dtype", dtype]
-    if not engine.prefix_caching:
-        argv += ["--no-prefix-caching"]
-    if (offload_gib := kv_offload_gib(settings)) > 0:
-        argv += ["--kv-offload-gib", f"{offload_gib:g}"]
-    if settings.hi_sparse is not None:
-        argv += ["--hisparse-host-pool-gib", f"{settings.hi_sparse.host_pool_gib:g}"]
-    argv += parallel_flags(settings)
-    if settings.mtp is not None:
-        argv += ["--mtp-draft-tokens", str(settings.mtp.draft_tokens)]
+    argv += runtime_engine_flags(role_settings(deployment, role), served_component(model))
     if role != "aggregated":
         argv += ["--on-transfer-failure", deployment.spec.failover.on_transfer_failure]
         if kv_connector is not None:
@@ -124,24 +101,7 @@ def kv_offload_gib(settings: Role) -> float:
     """The role's CPU KV offload tier in GiB (0: none): `kvOffload.hostGiB`, or beside HiSparse
     `hiSparse.offloadGiB` (the runtime's offload then keeps the host pool's evicted blocks). The
     card refuses both at once (role_rules.offload_problems)."""
-    if settings.kv_offload is not None:
-        return settings.kv_offload.host_gib
-    return settings.hi_sparse.offload_gib if settings.hi_sparse is not None else 0.0
-
-
-PARALLEL_FLAGS = (("dp", "--dp"), ("tp", "--tp"), ("pcp", "--pcp"), ("dcp", "--dcp"),
-                  ("ep", "--ep"), ("cp_kv_interleave", "--dcp-interleave"))  # fmt: skip
-
-
-def parallel_flags(settings: Role) -> list[str]:
-    """The role's parallelism as runtime flags, each only when it is not 1 (the runtime
-    starts the ranks and refuses what it cannot split: docs/parallel.md)."""
-    par = settings.parallelism
-    argv: list[str] = []
-    for name, flag in PARALLEL_FLAGS:
-        if (value := getattr(par, name)) != 1:
-            argv += [flag, str(value)]
-    return argv
+    return float(card_value(setting("kv_offload_gib"), settings) or 0.0)
 
 
 def router_policy(router: Router, scored: Role | None) -> dict[str, Any]:

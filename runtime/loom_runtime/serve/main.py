@@ -32,14 +32,15 @@ from loom_runtime.parallel.ranks import RankFailure
 from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker
 from loom_runtime.serve.dual_app import DualWorker
+from loom_runtime.serve.engine_args import add_engine_arguments, engine_values
 from loom_runtime.serve.sources import checkpoint_path
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
+from loom_runtime.wire.engine_settings import setting
 from loom_runtime.wire.process import configure_logging, serve_until_signalled
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}  # fmt: skip
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in setting("dtype").choices}
 TOKEN_ENV = "LOOM_CONTROL_TOKEN"
 
 
@@ -70,49 +71,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--control-token", help=f"shared control token (default ${TOKEN_ENV})")
     p.add_argument("--kv-events-port", type=int, help="ZMQ PUB port for KV events (default off)")
     p.add_argument("--kv-events-replay-port", type=int, help="ZMQ ROUTER port for KV replay")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    p.add_argument(
-        "--num-blocks",
-        type=int,
-        help="KV blocks, each DP replica's (default: sized from max-num-seqs)",
-    )
-    p.add_argument(
-        "--no-prefix-caching",
-        action="store_true",
-        help="recompute every prompt: keep no KV blocks for later requests with the same prefix "
-        "(a role's engine.prefixCaching false; refuses --kv-offload-gib)",
-    )
-    p.add_argument(
-        "--kv-offload-gib",
-        type=float,
-        default=0.0,
-        help="host memory (GiB) keeping KV blocks evicted from the device, reloaded on a later "
-        "prefix hit (a role's kvOffload.hostGiB; default 0: off)",
-    )
-    p.add_argument(
-        "--hisparse-host-pool-gib",
-        type=float,
-        default=0.0,
-        help="Hybrid HiSparse decode (sparse-mla): host memory (GiB) holding the KV's latent "
-        "rows; the device keeps indexer keys and per-request hot buffers (a decode role's "
-        "hiSparse.hostPoolGiB; default 0: off)",
-    )
-    p.add_argument(
-        "--hisparse-hot-slots",
-        type=int,
-        help="rows per layer in a request's HiSparse hot buffer (default 2 x top-k + 1)",
-    )
-    p.add_argument(
-        "--mtp-draft-tokens",
-        type=int,
-        default=0,
-        help="MTP speculative decoding (sparse-mla with MTP layers): tokens drafted per step "
-        "(a role's mtp.draftTokens; default 0: off)",
-    )
-    p.add_argument("--max-num-seqs", type=int, default=64, help="running requests (default 64)")
-    p.add_argument("--max-model-len", type=int, help="prompt + output tokens (default: model's)")
+    add_engine_arguments(p)  # --block-size ... --collective-timeout (wire/engine_settings.py)
     p.add_argument("--weights-version", help="reported version (default: the card's)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="default float32")
     p.add_argument("--drain-timeout", type=float, default=600.0, help="Pause(WAIT) bound, s")
     p.add_argument(
         "--max-body-bytes",
@@ -154,31 +114,6 @@ def add_parser(sub: Any) -> None:
         default="recompute",
         help="decode: when a KV pull fails, prefill locally or answer 500",
     )
-    par = p.add_argument_group(
-        "ranks inside the worker (a role's parallelism: ranks = dp × tp × pcp; tp for llama, "
-        "dp/pcp/dcp/ep for sparse-mla)"
-    )
-    par.add_argument(
-        "--dp", type=int, default=1, help="data parallel attention replicas (sparse-mla, with ep)"
-    )
-    par.add_argument("--tp", type=int, default=1, help="tensor parallel ranks (the llama family)")
-    par.add_argument("--pcp", type=int, default=1, help="prefill context parallel ranks")
-    par.add_argument(
-        "--dcp", type=int, default=1, help="decode context parallel size (divides --pcp)"
-    )
-    par.add_argument("--ep", type=int, default=1, help="expert parallel size (divides --pcp)")
-    par.add_argument(
-        "--dcp-interleave", type=int, default=1,
-        help="DCP: consecutive tokens on one rank before the next (cpKvInterleave; default 1)",
-    )  # fmt: skip
-    par.add_argument(
-        "--dcp-comm-backend", choices=("ag_rs", "a2a"), default="ag_rs",
-        help="how DCP merges partial attention (vLLM's --dcp-comm-backend; default ag_rs)",
-    )  # fmt: skip
-    par.add_argument(
-        "--collective-timeout", type=float, default=60.0,
-        help="seconds a rank waits on a collective or a step before the worker fails (60)",
-    )  # fmt: skip
     diffusion_main.add_arguments(p)
     p.set_defaults(run=run)  # fmt: skip
 
@@ -230,30 +165,13 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
     component = card.spec.components[0]
     path = checkpoint_path(component.source.uri, args.card)
     try:
+        values = engine_values(args)  # every declared setting with a runtime flag
+        parallel = ParallelLayout(**values.pop("parallel"))
         engine = EngineConfig(
-            block_size=args.block_size,
-            num_blocks=args.num_blocks,
-            prefix_caching=not args.no_prefix_caching,
-            kv_offload_gib=args.kv_offload_gib,
-            hisparse_host_pool_gib=args.hisparse_host_pool_gib,
-            hisparse_hot_slots=args.hisparse_hot_slots,
-            mtp_draft_tokens=args.mtp_draft_tokens,
-            max_num_seqs=args.max_num_seqs,
-            max_model_len=args.max_model_len,
-            dtype=DTYPES[args.dtype],
+            **{**values, "dtype": DTYPES[values["dtype"]], "parallel": parallel},
             kv_fp8=kv_fp8_format(card, component),
             weights_version=args.weights_version or component.weights_version,
             model_name=card.name,
-            parallel=ParallelLayout(
-                dp=args.dp,
-                tp=args.tp,
-                pcp=args.pcp,
-                dcp=args.dcp,
-                ep=args.ep,
-                interleave=args.dcp_interleave,
-            ),
-            dcp_backend=args.dcp_comm_backend,
-            collective_timeout_s=args.collective_timeout,
         )
     except (ValueError, LayoutError) as exc:
         raise UsageError(str(exc)) from None

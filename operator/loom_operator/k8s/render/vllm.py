@@ -2,7 +2,8 @@
 control sidecar (`loom vllm-sidecar`: Status/Pause/Resume/LoadWeights over vLLM's own endpoints).
 
 Pure. The flags are vLLM 0.33.0's (VLLM_VERSION; tests parse them with that version's own CLI
-parser): parallelism (TP, DP, PCP, DCP with its comm backend and interleave, EP), KV cache dtype,
+parser): the engine settings the table declares a vLLM flag for (loom_runtime.wire.
+engine_settings: block size, batch limits, prefix caching, dtype, parallelism), KV cache dtype,
 host KV offload, MTP speculative decoding, the NixlConnector for P/D, KV events for the router's
 precise prefix scorer, and block size and hash algorithm matching the router (the hash seed is
 PYTHONHASHSEED: vLLM has no flag for it), or no prefix caching where a role's engine turns it
@@ -17,8 +18,9 @@ from typing import Any
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import RoleName
-from loom_operator.fleet.commands import DTYPES, role_settings
+from loom_operator.fleet.commands import role_settings
 from loom_operator.fleet.desired import served_component
+from loom_operator.fleet.engine_flags import vllm_default, vllm_engine_flags
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.wire.pods import (
     CONTROL_PORT,
@@ -61,38 +63,18 @@ def vllm_args(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> l
     """`vllm serve …` for one role's pods (the host is the pod IP)."""
     spec = deployment.spec
     r = role_settings(deployment, role)
-    p, e = r.parallelism, r.engine
-    served = served_component(model)
+    p, served = r.parallelism, served_component(model)
+    engine = vllm_engine_flags(r, served)  # the declared settings: block size ... parallelism
+    if r.engine.prefix_caching:
+        engine["prefix_caching"] += ["--prefix-caching-hash-algo", spec.prefix_caching.hash_algo]
+    if "parallel.dcp" in engine:  # the cards leave the DCP merge to the runtime's default
+        engine["parallel.dcp"] += vllm_default("dcp_backend")
     argv = [
         "vllm", "serve", model_argument(served.source.uri),
         "--served-model-name", model.name,
         "--host", "$(POD_IP)", "--port", str(WORKER_PORTS[HTTP_PORT]),
-        "--block-size", str(e.block_size),
-        "--max-num-seqs", str(e.max_num_seqs),
-        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        *(flag for flags in engine.values() for flag in flags),
     ]  # fmt: skip
-    if e.prefix_caching:
-        argv += ["--enable-prefix-caching", "--prefix-caching-hash-algo",
-                 spec.prefix_caching.hash_algo]  # fmt: skip
-    else:
-        argv += ["--no-enable-prefix-caching"]
-    if e.max_model_len is not None:
-        argv += ["--max-model-len", str(e.max_model_len)]
-    dtype = DTYPES.get(e.dtype or "")
-    if dtype is not None:
-        argv += ["--dtype", dtype]
-    if p.tp > 1:
-        argv += ["--tensor-parallel-size", str(p.tp)]
-    if p.dp > 1:
-        argv += ["--data-parallel-size", str(p.dp)]
-    if p.pcp > 1:
-        argv += ["--prefill-context-parallel-size", str(p.pcp)]
-    if p.dcp > 1:
-        argv += ["--decode-context-parallel-size", str(p.dcp), "--dcp-comm-backend", "ag_rs"]
-    if p.cp_kv_interleave > 1:
-        argv += ["--cp-kv-cache-interleave-size", str(p.cp_kv_interleave)]
-    if p.ep > 1:
-        argv += ["--enable-expert-parallel"]
     if served.precision.kv == "fp8":
         argv += ["--kv-cache-dtype", "fp8"]
     if model.spec.family == "sparse-mla" and (p.pcp > 1 or p.dcp > 1):
