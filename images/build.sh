@@ -24,6 +24,11 @@ build() {  # build DIR NAME
   log "built $REGISTRY/$2 in $(( $(date +%s) - start )) s: $(( bytes / 1000000 )) MB"
 }
 mkdir -p .cache/images
+trap prune EXIT
+prune() {  # a rebuild leaves the previous image's layers behind: keep the disk bounded
+  "$ENGINE" image prune -f >/dev/null 2>&1 || true
+  "$ENGINE" builder prune -f --keep-storage "${BUILD_CACHE_KEEP:-6GB}" >/dev/null 2>&1 || true
+}
 for image in ${IMAGES:-operator runtime-cpu}; do
   case "$image" in
     operator) build operator "loom-operator:$TAG" ;;

@@ -142,20 +142,29 @@ def load_images(layout: NodeLayout, images: list[str]) -> None:
     record = layout.images_root / "loom-imported.json"
     imported = json.loads(record.read_text()) if record.exists() else {}
     held = set(_run([*ctr, "images", "ls", "-q"], layout).split())
+    keep = {PAUSE_IMAGE, *images}
     for image in [PAUSE_IMAGE, *images]:
         image_id = _run(["docker", "image", "inspect", "-f", "{{.Id}}", image], layout).strip()
+        keep.add(image_id)  # the CRI refers to an image by its id too
         if imported.get(image) == image_id and image in held:
             continue
         start = time.monotonic()
-        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
         out = subprocess.run([*ctr, "images", "import", "-"], stdin=save.stdout,
                              capture_output=True, text=True, env=_env(layout))  # fmt: skip
-        save.wait()
+        _, saved = save.communicate()
         if out.returncode != 0 or save.returncode != 0:
-            raise ClusterError(f"loading {image} into containerd failed: {out.stderr[-2000:]}")
+            raise ClusterError(f"loading {image} into containerd failed: docker save: "
+                               f"{saved[-1000:]}; ctr import: {out.stderr[-1000:]}")  # fmt: skip
         imported[image] = image_id
         record.write_text(json.dumps(imported, indent=2))
         logger.info("loaded %s into containerd in %.0f s", image, time.monotonic() - start)
+    # Earlier versions of these images (a rebuild moved the name): containerd's garbage
+    # collector frees their layers once no name or id refers to them.
+    stale = set(_run([*ctr, "images", "ls", "-q"], layout).split()) - keep
+    if stale:
+        _run([*ctr, "images", "rm", *sorted(stale)], layout, check=False)
 
 
 def _ensure_pause_image(layout: NodeLayout) -> None:

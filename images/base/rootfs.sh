@@ -32,4 +32,7 @@ rm -rf "$work/root"/var/lib/apt/lists/* "$work/root"/var/cache/apt/*.bin \
 tar -C "$work/root" --numeric-owner -c . | "$ENGINE" import \
   --change 'ENV LANG=C.UTF-8' --change 'CMD ["/bin/bash"]' - "$IMAGE" >/dev/null
 log "base $IMAGE imported in $(( $(date +%s) - start )) s"
+# Older bases (another version of this script) are not used again.
+"$ENGINE" images --format '{{.Repository}}:{{.Tag}}' loom-base | grep -vxF "$IMAGE" \
+  | xargs -r "$ENGINE" rmi >/dev/null 2>&1 || true
 echo "$IMAGE"
