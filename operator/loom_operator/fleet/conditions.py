@@ -103,7 +103,7 @@ def _ready(p: Plans, routable: list[WorkerState]) -> SetCondition:
 
 
 def _why_not_serving(p: Plans) -> str:
-    if p.sync.syncing and p.sync.reason in ("Barrier", "CapacityGap"):
+    if p.sync.syncing and p.sync.explains_outage:
         return p.sync.message
     if p.failover.failed:
         return "failed: " + ", ".join(sorted(p.failover.failed))

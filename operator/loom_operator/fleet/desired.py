@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import ROLE_NAMES, RoleName
 from loom_runtime.card.component import Component
 from loom_runtime.card.model_card import ModelCard
+from loom_runtime.card.serving import SyncStrategyName
 
-Strategy = Literal["Rolling", "Barrier"]
+Strategy = SyncStrategyName
+"""A strategy name, as the card allows it (`strategies/registry.py` maps it to its object)."""
 
 
 class FleetError(ValueError):

@@ -1,8 +1,9 @@
-"""The weight-sync state machine: freeze → drain → load → resume, per worker, Rolling or Barrier.
+"""The weight-sync state machine: freeze → drain → load → resume, per worker, for any strategy.
 
 Owns each worker's step in the persisted `SyncRecord`; never loads a worker that is routed,
 admitting or busy, never sends one worker LoadWeights twice for one target, and never touches a
-failed worker (failover restarts it on the target version and it re-enters here).
+failed worker (failover restarts it on the target version and it re-enters here). Which workers
+go next and whether versions may mix are the record's strategy's to say (`strategies/`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from loom_operator.fleet.record import (
     Taken,
     WorkerProgress,
 )
-from loom_operator.fleet.rolling import NO_SAFE_PAIR, RollingChoice, choose_rolling
+from loom_operator.fleet.strategies.contract import SyncChoice, SyncRound, SyncStrategy
+from loom_operator.fleet.strategies.registry import strategy_named
 
 # WeightSyncing reasons besides the strategy names (docs/fleet.md says what each means).
 IN_SYNC = "InSync"
@@ -44,6 +46,8 @@ class SyncPlan:
     reason: str
     message: str
     wake_at: float | None
+    explains_outage: bool = False
+    """True when the sync itself is why nothing may serve (a Barrier, a capacity gap)."""
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,13 @@ class SyncContext:
         return self.desired.weights_version
 
     @property
-    def barrier_closed(self) -> bool:
-        """Barrier before every worker was loaded: nothing the sync holds may resume yet."""
-        return self.record.strategy == "Barrier" and self.record.released_at is None
+    def strategy(self) -> SyncStrategy:
+        return strategy_named(self.record.strategy)
+
+    @property
+    def resume_closed(self) -> bool:
+        """Versions may not mix and not every worker is loaded: nothing held may resume yet."""
+        return not self.strategy.mixes_versions and self.record.released_at is None
 
 
 def holds(record: SyncRecord | None, name: str) -> bool:
@@ -72,7 +80,7 @@ def holds(record: SyncRecord | None, name: str) -> bool:
     if p is None:
         return False
     return p.step in (*HELD_STEPS, "failed") or (
-        p.step == "pending" and record.strategy == "Barrier"
+        p.step == "pending" and not strategy_named(record.strategy).mixes_versions
     )
 
 
@@ -163,8 +171,8 @@ def _drained(p: WorkerProgress, w: WorkerState, ctx: SyncContext, acts: list[Wor
 
 
 def _loaded(p: WorkerProgress, w: WorkerState, ctx: SyncContext, acts: list[WorkerAction]) -> Step:
-    """On the target version: resume, unless a Barrier is still closed (then stay frozen)."""
-    if not ctx.barrier_closed:
+    """On the target version: resume, unless the resume is closed (a Barrier before its release)."""
+    if not ctx.resume_closed:
         return p, [*acts, Resume(w.name)]
     return p, [*acts, Freeze(w.name)] if w.routed or w.admission_open else acts
 
@@ -191,7 +199,7 @@ def advance(
     if p.step == "pending":
         if w.loading:  # a LoadWeights sent before a controller restart is still running
             return replace(_to(p, "drained", ctx.now), taken="adopted"), []
-        if not on_target or ctx.barrier_closed:
+        if not on_target or ctx.resume_closed:
             return p, []
         p = _to(p, "loaded", ctx.now)
     if p.step == "frozen":
@@ -207,23 +215,10 @@ def _choose(
     failed: Mapping[str, str],
     progress: dict[str, WorkerProgress],
     acts: list[WorkerAction],
-) -> RollingChoice:
-    pending = [w for n, w in members.items() if progress[n].step == "pending" and n not in failed]
-    if ctx.record.strategy == "Barrier":
-        return RollingChoice(tuple(w.name for w in pending if w.healthy), "barrier")
-    frozen_now = {a.worker for a in acts if isinstance(a, Freeze)}
-    serving = [
-        w
-        for n, w in members.items()
-        if w.routable and n not in frozen_now and progress[n].step not in HELD_STEPS
-    ]
-    names = {w.name for w in serving}
-    unavailable = tuple(s.name for s in ctx.desired.slots if s.name not in names)
-    candidates = [w for w in pending if w.routable and w.weights_version not in (None, ctx.target)]
-    if any(p.reason.startswith(FAILED_LOAD_TIMEOUT) for p in progress.values()):
-        return RollingChoice()
-    held = sum(1 for p in progress.values() if p.step in HELD_STEPS)
-    return choose_rolling(ctx.desired, serving, candidates, unavailable, held)
+) -> SyncChoice:
+    frozen_now = frozenset(a.worker for a in acts if isinstance(a, Freeze))
+    now = SyncRound(ctx.desired, members, progress, frozenset(failed), frozen_now)
+    return ctx.strategy.choose(now)
 
 
 def plan_sync(
@@ -253,19 +248,23 @@ def plan_sync(
     record = replace(record, workers=tuple(progress.values()))
     if all(p.step == "resumed" for p in record.workers):
         record = replace(record, finished_at=now)
-    elif _may_release(record, members, failed):
+    elif _may_release(ctx.strategy, record, members, failed):
         loaded = {p.name for p in record.workers if p.step == "loaded"}
         held_back = [a for a in acts if isinstance(a, Freeze) and a.worker in loaded]
         acts = [a for a in acts if a not in held_back] + [Resume(n) for n in sorted(loaded)]
         record = replace(record, released_at=now)
-    return _report(desired, members, record, choice, acts)
+    return _report(desired, members, record, choice, acts, ctx.strategy)
 
 
 def _may_release(
-    record: SyncRecord, members: dict[str, WorkerState], failed: Mapping[str, str]
+    strategy: SyncStrategy,
+    record: SyncRecord,
+    members: dict[str, WorkerState],
+    failed: Mapping[str, str],
 ) -> bool:
-    """Barrier: every healthy worker is loaded (failed ones come back on the target anyway)."""
-    if record.strategy != "Barrier" or record.released_at is not None:
+    """Versions may not mix (Barrier) and every healthy worker is loaded (failed ones come back
+    on the target anyway)."""
+    if strategy.mixes_versions or record.released_at is not None:
         return False
     waiting = [
         p
@@ -318,16 +317,15 @@ def _report(
     desired: DesiredFleet,
     members: dict[str, WorkerState],
     record: SyncRecord,
-    choice: RollingChoice,
+    choice: SyncChoice,
     acts: list[WorkerAction],
+    strategy: SyncStrategy,
 ) -> SyncPlan:
     if not record.active:
         return SyncPlan(tuple(acts), record, False, IN_SYNC, _in_sync(desired), None)
     done = sum(1 for p in record.workers if p.step == "resumed")
-    limit = f", maxUnavailable {desired.sync.max_unavailable}"
     head = (
-        f"{desired.component} → {record.target_version} ({record.strategy}"
-        f"{limit if record.strategy == 'Rolling' else ''}): "
+        f"{desired.component} → {record.target_version} ({strategy.summary(desired.sync)}): "
         f"{done}/{len(record.workers)} workers done"
     )
     details = [_describe(p) for p in record.workers if p.step not in ("pending", "resumed")]
@@ -337,13 +335,14 @@ def _report(
     if any(p.reason.startswith(FAILED_LOAD_TIMEOUT) for p in record.workers):
         reason = LOAD_TIMEOUT
         message += "; no more workers are taken out: check the worker's log and the source uri"
-    elif choice.blocked == NO_SAFE_PAIR:
-        reason = NO_SAFE_PAIR
+    elif choice.blocked:
+        reason = choice.blocked
     elif "gap" in held_taken:
         reason = CAPACITY_GAP
     elif "fallback" in held_taken or _projected(desired, members, acts) == Coverage.FALLBACK:
         reason = FALLBACK
     else:
-        reason = record.strategy
+        reason = strategy.name
     wakes = [d for p in record.workers if (d := _deadline(p, desired)) is not None]
-    return SyncPlan(tuple(acts), record, True, reason, message, min(wakes, default=None))
+    outage = reason == CAPACITY_GAP or (reason == strategy.name and not strategy.mixes_versions)
+    return SyncPlan(tuple(acts), record, True, reason, message, min(wakes, default=None), outage)

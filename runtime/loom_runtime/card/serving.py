@@ -13,6 +13,10 @@ from pydantic import ConfigDict, Field, model_validator
 from loom_runtime.card.base import CardModel, cel_rules
 from loom_runtime.card.checks import raise_for
 
+SyncStrategyName = Literal["Rolling", "Barrier"]
+"""The weight-sync strategies a card may name; each is one module of the operator's
+`loom_operator/fleet/strategies/`, registered under this name."""
+
 
 class Scorers(CardModel):
     """Weights of the router's scorers; each score is in [0, 1] and the weighted sum wins."""
@@ -114,7 +118,7 @@ class PrefixCaching(CardModel):
 class WeightSync(CardModel):
     """How workers move to new weights: freeze, drain, transfer, bump version, resume."""
 
-    strategy: Literal["Rolling", "Barrier"] = "Rolling"
+    strategy: SyncStrategyName = "Rolling"
     """Rolling keeps serving (a few workers at a time) | Barrier syncs all workers together."""
     max_unavailable: int = Field(default=1, ge=1)
     """Rolling: workers syncing at once (at least 1)."""

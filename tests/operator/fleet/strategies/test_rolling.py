@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from loom_operator.fleet.observed import WorkerState
-from loom_operator.fleet.rolling import choose_rolling
+from loom_operator.fleet.strategies.rolling import choose_rolling
 
 
 def _fleet_state(worker: Any, spec: str) -> list[WorkerState]:
