@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from e2e.cluster import control_plane, host_state, processes
@@ -84,10 +85,10 @@ def _run(argv: list[str], layout: NodeLayout, check: bool = True) -> str:
     return out.stdout
 
 
-def _wait(what: str, probe: object, timeout: float, log: Path) -> None:
+def _wait(what: str, probe: Callable[[], bool], timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if callable(probe) and probe():
+        if probe():
             return
         time.sleep(0.2)
     raise ClusterError(f"{what} not up after {timeout:.0f} s; see {log}")
