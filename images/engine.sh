@@ -4,6 +4,7 @@
 set -euo pipefail
 log() { printf '[make images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 answers() { "$1" info >/dev/null 2>&1; }
+dockerd_path() { command -v dockerd || { [ -x /usr/sbin/dockerd ] && echo /usr/sbin/dockerd; }; }
 
 if [ -n "${CONTAINER_ENGINE:-}" ]; then
   answers "$CONTAINER_ENGINE" || { log "CONTAINER_ENGINE=$CONTAINER_ENGINE does not answer"; exit 1; }
@@ -16,20 +17,28 @@ for candidate in /usr/bin/docker docker podman; do
   fi
 done
 if [ -n "${LOOM_NO_ENGINE_START:-}" ] || { ! command -v apt-get >/dev/null 2>&1 && \
-    ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; }; then
+    [ -z "$(dockerd_path)" ]; }; then
   log "no Docker or Podman engine answers on this machine, and none can be installed or started"
   log "here: install Docker or Podman (CONTAINER_ENGINE=docker|podman to choose one)"
   exit 1
 fi
-if ! command -v dockerd >/dev/null 2>&1 && [ ! -x /usr/sbin/dockerd ]; then
+if [ -z "$(dockerd_path)" ]; then
   log "installing Debian's docker.io (dockerd, containerd 1.6, runc)"
   "$BASH" "$(dirname "$0")/apt-install.sh" docker.io
 fi
 state="${LOOM_DOCKER_STATE:-$HOME/.cache/loom/docker}"
 mkdir -p "$state"
+# A dockerd that was killed leaves its pid file; dockerd refuses to start while that pid lives,
+# and after a kill it may be another process (or a zombie): drop it unless a dockerd runs there.
+if [ -f "$state/dockerd.pid" ]; then
+  pid="$(cat "$state/dockerd.pid")"
+  if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != dockerd ] || \
+     grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; then
+    rm -f "$state/dockerd.pid"
+  fi
+fi
 log "starting dockerd (log: $state/dockerd.log)"
-dockerd="$(command -v dockerd || echo /usr/sbin/dockerd)"
-setsid "$dockerd" --pidfile "$state/dockerd.pid" >>"$state/dockerd.log" 2>&1 < /dev/null &
+setsid "$(dockerd_path)" --pidfile "$state/dockerd.pid" >>"$state/dockerd.log" 2>&1 < /dev/null &
 client=/usr/bin/docker
 [ -x "$client" ] || client=docker
 for _ in $(seq 60); do

@@ -111,7 +111,7 @@ def prepare_host(root: Path) -> None:
 
 def up(root: Path, images: list[str]) -> NodeLayout:
     """Starts containerd, loads `images` (from the Docker engine) and the pause image, then the
-    kubelet and kube-proxy; returns once the kubelet has registered the node."""
+    kubelet and kube-proxy; the caller waits for the node to be Ready (providers.wait_usable)."""
     bin_dir, cni = build_binaries()
     (root / "node" / "bins.json").write_text(json.dumps([str(bin_dir), str(cni)]))
     layout = layout_of(root, kubelet_port=free_port())
