@@ -6,7 +6,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=e2e/cluster/k8s_version.sh
 . "$here/k8s_version.sh"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
-key="$K8S_VERSION-$(sha256sum "$here/go.mod" "$here/go.sum" "$here/cmd/main.go" | sha256sum | cut -c1-12)"
+key="$K8S_VERSION-$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/main.go" | sha256sum | cut -c1-12)"
 CACHE="${LOOM_E2E_CACHE:-$HOME/.cache/loom/e2e}/$key"
 mkdir -p "$CACHE/bin"
 export GOFLAGS="${GOFLAGS:--p=2} -buildvcs=false"
