@@ -1,6 +1,6 @@
 """Loom's DiffusionEngine vs the same requests one by one vs diffusers' `WanPipeline`, side by side.
 
-On one Wan checkpoint (the tiny one of `loom model init-tiny --family wan`, or a wider DiT over
+On one Wan checkpoint (the tiny one of `loom model init-tiny --family dit`, or a wider DiT over
 it), float32, classifier-free guidance on; the three engines get the same jobs, with prompts and
 seeds drawn afresh each round (Loom's text-feature cache is off). Workloads:
 **image** (one frame) and **video** (several frames). At each concurrency C, a closed loop of C

@@ -6,6 +6,7 @@ Pure: lists every problem with its path in the DeploymentCard; never loads or pr
 from __future__ import annotations
 
 from loom_operator.api.deployment_card import DeploymentCard
+from loom_runtime.card import families
 from loom_runtime.card.errors import Problem
 from loom_runtime.card.model_card import ModelCard
 
@@ -17,10 +18,12 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
     spec = model.spec
     arch = spec.architecture
     has_draft = any(c.kind == "draft" for c in spec.components)
+    family = families.family(spec.family)
     for name, role in deploy.spec.roles.present().items():
         at = ("spec", "roles", name)
-        if role.hi_sparse is not None and spec.family != "sparse-mla":
-            msg = f"hiSparse needs a sparse-mla model; {model.name!r} is {spec.family}"
+        if role.hi_sparse is not None and not family.hisparse:
+            runs = ", ".join(f.name for f in families.families() if f.hisparse)
+            msg = f"hiSparse needs a {runs} model; {model.name!r} is {spec.family}"
             problems.append(((*at, "hiSparse"), "hisparse_needs_sparse_mla", msg))
         par = role.parallelism
         native = deploy.spec.backend == "native"

@@ -5,20 +5,45 @@ Owns the card's shape and runs its rules when it is built; never loads weights o
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.functional_validators import ModelWrapValidatorHandler
+from pydantic_core import PydanticCustomError
 
+from loom_runtime.card import families
 from loom_runtime.card.architecture import Architecture
-from loom_runtime.card.base import API_VERSION, CardModel, ObjectMeta, cel_rules, list_map, list_set
+from loom_runtime.card.base import (
+    API_VERSION,
+    DNS_LABEL_PATTERN,
+    MAX_NAME,
+    CardModel,
+    ObjectMeta,
+    cel_rules,
+    list_map,
+    list_set,
+)
 from loom_runtime.card.checks import validate_with_rules
 from loom_runtime.card.component import Component
 from loom_runtime.card.conditions import Condition
 from loom_runtime.card.loop import MAX_COMPONENTS, Loop, Parity, Recipe
 from loom_runtime.card.model_rules import SPEC_RULES
 
-Family = Literal["llama", "sparse-mla", "dit"]
+
+def _registered_family(name: str) -> str:
+    try:
+        families.family(name)
+    except families.UnknownFamilyError as exc:
+        raise PydanticCustomError("unknown_family", str(exc)) from None
+    return name
+
+
+FamilyName = Annotated[
+    str,
+    AfterValidator(_registered_family),
+    WithJsonSchema({"type": "string", "pattern": DNS_LABEL_PATTERN, "maxLength": MAX_NAME}),
+]
+"""A registered model family (card/families.py): the built-ins are llama, sparse-mla and dit."""
 
 
 class ModelCardSpec(CardModel):
@@ -37,8 +62,9 @@ class ModelCardSpec(CardModel):
         )
     )
 
-    family: Family
-    """llama (GQA/RoPE/SwiGLU, optional MoE) | sparse-mla (MLA + top-k indexer) | dit."""
+    family: FamilyName
+    """A registered model family: llama (GQA/RoPE/SwiGLU, optional MoE), sparse-mla (MLA +
+    top-k indexer), dit, or a plugin's (LOOM_PLUGINS)."""
     components: list[Component] = Field(
         min_length=1, max_length=MAX_COMPONENTS, json_schema_extra=list_map("name")
     )

@@ -8,19 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from loom_runtime.card import families
 from loom_runtime.card.checks import Rule
 from loom_runtime.card.errors import Problem
 
 if TYPE_CHECKING:
     from loom_runtime.card.model_card import ModelCardSpec
-
-# Loop kinds each family can run.
-FAMILY_LOOPS = {
-    "llama": ("ar_decode", "encode"),
-    "sparse-mla": ("ar_decode", "encode"),
-    "dit": ("diffusion", "encode"),
-}
-FAMILY_ATTENTION = {"llama": "gqa", "sparse-mla": "mla"}
 
 
 def _duplicates(field: str, names: Sequence[str]) -> list[Problem]:
@@ -63,7 +56,7 @@ def component_problems(spec: ModelCardSpec) -> list[Problem]:
 def loop_problems(spec: ModelCardSpec) -> list[Problem]:
     """Loops use declared components, and their kind, steps and cache fit the family."""
     components = {c.name: c for c in spec.components}
-    allowed = FAMILY_LOOPS[spec.family]
+    allowed = families.family(spec.family).loops
     problems: list[Problem] = []
     for i, loop in enumerate(spec.loops):
         for j, name in enumerate(loop.components):
@@ -130,12 +123,13 @@ def family_problems(spec: ModelCardSpec) -> list[Problem]:
     if arch is None:
         return []
     problems: list[Problem] = []
-    want = FAMILY_ATTENTION.get(spec.family)
+    found = families.family(spec.family)
+    want = found.attention
     if want is not None and arch.attention.kind != want:
         msg = f"a {spec.family} model has {want} attention, not {arch.attention.kind}"
         problems.append((("architecture", "attention", "kind"), "wrong_attention", msg))
-    if spec.family == "sparse-mla" and arch.indexer is None:
-        msg = "a sparse-mla model needs an indexer (numLayers, headDim, topK)"
+    if found.needs_indexer and arch.indexer is None:
+        msg = f"a {spec.family} model needs an indexer (numLayers, headDim, topK)"
         problems.append((("architecture", "indexer"), "missing_indexer", msg))
     return problems
 

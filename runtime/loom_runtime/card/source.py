@@ -12,13 +12,11 @@ from typing import Annotated
 from pydantic import AfterValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
+from loom_runtime.card import families
 from loom_runtime.card.base import DNS_LABEL_PATTERN, CardModel
 from loom_runtime.card.errors import CardError, FieldError
 
 SCHEMES = ("file", "hf", "pvc", "s3", "loom")
-LOOM_CHECKPOINTS = ("tiny", "tiny-wan", "tiny-sparse-mla")
-"""Checkpoints Loom generates itself (`loom://tiny`, the Wan-shaped `loom://tiny-wan`, the
-GLM-5-shaped `loom://tiny-sparse-mla`); the runtime resolves them to a cache dir."""
 
 _HF_NAME = r"[A-Za-z0-9][-A-Za-z0-9_.]*"
 _HF_REPO = re.compile(rf"^{_HF_NAME}/{_HF_NAME}(@[-A-Za-z0-9_./]+)?$")
@@ -54,8 +52,9 @@ def _problem(scheme: str, rest: str) -> str | None:
         return f"pvc URIs start with a PersistentVolumeClaim name (got {head!r})"
     if scheme == "s3" and not _S3_BUCKET.match(head):
         return f"s3 URIs start with a bucket name (got {head!r})"
-    if scheme == "loom" and body not in LOOM_CHECKPOINTS:
-        return f"loom:// names a checkpoint Loom generates: one of {', '.join(LOOM_CHECKPOINTS)}"
+    tinies = families.tiny_checkpoints()  # loom://tiny, loom://tiny-sparse-mla, loom://tiny-wan
+    if scheme == "loom" and body not in tinies:
+        return f"loom:// names a checkpoint Loom generates: one of {', '.join(tinies)}"
     return None
 
 

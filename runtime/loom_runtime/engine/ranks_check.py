@@ -1,12 +1,14 @@
-"""Whether a parallel engine's settings, its model's family and its ranks agree: the sparse-mla
-family splits over PCP, DCP and EP ranks (engine/ranked_runner.py), the llama family over TP
-ranks (engine/tp_runner.py); LayoutError says how they do not, before any rank starts.
+"""Whether a parallel engine's settings, its model's family and its ranks agree: a family's
+registration (card/families.py) names the axes it splits over and its rank runner — TP shards
+(engine/tp_runner.py) or PCP/DCP/EP/DP ranks (engine/ranked_runner.py); LayoutError says how
+they do not, before any rank starts.
 
 Pure checks; never starts or stops ranks.
 """
 
 from __future__ import annotations
 
+from loom_runtime.card import families
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.rank_channel import EngineRanks
 from loom_runtime.engine.ranked_runner import RankedRunner
@@ -14,7 +16,6 @@ from loom_runtime.engine.tp_runner import TpRunner
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.config import ModelConfig
-from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.parallel.layout import LayoutError
 from loom_runtime.parallel.llama.tp import shard_config
 
@@ -33,14 +34,21 @@ def check_ranks(
             raise LayoutError("the engine was given ranks but its config.parallel is one rank")
         return
     where = f"parallel {layout.describe()}"
-    if isinstance(model, ModelConfig):
+    family = families.family_of_model_type(model.model_type)
+    if family.ranks is None:
+        raise LayoutError(f"{where}: the {family.name} model does not run on ranks")
+    split = [axis for axis in AXES if getattr(layout, axis) > 1]
+    if any(axis not in family.splits for axis in split):
+        raise LayoutError(
+            f"{where}: the {family.name} model splits over {' and '.join(sorted(family.splits))}"
+            f" only, not {' and '.join(a for a in split if a not in family.splits)}"
+        )
+    if family.ranks == "tp":
         _check_tp(model, config, disagg, where)
         kind: type = TpRunner
-    elif isinstance(model, SparseMlaConfig):
-        _check_sparse(config, ranks, disagg, where)
-        kind = RankedRunner
     else:
-        raise LayoutError(f"{where}: the {model.model_type} model does not run on ranks")
+        _check_ranked(config, ranks, disagg, where)
+        kind = RankedRunner
     if not starting and (ranks is None or ranks.world != layout.world):
         have = "none" if ranks is None else f"{ranks.world}"
         raise LayoutError(f"{where} needs {layout.world} ranks, the engine was given {have}")
@@ -48,16 +56,15 @@ def check_ranks(
         raise LayoutError(f"{where}: the {model.model_type} model runs on {kind.__name__} ranks")
 
 
+AXES = ("tp", "pcp", "dcp", "ep", "dp")
+
+
 def _check_tp(
-    model: ModelConfig, config: EngineConfig, disagg: DisaggSettings | None, where: str
+    model: DecoderConfig, config: EngineConfig, disagg: DisaggSettings | None, where: str
 ) -> None:
-    layout = config.parallel
-    if layout.tp != layout.world:
-        raise LayoutError(
-            f"{where}: the {model.model_type} model splits over tp only (pcp, dcp and ep are "
-            "the sparse-mla family's)"
-        )
-    shard_config(model, layout.tp)  # the heads and the MLP divide, or LayoutError says not
+    if not isinstance(model, ModelConfig):
+        raise LayoutError(f"{where}: TP ranks shard llama-shaped configs, not {model.model_type}")
+    shard_config(model, config.parallel.tp)  # the heads and the MLP divide, or LayoutError says not
     if disagg is not None:
         raise LayoutError(
             f"{where}: P/D from or into TP ranks is not built (the KV connector moves one pool; "
@@ -71,11 +78,9 @@ def _check_tp(
         )
 
 
-def _check_sparse(
+def _check_ranked(
     config: EngineConfig, ranks: EngineRanks | None, disagg: DisaggSettings | None, where: str
 ) -> None:
-    if config.parallel.tp > 1:
-        raise LayoutError(f"{where}: tp > 1 is not built for sparse-mla; use pcp, dcp and ep")
     if disagg is not None and ranks is not None and not ranks.export_rows:
         raise LayoutError(
             f"{where}: a P/D {disagg.role}'s ranks must export their rows (its pool is what the "

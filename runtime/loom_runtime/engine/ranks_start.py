@@ -1,12 +1,13 @@
-"""Which ranks a parallel engine starts for its checkpoint: TP ranks for the llama family
-(engine/tp_runner.py), PCP/DCP/EP/DP ranks for sparse-mla (engine/ranked_runner.py), after
-checking that the settings fit (engine/ranks_check.py).
+"""Which ranks a parallel engine starts for its checkpoint: the rank runner its family names
+(card/families.py) — TP shards (engine/tp_runner.py) or PCP/DCP/EP/DP ranks
+(engine/ranked_runner.py) — after checking that the settings fit (engine/ranks_check.py).
 
 Owns that choice only; never drives a step.
 """
 
 from __future__ import annotations
 
+from loom_runtime.card import families
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.hisparse import hot_slots
 from loom_runtime.engine.rank_channel import EngineRanks
@@ -24,7 +25,8 @@ def start_engine_ranks(
     """`loaded`: the checkpoint's shapes-only model (the ranks load the weights)."""
     check_ranks(loaded.config, config, None, disagg, starting=True)
     max_model_len = config.resolve_max_model_len(loaded.config.max_position_embeddings)
-    if isinstance(loaded.config, ModelConfig):  # llama: tensor parallel
+    if families.family_of_model_type(loaded.config.model_type).ranks == "tp":
+        assert isinstance(loaded.config, ModelConfig)  # check_ranks: TP shards llama shapes
         return start_tp(checkpoint, loaded.config, config, max_model_len)
     export = disagg is not None or config.use_prefix_cache  # the pool mirrors the ranks
     # a P/D prefill's ranks compute its prompts' MTP rows for the decode and never draft

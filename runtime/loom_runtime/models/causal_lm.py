@@ -30,6 +30,9 @@ class DecoderConfig(Protocol):
     @property
     def num_parameters(self) -> int: ...
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
     def kv_spec(
         self,
         block_size: int,

@@ -14,15 +14,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from loom_runtime import kernels
+from loom_runtime.card import families
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.causal_lm import CausalLM, DecoderConfig
-from loom_runtime.models.config import ModelConfig, read_checkpoint_config
-from loom_runtime.models.llama import LlamaForCausalLM
-from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM
-from loom_runtime.models.sparse_mla.config import MODEL_TYPE as SPARSE_MLA_MODEL_TYPE
-from loom_runtime.models.sparse_mla.config import SparseMlaConfig
-from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
+from loom_runtime.models.config import read_checkpoint_config
+from loom_runtime.models.family import FamilyRuntime, runtime_of
 from loom_runtime.wire.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -36,7 +32,7 @@ class LoadedModel:
     """A model ready to serve: weights in place, its config and its tokenizer."""
 
     model: CausalLM
-    config: DecoderConfig  # ModelConfig (llama family) or SparseMlaConfig
+    config: DecoderConfig  # its family's: ModelConfig (llama), SparseMlaConfig, a plugin's
     tokenizer: Tokenizer
 
 
@@ -55,10 +51,9 @@ def load_model(
     model = build_model(config, dtype, device if weights else "meta")
     if weights:
         model.load_state(read_weights(root))
-    if isinstance(model, LlamaForCausalLM) and model.device.type == "cpu":
-        # its decode attention's kernel: loaded (or built, once per machine) with the model,
-        # not in the first request's step
-        kernels.status()
+    prepare = decoder_runtime(config.model_type).prepare
+    if prepare is not None and weights:
+        prepare(model)  # with the model, not in the first request's step
     logger.info(
         "loaded checkpoint",
         extra={"path": str(root), "model_type": config.model_type, "dtype": str(dtype)},
@@ -77,22 +72,33 @@ def read_tokenizer(root: Path, vocab_size: int, eos_token_ids: tuple[int, ...]) 
     return tokenizer
 
 
-def read_config(root: Path) -> ModelConfig | SparseMlaConfig:
-    """The config of the checkpoint's family, picked by config.json's model_type:
-    `glm_moe_dsa` is sparse-mla, every other supported type a llama-family decoder."""
+def read_config(root: Path) -> DecoderConfig:
+    """The config of the checkpoint's family (card/families.py), found by config.json's
+    model_type."""
     raw, generation, where = read_checkpoint_config(root)
-    if raw.get("model_type") == SPARSE_MLA_MODEL_TYPE:
-        return SparseMlaConfig.from_dict(raw, generation, where)
-    return ModelConfig.from_dict(raw, generation, where)
+    read = decoder_runtime(str(raw.get("model_type", "")), where).read_config
+    assert read is not None  # decoder_runtime checked
+    return read(raw, generation, where)
 
 
-def build_model(
-    config: ModelConfig | SparseMlaConfig, dtype: torch.dtype, device: str | torch.device
-) -> CausalLM:
+def build_model(config: DecoderConfig, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
     """An empty (zero-weight) model of the config's family."""
-    if isinstance(config, SparseMlaConfig):
-        return SparseMlaCausalLM(SparseMlaForCausalLM(config, dtype=dtype, device=device))
-    return LlamaForCausalLM(config, dtype=dtype, device=device)
+    build = decoder_runtime(config.model_type).build
+    assert build is not None  # decoder_runtime checked
+    return build(config, dtype, device)
+
+
+def decoder_runtime(model_type: str, where: str = "config.json") -> FamilyRuntime:
+    """The runtime half of the text family that loads `model_type`; CheckpointError when no
+    registered family does, or its family is not one the text engine serves."""
+    try:
+        family = families.family_of_model_type(model_type)
+    except families.UnknownFamilyError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+    runtime = runtime_of(family)
+    if runtime.read_config is None or runtime.build is None:
+        raise CheckpointError(f"{where}: the {family.name} family is not served as text")
+    return runtime
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -17,20 +17,18 @@ from typing import Any
 
 import torch
 
+from loom_runtime.card import families
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.config import ModelConfig
+from loom_runtime.models.family import runtime_of
 from loom_runtime.models.llama import LlamaForCausalLM
-from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny_files import random_weights as random_tensors
 from loom_runtime.models.tiny_files import write_checkpoint
 from loom_runtime.models.tiny_tokenizer import train_tiny_tokenizer
-from loom_runtime.models.wan.tiny import init_tiny_wan
 
 logger = logging.getLogger(__name__)
 
 TINY_URI = "loom://tiny"
-TINY_WAN_URI = "loom://tiny-wan"
-TINY_SPARSE_MLA_URI = "loom://tiny-sparse-mla"
 INIT_STD = 0.02
 
 README = """# Loom tiny checkpoint (random weights)
@@ -111,13 +109,16 @@ def cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "loom"
 
 
-def builtin_checkpoints() -> dict[str, tuple[str, Callable[[Path], Path]]]:
-    """loom:// URI -> (the file that marks a complete checkpoint, its writer)."""
-    return {
-        TINY_URI: ("config.json", init_tiny),
-        TINY_WAN_URI: ("model_index.json", init_tiny_wan),
-        TINY_SPARSE_MLA_URI: ("config.json", init_tiny_sparse_mla),
-    }
+def builtin_checkpoints() -> dict[str, tuple[str, Callable[[Path, int], Path]]]:
+    """loom:// URI -> (the file that marks a complete checkpoint, its writer): each registered
+    family's tiny checkpoint (card/families.py)."""
+    out: dict[str, tuple[str, Callable[[Path, int], Path]]] = {}
+    for name, family in families.tiny_checkpoints().items():
+        runtime = runtime_of(family)
+        if runtime.write_tiny is None:
+            raise TypeError(f"model family {family.name!r} names loom://{name} but cannot write it")
+        out[f"loom://{name}"] = (runtime.tiny_marker, runtime.write_tiny)
+    return out
 
 
 def resolve_source(uri: str) -> Path:
@@ -148,14 +149,14 @@ def resolve_source(uri: str) -> Path:
     return Path(uri)
 
 
-def _ensure_generated(target: Path, marker: str, write: Callable[[Path], Path]) -> Path:
+def _ensure_generated(target: Path, marker: str, write: Callable[[Path, int], Path]) -> Path:
     if (target / marker).is_file():
         return target
     logger.info("generating a built-in checkpoint (first use)", extra={"path": str(target)})
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        write(staging)
+        write(staging, 0)  # seed 0: the same files on every machine
         staging.chmod(0o755)  # mkdtemp makes it private; the checkpoint is not
         os.rename(staging, target)  # atomic: readers see a complete checkpoint or none
     except OSError:
@@ -164,9 +165,6 @@ def _ensure_generated(target: Path, marker: str, write: Callable[[Path], Path]) 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-FAMILIES = ("llama", "sparse-mla", "wan")
 
 
 def add_parser(sub: Any) -> None:
@@ -181,21 +179,27 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument(
         "--family",
-        choices=FAMILIES,
         default="llama",
-        help="llama (default), sparse-mla (a glm_moe_dsa checkpoint: MLA, DSA indexer, MoE) or "
-        "wan (a diffusers-format Wan 2.x video/image checkpoint: DiT, UMT5 encoder, VAE)",
+        help="a registered family with a tiny checkpoint: llama (default), sparse-mla (a "
+        "glm_moe_dsa checkpoint: MLA, DSA indexer, MoE), dit (a diffusers-format Wan 2.x "
+        "video/image checkpoint: DiT, UMT5 encoder, VAE) or a plugin's",
     )
     parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.family == "sparse-mla":
-        path = init_tiny_sparse_mla(args.dir, seed=args.seed)
-    elif args.family == "wan":
-        path = init_tiny_wan(args.dir, seed=args.seed)
-    else:
-        path = init_tiny(args.dir, seed=args.seed)
-    what = "noise" if args.family == "wan" else "nonsense text"
-    print(f"wrote tiny {args.family} checkpoint (random weights, {what}) to {path}")
+    with_tiny = [f.name for f in families.families() if f.tiny is not None]
+    try:
+        family = families.family(args.family)
+    except families.UnknownFamilyError as exc:
+        raise SystemExit(f"init-tiny: {exc}") from None
+    write = runtime_of(family).write_tiny
+    if family.tiny is None or write is None:
+        raise SystemExit(
+            f"init-tiny: the {family.name} family has no tiny checkpoint "
+            f"(these do: {', '.join(with_tiny)})"
+        )
+    path = write(args.dir, args.seed)
+    what = "noise" if "diffusion" in family.loops else "nonsense text"
+    print(f"wrote tiny {family.name} checkpoint {family.tiny} (random weights, {what}) to {path}")
     return 0

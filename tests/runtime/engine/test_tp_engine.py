@@ -192,7 +192,7 @@ def test_settings_tp_cannot_serve_are_refused_before_any_rank_starts(
         Engine.from_checkpoint(tiny_dir, config(ParallelLayout(pcp=2)))
     with pytest.raises(LayoutError, match="CPU KV offload on TP ranks"):
         Engine.from_checkpoint(tiny_dir, config(kv_offload_gib=0.01))
-    with pytest.raises(LayoutError, match="tp > 1 is not built for sparse-mla"):
+    with pytest.raises(LayoutError, match="splits over dcp and dp and ep and pcp only, not tp"):
         Engine.from_checkpoint(sparse_dir, config())
     with pytest.raises(ValueError, match="tp combines with no other split"):
         config(ParallelLayout(tp=2, pcp=2))

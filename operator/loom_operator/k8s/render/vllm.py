@@ -21,6 +21,7 @@ from loom_operator.api.roles import RoleName
 from loom_operator.fleet.commands import role_settings
 from loom_operator.fleet.desired import served_component
 from loom_operator.fleet.engine_flags import vllm_default, vllm_engine_flags
+from loom_runtime.card import families
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.wire.pods import (
     CONTROL_PORT,
@@ -77,8 +78,9 @@ def vllm_args(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> l
     ]  # fmt: skip
     if served.precision.kv == "fp8":
         argv += ["--kv-cache-dtype", "fp8"]
-    if model.spec.family == "sparse-mla" and (p.pcp > 1 or p.dcp > 1):
-        argv += ["--attention-config", _json({"sparse_mla_force_mqa": True})]
+    context_parallel = families.family(model.spec.family).vllm_context_parallel
+    if context_parallel and (p.pcp > 1 or p.dcp > 1):
+        argv += ["--attention-config", _json(dict(context_parallel))]
     if r.kv_offload is not None:
         size = r.kv_offload.host_gib
         argv += ["--kv-offloading-size", f"{size:g}", "--kv-offloading-backend", "native"]

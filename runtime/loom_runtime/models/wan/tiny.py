@@ -1,4 +1,4 @@
-"""`loom model init-tiny --family wan`: a deterministic tiny diffusers-format Wan checkpoint.
+"""`loom model init-tiny --family dit`: a deterministic tiny diffusers-format Wan checkpoint.
 
 Writes random (noise-producing) weights from a fixed seed for every component; never downloads.
 """
@@ -30,7 +30,7 @@ NORM_SUFFIXES = ("gamma", "norm_q.weight", "norm_k.weight", "layer_norm.weight",
 
 README = """# Loom tiny Wan checkpoint (random weights)
 
-Written by `loom model init-tiny --family wan` (seed {seed}): a diffusers-format `WanPipeline`
+Written by `loom model init-tiny --family dit` (seed {seed}): a diffusers-format `WanPipeline`
 directory (model_index.json; transformer/ = WanTransformer3DModel, text_encoder/ =
 UMT5EncoderModel, vae/ = AutoencoderKLWan, scheduler/ = FlowMatchEulerDiscreteScheduler,
 tokenizer/) whose weights are **random numbers** from a fixed seed. It generates **noise**,

@@ -1,4 +1,4 @@
-"""`loom model init-tiny --family wan`: identical bytes on every run (and per seed), a complete
+"""`loom model init-tiny --family dit`: identical bytes on every run (and per seed), a complete
 diffusers-format directory, the repo's tiny tokenizer."""
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ EXPECTED_FILES = {
 
 
 def test_cli_writes_identical_bytes_on_every_run(wan_dir: Path, tmp_path: Path, capsys) -> None:
-    assert run_cli(["init-tiny", str(tmp_path / "a"), "--family", "wan"]) == 0
+    assert run_cli(["init-tiny", str(tmp_path / "a"), "--family", "dit"]) == 0
     assert "wan" in capsys.readouterr().out
     a = digests(tmp_path / "a")
     assert set(a) == EXPECTED_FILES
     assert a == digests(wan_dir)
-    assert run_cli(["init-tiny", str(tmp_path / "b"), "--family", "wan", "--seed", "1"]) == 0
+    assert run_cli(["init-tiny", str(tmp_path / "b"), "--family", "dit", "--seed", "1"]) == 0
     b = digests(tmp_path / "b")
     weights = "transformer/diffusion_pytorch_model.safetensors"
     assert a[weights] != b[weights] and a["transformer/config.json"] == b["transformer/config.json"]
