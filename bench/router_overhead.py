@@ -42,7 +42,7 @@ from loom_router.core.load import EngineMetrics, LoadTracker
 from loom_router.core.pipeline import EndpointPicker, RoutingInputs
 from loom_router.core.prefix_index import PrefixIndex
 from loom_router.core.request import RequestFeatures, features_from_tokens
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_runtime.wire.kv_events import BlockStored
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
@@ -122,7 +122,7 @@ def bench_fleet(n: int, picks: int, seed: int, max_entries: int) -> dict[str, An
     t0 = time.perf_counter()
     fleet = build_fleet(n, rng, max_entries)
     setup_s = time.perf_counter() - t0
-    picker = EndpointPicker(RouterSettings(max_index_entries=max_entries))
+    picker = EndpointPicker(RoutingSettings(max_index_entries=max_entries))
     requests = [
         RequestFeatures(
             request_id=f"r{i}",
@@ -361,7 +361,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10,100,1000")
     parser.add_argument("--picks", type=int, default=2000)
-    parser.add_argument("--max-entries", type=int, default=RouterSettings().max_index_entries)
+    parser.add_argument("--max-entries", type=int, default=RoutingSettings().max_index_entries)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--proxy-requests", type=int, default=2000, help="0 skips the proxy part")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/router_overhead.json")

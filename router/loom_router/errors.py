@@ -14,8 +14,10 @@ class RouterError(Exception):
     """Base of every error the router raises on purpose."""
 
 
-class RouterConfigError(RouterError, ValueError):
-    """A router setting is out of range (a bug in the caller or a card the API let through)."""
+class ConfigError(RouterError, ValueError):
+    """What the router is configured with is wrong: ROUTER.json, a RoutingSettings value, an
+    endpoint (from the file or the admin API) or a bound of an index or table. Out of range
+    there is a bug in the caller or a card the API let through; from the admin API, HTTP 400."""
 
 
 class EndpointError(RouterError, KeyError):
@@ -110,7 +112,7 @@ _UNAVAILABLE = "service_unavailable_error"
 _TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (UnauthorizedError, 401, "authentication_error", "invalid_api_key"),
     (BadRequestError, 400, _INVALID, None),
-    (RouterConfigError, 400, _INVALID, "invalid_endpoint"),
+    (ConfigError, 400, _INVALID, "invalid_endpoint"),
     (EndpointExistsError, 409, _INVALID, "endpoint_exists"),
     (EndpointError, 404, _INVALID, "endpoint_not_found"),
     (JobNotFoundError, 404, _INVALID, "job_not_found"),

@@ -8,7 +8,7 @@ from loom_operator.api.deployment_card import DeploymentCard, DeploymentCardSpec
 from loom_operator.api.documents import CardSet, load_documents, parse_documents
 from loom_operator.api.roles import (
     ROLE_NAMES,
-    EngineSettings,
+    EngineSection,
     HiSparse,
     KvOffload,
     MtpSettings,
@@ -38,7 +38,7 @@ __all__ = [
     "DeploymentCardSpec",
     "DeploymentCardStatus",
     "Disaggregation",
-    "EngineSettings",
+    "EngineSection",
     "Failover",
     "HiSparse",
     "Hotspot",

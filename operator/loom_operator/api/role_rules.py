@@ -11,7 +11,7 @@ from loom_runtime.card.checks import Rule
 from loom_runtime.card.errors import Problem
 
 if TYPE_CHECKING:
-    from loom_operator.api.roles import EngineSettings, Parallelism, Role, Roles
+    from loom_operator.api.roles import EngineSection, Parallelism, Role, Roles
 
 
 def pcp_problems(par: Parallelism) -> list[Problem]:
@@ -49,7 +49,7 @@ def interleave_cp_problems(par: Parallelism) -> list[Problem]:
     return [(("cpKvInterleave",), "interleave_without_cp", msg)]
 
 
-def engine_problems(engine: EngineSettings) -> list[Problem]:
+def engine_problems(engine: EngineSection) -> list[Problem]:
     """Every running sequence needs a token of the step budget."""
     if engine.max_num_batched_tokens >= engine.max_num_seqs:
         return []

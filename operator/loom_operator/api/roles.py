@@ -104,8 +104,10 @@ class Parallelism(CardModel):
         return validate_with_rules(cls, data, handler, PARALLELISM_RULES)
 
 
-class EngineSettings(CardModel):
-    """Scheduler and KV-cache settings of the engine in each rank."""
+class EngineSection(CardModel):
+    """A role's `engine:` section: scheduler and KV-cache settings of the engine in each rank
+    (the runtime's EngineConfig is built from them, through the flags that
+    loom_runtime/wire/engine_settings.py declares)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -134,8 +136,8 @@ class EngineSettings(CardModel):
     @model_validator(mode="wrap")
     @classmethod
     def _check(
-        cls, data: object, handler: ModelWrapValidatorHandler[EngineSettings]
-    ) -> EngineSettings:
+        cls, data: object, handler: ModelWrapValidatorHandler[EngineSection]
+    ) -> EngineSection:
         return validate_with_rules(cls, data, handler, ENGINE_RULES)
 
 
@@ -198,7 +200,7 @@ class Role(CardModel):
     """Pods of this role (each one engine over `ranks` GPUs)."""
     parallelism: Parallelism = Field(default_factory=Parallelism)
     """How one replica is split over ranks (all 1 by default)."""
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    engine: EngineSection = Field(default_factory=EngineSection)
     """Scheduler and KV-cache settings."""
     kv_offload: KvOffload | None = None
     """Host KV tier (prefill: keep session prefixes)."""

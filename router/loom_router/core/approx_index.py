@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_BLOCK = 16
@@ -29,7 +29,7 @@ def text_keys(
     prefixes. BLAKE2b, not Python's `hash`: every replica and restart must agree.
     """
     if chars_per_token <= 0 or tokens_per_block <= 0:
-        raise RouterConfigError("chars_per_token and tokens_per_block must be positive")
+        raise ConfigError("chars_per_token and tokens_per_block must be positive")
     width = chars_per_token * tokens_per_block
     keys: list[int] = []
     parent = b"\x00" * 8
@@ -54,7 +54,7 @@ class ApproxIndex:
 
     def __init__(self, max_blocks_per_endpoint: int = 31_250) -> None:
         if max_blocks_per_endpoint <= 0:
-            raise RouterConfigError("max_blocks_per_endpoint must be positive")
+            raise ConfigError("max_blocks_per_endpoint must be positive")
         self.max_blocks_per_endpoint = max_blocks_per_endpoint
         self._batch = max(1, max_blocks_per_endpoint // 64)
         self._lock = threading.Lock()

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 
 SLOT_BITS = 16
 MAX_SLOTS = 1 << SLOT_BITS
@@ -30,7 +30,7 @@ class BlockMap:
 
     def __init__(self, max_entries: int) -> None:
         if max_entries <= 0:
-            raise RouterConfigError(f"max_entries must be positive, got {max_entries}")
+            raise ConfigError(f"max_entries must be positive, got {max_entries}")
         self.max_entries = max_entries
         self.evictions = 0
         self._evict_batch = max(1, max_entries // 64)
@@ -147,7 +147,7 @@ class BlockMap:
         elif len(self._slots) < MAX_SLOTS:
             slot = len(self._slots)
         else:
-            raise RouterConfigError(f"more than {MAX_SLOTS} endpoints in the prefix index")
+            raise ConfigError(f"more than {MAX_SLOTS} endpoints in the prefix index")
         self._slots[endpoint_id] = slot
         self._names[slot] = endpoint_id
         return slot

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol
 
-from loom_router.errors import EndpointError, EndpointExistsError, RouterConfigError
+from loom_router.errors import ConfigError, EndpointError, EndpointExistsError
 from loom_runtime.wire.router_admin import ROLES, EndpointRole, EndpointSpec
 
 logger = logging.getLogger(__name__)
@@ -39,9 +39,9 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         if not self.id or not self.url:
-            raise RouterConfigError(f"an endpoint needs an id and a url, got {self!r}")
+            raise ConfigError(f"an endpoint needs an id and a url, got {self!r}")
         if self.role not in ROLES:
-            raise RouterConfigError(f"endpoint {self.id!r}: role must be one of {ROLES}")
+            raise ConfigError(f"endpoint {self.id!r}: role must be one of {ROLES}")
 
     @classmethod
     def from_spec(cls, endpoint_id: str, spec: EndpointSpec) -> Endpoint:
@@ -75,7 +75,7 @@ class EndpointSnapshot:
         ordered = tuple(sorted(self.endpoints, key=lambda e: e.id))
         ids = {e.id for e in ordered}
         if len(ids) != len(ordered):
-            raise RouterConfigError("endpoint ids must be unique within a snapshot")
+            raise ConfigError("endpoint ids must be unique within a snapshot")
         object.__setattr__(self, "endpoints", ordered)
         object.__setattr__(self, "by_id", MappingProxyType({e.id: e for e in ordered}))
 
@@ -118,7 +118,7 @@ class StaticEndpoints:
         max_listeners: int = 64,
     ) -> None:
         if max_endpoints <= 0 or max_listeners <= 0:
-            raise RouterConfigError("max_endpoints and max_listeners must be positive")
+            raise ConfigError("max_endpoints and max_listeners must be positive")
         self._max_endpoints = max_endpoints
         self._max_listeners = max_listeners
         self._lock = threading.Lock()  # guards the snapshot and the listener list
@@ -126,7 +126,7 @@ class StaticEndpoints:
         self._listeners: list[Listener] = []
         self._snapshot = EndpointSnapshot(tuple(endpoints))
         if len(self._snapshot) > max_endpoints:
-            raise RouterConfigError(f"more than {max_endpoints} endpoints")
+            raise ConfigError(f"more than {max_endpoints} endpoints")
 
     def snapshot(self) -> EndpointSnapshot:
         with self._lock:
@@ -135,7 +135,7 @@ class StaticEndpoints:
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         with self._lock:
             if len(self._listeners) >= self._max_listeners:
-                raise RouterConfigError(f"at most {self._max_listeners} listeners")
+                raise ConfigError(f"at most {self._max_listeners} listeners")
             self._listeners.append(listener)
 
         def unsubscribe() -> None:
@@ -154,7 +154,7 @@ class StaticEndpoints:
             if endpoint.id in current:
                 raise EndpointExistsError(f"endpoint {endpoint.id!r} exists; update it instead")
             if len(current) >= self._max_endpoints:
-                raise RouterConfigError(
+                raise ConfigError(
                     f"cannot add {endpoint.id!r}: already {self._max_endpoints} endpoints"
                 )
             current[endpoint.id] = endpoint

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from loom_router.core.pipeline import PrefixLookup
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 
 
 class InFlightPrefixes:
@@ -24,7 +24,7 @@ class InFlightPrefixes:
 
     def __init__(self, ttl_s: float = 10.0, max_entries: int = 200_000) -> None:
         if ttl_s <= 0 or max_entries <= 0:
-            raise RouterConfigError("ttl_s and max_entries must be positive")
+            raise ConfigError("ttl_s and max_entries must be positive")
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._lock = threading.Lock()

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from loom_router.errors import MetricsParseError, RouterConfigError
+from loom_router.errors import ConfigError, MetricsParseError
 from loom_runtime.wire.metric_names import (
     ADMISSION_OPEN,
     KV_CACHE_USAGE,
@@ -122,7 +122,7 @@ class LoadTracker:
 
     def __init__(self, stale_after_s: float = 2.0) -> None:
         if stale_after_s <= 0:
-            raise RouterConfigError(f"stale_after_s must be > 0, got {stale_after_s}")
+            raise ConfigError(f"stale_after_s must be > 0, got {stale_after_s}")
         self.stale_after_s = stale_after_s
         self._lock = threading.Lock()
         self._scrapes: dict[str, tuple[float, EngineMetrics]] = {}

@@ -23,20 +23,20 @@ from loom_router.core.picker import pick_max, pick_weighted
 from loom_router.core.request import RequestFeatures
 from loom_router.core.scorers import (
     in_flight,
-    kv_utilization,
+    kv_cache_utilization,
     prefix,
     queue,
     running,
     session,
 )
 from loom_router.core.scorers.contract import Scorer, ScoringContext, clamp
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_router.errors import NoEndpointError
 
 SCORERS: Mapping[str, Scorer] = {
     "prefix": prefix.score,
     "queue": queue.score,
-    "kv_utilization": kv_utilization.score,
+    "kv_cache_utilization": kv_cache_utilization.score,
     "running": running.score,
     "in_flight": in_flight.score,
     "session": session.score,
@@ -95,10 +95,10 @@ class _Ranking:
 
 
 class EndpointPicker:
-    """Picks endpoints for requests under one RouterSettings. Holds no per-request state, so
+    """Picks endpoints for requests under one RoutingSettings. Holds no per-request state, so
     two replicas with the same inputs and seed make the same decisions."""
 
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(self, settings: RoutingSettings) -> None:
         self.settings = settings
         active = [
             (name, weight)

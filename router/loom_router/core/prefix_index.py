@@ -15,7 +15,7 @@ from typing import Literal
 from loom_router.core.block_map import BlockMap
 from loom_router.core.hash_check import checkable, hash_problem
 from loom_router.core.kv_events import DecodedBatch, EventMessage, index_key
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 from loom_runtime.wire.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockStored, KVEvent
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
@@ -72,7 +72,7 @@ class PrefixIndex:
         verify_every: int = 64,
     ) -> None:
         if verify_every <= 0:
-            raise RouterConfigError(f"verify_every must be positive, got {verify_every}")
+            raise ConfigError(f"verify_every must be positive, got {verify_every}")
         self.max_entries = max_entries
         self._blocks = BlockMap(max_entries)
         self._hasher = hasher

@@ -1,5 +1,5 @@
-"""The router's one settings type: every tunable of routing and failover, converted once from
-ROUTER.json (shell/config.py) and never read from a card in hot loops.
+"""The router's one settings type (`RoutingSettings`): every tunable of routing and failover,
+converted once from ROUTER.json (shell/config.py) and never read from a card in hot loops.
 
 Owns defaults that the card does not expose and their ranges; never routes anything itself.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 from loom_runtime.card.serving import DEFAULT_IN_FLIGHT_PREFIX_S
 
 PrefixScorerKind = Literal["precise", "approximate"]
@@ -34,16 +34,16 @@ class ScorerWeights:
     def __post_init__(self) -> None:
         values = self.as_pairs()
         if any(w < 0 for _, w in values):
-            raise RouterConfigError(f"scorer weights must be >= 0, got {dict(values)}")
+            raise ConfigError(f"scorer weights must be >= 0, got {dict(values)}")
         if sum(w for _, w in values) <= 0:
-            raise RouterConfigError("at least one scorer needs a weight above 0")
+            raise ConfigError("at least one scorer needs a weight above 0")
 
     def as_pairs(self) -> tuple[tuple[str, float], ...]:
         """(scorer name, weight) in a fixed order, the order scores are summed in."""
         return (
             ("prefix", self.prefix_cache),
             ("queue", self.queue),
-            ("kv_utilization", self.kv_cache_utilization),
+            ("kv_cache_utilization", self.kv_cache_utilization),
             ("running", self.running),
             ("in_flight", self.in_flight),
             ("session", self.session_affinity),
@@ -51,8 +51,9 @@ class ScorerWeights:
 
 
 @dataclass(frozen=True)
-class RouterSettings:
-    """Everything the pure router core needs; defaults match the card's defaults."""
+class RoutingSettings:
+    """How to route and fail over: everything the pure router core needs (the card's router and
+    failover sections plus the engines' hashing); defaults match the card's defaults."""
 
     weights: ScorerWeights = field(default_factory=ScorerWeights)
     prefix_scorer: PrefixScorerKind = "precise"
@@ -121,4 +122,4 @@ class RouterSettings:
                 f"on_transfer_failure must be recompute|fail: {self.on_transfer_failure!r}"
             )
         if problems:
-            raise RouterConfigError("router settings: " + "; ".join(problems))
+            raise ConfigError("router settings: " + "; ".join(problems))

@@ -1,6 +1,6 @@
 """The mutable state one router replica keeps (indexes, sessions, load) and its upkeep.
 
-Owns creating that state from RouterSettings, pruning it when endpoints leave or change
+Owns creating that state from RoutingSettings, pruning it when endpoints leave or change
 weights, and recording where requests went; never picks (the EndpointPicker does) and no I/O.
 """
 
@@ -15,7 +15,7 @@ from loom_router.core.pipeline import PrefixLookup, RoutingInputs
 from loom_router.core.prefix_index import PrefixIndex
 from loom_router.core.request import RequestFeatures
 from loom_router.core.scorers.session import SessionTable
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
 
@@ -26,7 +26,7 @@ class RouterState:
     `inputs(snapshot, now)` to get a pick's inputs. Thread-safe as its parts are.
     """
 
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(self, settings: RoutingSettings) -> None:
         self.settings = settings
         self.hasher = PrefixHasher(settings.block_size, settings.hash_seed, settings.hash_algo)
         self.prefix = PrefixIndex(settings.max_index_entries, self.hasher)

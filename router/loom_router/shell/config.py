@@ -1,7 +1,8 @@
-"""What the router process is told: ROUTER.json (`RouterConfig`) and its flags (`RouterOptions`).
+"""What the router process is told: ROUTER.json (`RouterFileConfig`) and its command line
+(`RouterFlags`, with environment fallbacks).
 
 Owns the file's shape, its validation (every problem reported at once, with its field path), the
-conversion of the card's router/failover sections to the one RouterSettings, and the flag names,
+conversion of the card's router/failover sections to the one RoutingSettings, and the flag names,
 defaults and environment fallbacks; never routes. Imports nothing heavy, so the `loom` CLI can
 register the flags without loading the router.
 
@@ -24,8 +25,8 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from loom_router.core.endpoints import Endpoint
-from loom_router.core.settings import RouterSettings, ScorerWeights
-from loom_router.errors import RouterConfigError
+from loom_router.core.settings import RoutingSettings, ScorerWeights
+from loom_router.errors import ConfigError
 from loom_runtime.card.serving import Failover, Router
 from loom_runtime.wire.errors import WireConfigError
 from loom_runtime.wire.router_admin import EndpointSpec
@@ -50,11 +51,14 @@ class DiffusionRouting:
 
 
 @dataclass(frozen=True)
-class RouterConfig:
+class RouterFileConfig:
+    """ROUTER.json, validated: the model, the tokenizer, the routing settings and the first
+    endpoints (the admin API and --watch-pods change the endpoints later)."""
+
     model_name: str
     tokenizer_path: Path | None
     """A tokenizer.json, or a checkpoint directory holding one (None: approximate keys only)."""
-    settings: RouterSettings
+    settings: RoutingSettings
     endpoints: tuple[Endpoint, ...] = ()
     diffusion: DiffusionRouting | None = None
     """Set: /v1/images and /v1/videos are served (by predicted cost × load), not text routes."""
@@ -65,13 +69,13 @@ def endpoint_from_doc(endpoint_id: str, doc: Mapping[str, Any], where: str) -> E
     try:
         return Endpoint.from_spec(endpoint_id, EndpointSpec.from_json(doc, where))
     except WireConfigError as exc:
-        raise RouterConfigError(str(exc)) from None
+        raise ConfigError(str(exc)) from None
 
 
-def config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> RouterConfig:
-    """Validate a ROUTER.json document; RouterConfigError lists every problem found."""
+def file_config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> RouterFileConfig:
+    """Validate a ROUTER.json document; ConfigError lists every problem found."""
     if not isinstance(doc, Mapping):
-        raise RouterConfigError("ROUTER.json must hold a JSON object")
+        raise ConfigError("ROUTER.json must hold a JSON object")
     problems = [f"{k}: unknown field" for k in sorted(set(doc) - _TOP_LEVEL)]
     model = doc.get("model_name")
     if not isinstance(model, str) or not model:
@@ -91,24 +95,24 @@ def config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> Router
         try:
             eid = item.get("id") if isinstance(item, Mapping) else None
             if not isinstance(eid, str) or not eid:
-                raise RouterConfigError(f"{where}.id: required, a non-empty string")
+                raise ConfigError(f"{where}.id: required, a non-empty string")
             rest = {k: v for k, v in item.items() if k != "id"}
             endpoints.append(endpoint_from_doc(eid, rest, where))
-        except RouterConfigError as exc:
+        except ConfigError as exc:
             problems.append(str(exc))
     diffusion = _diffusion(doc.get("diffusion"), problems)
-    settings: RouterSettings | None = None
+    settings: RoutingSettings | None = None
     if router is not None and failover is not None:
         try:
             settings = settings_from_spec(router, failover, doc)
-        except RouterConfigError as exc:
+        except ConfigError as exc:
             problems.append(str(exc))
     if problems or settings is None:
-        raise RouterConfigError("ROUTER.json: " + "; ".join(problems))
+        raise ConfigError("ROUTER.json: " + "; ".join(problems))
     path = None if tok is None else Path(tok)
     if path is not None and not path.is_absolute() and base is not None:
         path = base / path
-    return RouterConfig(str(model), path, settings, tuple(endpoints), diffusion)
+    return RouterFileConfig(str(model), path, settings, tuple(endpoints), diffusion)
 
 
 def _diffusion(raw: Any, problems: list[str]) -> DiffusionRouting | None:
@@ -124,28 +128,28 @@ def _diffusion(raw: Any, problems: list[str]) -> DiffusionRouting | None:
     return DiffusionRouting(steps)
 
 
-def load_config(path: Path) -> RouterConfig:
+def load_file_config(path: Path) -> RouterFileConfig:
     try:
         doc = json.loads(path.read_text("utf-8"))
     except OSError as exc:
-        raise RouterConfigError(f"cannot read {path}: {exc}") from exc
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
     except ValueError as exc:
-        raise RouterConfigError(f"{path} is not JSON: {exc}") from exc
-    return config_from_dict(doc, path.parent)
+        raise ConfigError(f"{path} is not JSON: {exc}") from exc
+    return file_config_from_dict(doc, path.parent)
 
 
 def settings_from_spec(
     router: Router, failover: Failover, doc: Mapping[str, Any]
-) -> RouterSettings:
-    """RouterSettings from the card's sections plus the engines' hashing parameters."""
+) -> RoutingSettings:
+    """RoutingSettings from the card's sections plus the engines' hashing parameters."""
     block_size = doc.get("block_size", 16)
     seed = doc.get("hash_seed", "0")
     algo = doc.get("hash_algo", "sha256_cbor")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
-        raise RouterConfigError(f"block_size: a positive integer, got {block_size!r}")
+        raise ConfigError(f"block_size: a positive integer, got {block_size!r}")
     if not isinstance(seed, str) or not isinstance(algo, str):
-        raise RouterConfigError("hash_seed and hash_algo: strings")
-    return RouterSettings(
+        raise ConfigError("hash_seed and hash_algo: strings")
+    return RoutingSettings(
         weights=ScorerWeights(
             prefix_cache=router.scorers.prefix_cache,
             queue=router.scorers.queue,
@@ -179,13 +183,18 @@ def _card_part(cls: Any, value: Any, where: str, problems: list[str]) -> Any:
 # --- flags ---------------------------------------------------------------------------------
 
 
-class OptionsError(ValueError):
+class FlagsError(ValueError):
     """The flags ask for something impossible; the message says what to pass instead."""
 
 
 @dataclass(frozen=True)
-class RouterOptions:
+class RouterFlags:
+    """The router's command line (flags, or their environment fallbacks): where to listen, who
+    may call, the policy. The routing settings come from ROUTER.json (`RouterFileConfig`); only
+    --max-index-entries overrides one of them."""
+
     config: Path
+    """ROUTER.json (--config)."""
     host: str = "127.0.0.1"
     port: int = 8080
     admin_host: str = "127.0.0.1"
@@ -245,27 +254,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-body-bytes",
         type=int,
-        default=RouterOptions.max_body_bytes,
+        default=RouterFlags.max_body_bytes,
         help="largest request body accepted; larger ones get 413 (default 64 MiB)",
     )
 
 
-def options_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterOptions:
+def flags_from_args(args: argparse.Namespace, env: dict[str, str]) -> RouterFlags:
     token = args.admin_token or env.get(ADMIN_TOKEN_ENV, "")
     if not token:
-        raise OptionsError(
+        raise FlagsError(
             f"the admin API needs a token: pass --admin-token or set ${ADMIN_TOKEN_ENV}"
         )
     keys = [*args.api_key, *(k.strip() for k in env.get(API_KEYS_ENV, "").split(","))]
     if args.scrape_interval <= 0:
-        raise OptionsError(f"--scrape-interval must be > 0, got {args.scrape_interval}")
+        raise FlagsError(f"--scrape-interval must be > 0, got {args.scrape_interval}")
     if args.max_index_entries is not None and args.max_index_entries <= 0:
-        raise OptionsError(f"--max-index-entries must be > 0, got {args.max_index_entries}")
+        raise FlagsError(f"--max-index-entries must be > 0, got {args.max_index_entries}")
     if args.max_body_bytes < 1024:
-        raise OptionsError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
+        raise FlagsError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     if args.port == args.admin_port and args.host == args.admin_host:
-        raise OptionsError("--port and --admin-port must differ")
-    return RouterOptions(
+        raise FlagsError("--port and --admin-port must differ")
+    return RouterFlags(
         config=args.config,
         host=args.host,
         port=args.port,

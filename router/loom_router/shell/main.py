@@ -20,16 +20,16 @@ from aiohttp import web
 
 from loom_router.core.endpoints import EndpointSnapshot, StaticEndpoints
 from loom_router.core.state import RouterState
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 from loom_router.shell.admin import AdminApp
 from loom_router.shell.config import (
-    OptionsError,
-    RouterConfig,
-    RouterOptions,
+    FlagsError,
+    RouterFileConfig,
+    RouterFlags,
     add_arguments,
     env,
-    load_config,
-    options_from_args,
+    flags_from_args,
+    load_file_config,
 )
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.kv_subscriber import KVSubscriber
@@ -56,19 +56,19 @@ def load_tokenizer(path: Path) -> Tokenizer:
     try:
         return Tokenizer.from_dir(path)
     except CheckpointError as exc:
-        raise RouterConfigError(f"tokenizer_path: {exc}") from exc
+        raise ConfigError(f"tokenizer_path: {exc}") from exc
 
 
 class RouterServer:
     """Everything one router replica runs; `start()` then `stop()` on one event loop."""
 
-    def __init__(self, config: RouterConfig, options: RouterOptions) -> None:
+    def __init__(self, config: RouterFileConfig, flags: RouterFlags) -> None:
         self.config = config
-        self.options = options
+        self.flags = flags
         self.source = StaticEndpoints(config.endpoints)
         settings = config.settings
-        if options.max_index_entries is not None:
-            settings = replace(settings, max_index_entries=options.max_index_entries)
+        if flags.max_index_entries is not None:
+            settings = replace(settings, max_index_entries=flags.max_index_entries)
         self.state = RouterState(settings)
         self.metrics = RouterMetrics()
         self.upstream = Upstream(UpstreamTimeouts(connect_s=config.settings.health_timeout_s))
@@ -76,7 +76,7 @@ class RouterServer:
                              timeout_s=config.settings.health_timeout_s)  # fmt: skip
         self.scraper = MetricsScraper(
             self.source, self.state.load, self.upstream, self.metrics, self.prober.refused,
-            interval_s=options.scrape_interval_s,
+            interval_s=flags.scrape_interval_s,
             timeout_s=min(1.0, config.settings.health_timeout_s),
         )  # fmt: skip
         self.subscriber = KVSubscriber(self.state.prefix, self.metrics)
@@ -89,7 +89,7 @@ class RouterServer:
             )
         self.picking = Picking(
             source=self.source, state=self.state, upstream=self.upstream, metrics=self.metrics,
-            policy=options.policy, seed=options.seed,
+            policy=flags.policy, seed=flags.seed,
         )  # fmt: skip
         self.transport = Transport(self.upstream, self.prober, self.metrics, self.state.load)
         self.dispatcher = Dispatcher(
@@ -103,15 +103,15 @@ class RouterServer:
             media = MediaSettings(config.diffusion.default_steps, limit + 1, limit)
             self.media = MediaProxy(self.source, self.upstream, self.prober, self.metrics, media)
         self.proxy = ProxyApp(
-            self.dispatcher, self.metrics, config.model_name, options.api_keys,
-            max_body_bytes=options.max_body_bytes, media=self.media,
+            self.dispatcher, self.metrics, config.model_name, flags.api_keys,
+            max_body_bytes=flags.max_body_bytes, media=self.media,
         )  # fmt: skip
-        self.admin = AdminApp(self.source, self.transport.flights, self.prober, options.admin_token)
+        self.admin = AdminApp(self.source, self.transport.flights, self.prober, flags.admin_token)
         self.pod_watch: PodWatch | None = None
-        if options.watch_pods:
+        if flags.watch_pods:
             list_pods, watch_pods = kubernetes_pod_api()
             self.pod_watch = PodWatch(
-                self.source, options.namespace, options.watch_pods, list_pods, watch_pods
+                self.source, flags.namespace, flags.watch_pods, list_pods, watch_pods
             )
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -135,7 +135,7 @@ class RouterServer:
         self._tasks = [asyncio.create_task(self.scraper.run()),
                        asyncio.create_task(self.prober.run()),
                        asyncio.create_task(self._watch_hashes())]  # fmt: skip
-        o = self.options
+        o = self.flags
         for app, host, port in ((self.proxy.app(), o.host, o.port),
                                 (self.admin.app(), o.admin_host, o.admin_port)):  # fmt: skip
             runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -232,11 +232,11 @@ class RouterServer:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        options = options_from_args(args, env())
-        configure_logging(options.log_level.upper())
-        config = load_config(options.config)
-        server = RouterServer(config, options)
-    except (OptionsError, RouterConfigError, ValueError) as exc:
+        flags = flags_from_args(args, env())
+        configure_logging(flags.log_level.upper())
+        config = load_file_config(flags.config)
+        server = RouterServer(config, flags)
+    except (FlagsError, ConfigError, ValueError) as exc:
         print(f"loom router: {exc}", file=sys.stderr)
         return 2
     try:

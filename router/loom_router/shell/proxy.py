@@ -18,7 +18,7 @@ from aiohttp import web
 
 from loom_router.core.filters import SERVING_ROLES
 from loom_router.errors import RouterError, UnauthorizedError, classify, http_error_body
-from loom_router.shell.config import RouterOptions
+from loom_router.shell.config import RouterFlags
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.media_proxy import MediaProxy
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
@@ -52,7 +52,7 @@ class ProxyApp:
         metrics: RouterMetrics,
         model_name: str,
         api_keys: Sequence[str] = (),
-        max_body_bytes: int = RouterOptions.max_body_bytes,
+        max_body_bytes: int = RouterFlags.max_body_bytes,
         media: MediaProxy | None = None,
     ) -> None:
         self.dispatcher = dispatcher

@@ -1,5 +1,5 @@
 """Scrapes every endpoint's /metrics on an interval into the LoadTracker (the queue, running and
-KV-utilisation scorers read it), and takes endpoints that refuse connections out of routing.
+kv_cache_utilization scorers read it), and takes endpoints that refuse connections out of routing.
 
 Owns the scrape schedule (one task per endpoint at a time, each bounded by a timeout); never
 treats a failed or stale scrape as zero load (the tracker forgets it: unknown).

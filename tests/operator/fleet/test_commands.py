@@ -26,7 +26,7 @@ from loom_operator.fleet.commands import (
     runtime_flags,
 )
 from loom_operator.k8s.render.config import cards_config_map
-from loom_router.shell.config import config_from_dict
+from loom_router.shell.config import file_config_from_dict
 from loom_runtime.card import CardError
 from loom_runtime.card.load import parse_card
 from loom_runtime.engine.config import EngineConfig
@@ -61,11 +61,11 @@ def test_a_text_worker_keeps_its_kv_event_flags() -> None:
 def test_the_router_document_of_a_diffusion_fleet_turns_on_media_routing() -> None:
     model, deployment = cards("tiny-video.yaml")
     doc = router_document(deployment, model.name, None, diffusion_steps(model))
-    config = config_from_dict(doc)
+    config = file_config_from_dict(doc)
     assert config.diffusion is not None and config.diffusion.default_steps == 8
     text_model, text_deployment = cards("tiny-aggregated.yaml")
     text_doc = router_document(text_deployment, text_model.name, None)
-    assert config_from_dict(text_doc).diffusion is None
+    assert file_config_from_dict(text_doc).diffusion is None
 
 
 def test_the_pods_router_json_is_the_same_document() -> None:

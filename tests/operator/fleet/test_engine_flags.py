@@ -67,7 +67,7 @@ def test_every_declared_card_field_is_a_field_of_the_cards() -> None:
             (declared.vllm.card,) if declared.vllm and declared.vllm.card else ()
         ):
             card_field(role, served_component(model), path)  # KeyError on a typo
-    with pytest.raises(KeyError, match="EngineSettings has no field 'blockSise'"):
+    with pytest.raises(KeyError, match="EngineSection has no field 'blockSise'"):
         card_field(role, None, "engine.blockSise")
     with pytest.raises(KeyError, match="reads the served component"):
         card_field(role, None, "component.precision.weights")

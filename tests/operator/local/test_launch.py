@@ -22,7 +22,7 @@ from loom_operator.local.launch import (
     worker_env,
 )
 from loom_operator.testing.cards import card_text
-from loom_router.shell.config import add_arguments, config_from_dict, options_from_args
+from loom_router.shell.config import add_arguments, file_config_from_dict, flags_from_args
 from loom_runtime.card import load_model_card
 from loom_runtime.cli import build_parser
 
@@ -94,7 +94,7 @@ def test_worker_env_carries_the_token_and_one_thread_share(pd_card: Path) -> Non
 def test_router_config_is_accepted_by_the_router(pd_card: Path, tmp_path: Path) -> None:
     cards = parse_fleet_cards(pd_card)
     doc = json.loads(router_config(cards, tmp_path / "tok"))
-    config = config_from_dict(doc)
+    config = file_config_from_dict(doc)
     assert config.model_name == "tiny"
     assert config.tokenizer_path == tmp_path / "tok"
     assert config.settings.min_uncached_tokens == 0
@@ -104,6 +104,6 @@ def test_router_config_is_accepted_by_the_router(pd_card: Path, tmp_path: Path) 
     assert argv[:3] == ["py", "-m", "loom_router"]
     args = argparse.ArgumentParser()
     add_arguments(args)
-    options = options_from_args(args.parse_args(argv[3:]), router_env({}, "tok"))
-    assert (options.port, options.admin_port, options.admin_token) == (8000, 8001, "tok")
+    flags = flags_from_args(args.parse_args(argv[3:]), router_env({}, "tok"))
+    assert (flags.port, flags.admin_port, flags.admin_token) == (8000, 8001, "tok")
     assert "tok" not in argv  # the admin token travels in the environment, not in `ps`

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loom_router.core.block_map import BlockMap
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 
 
 class Model:
@@ -111,5 +111,5 @@ def test_entries_create_no_garbage_collected_objects() -> None:
 
 
 def test_capacity_must_be_positive() -> None:
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         BlockMap(0)

@@ -11,7 +11,7 @@ from loom_router.core.endpoints import (
     EndpointSource,
     StaticEndpoints,
 )
-from loom_router.errors import EndpointError, EndpointExistsError, RouterConfigError, classify
+from loom_router.errors import ConfigError, EndpointError, EndpointExistsError, classify
 
 EndpointFactory = Callable[..., Endpoint]
 
@@ -29,7 +29,7 @@ def test_snapshot_is_sorted_by_id_and_indexed(endpoint: EndpointFactory) -> None
 
 
 def test_snapshot_refuses_duplicate_ids(endpoint: EndpointFactory) -> None:
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         EndpointSnapshot((endpoint("d1"), endpoint("d1")))
 
 
@@ -87,7 +87,7 @@ def test_unknown_or_duplicate_endpoints_are_typed_errors(endpoint: EndpointFacto
 
 def test_endpoint_count_is_bounded(endpoint: EndpointFactory) -> None:
     source = StaticEndpoints([endpoint("d1")], max_endpoints=1)
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         source.add(endpoint("d2"))
 
 
@@ -139,7 +139,7 @@ def test_concurrent_operations_lose_no_update_and_deliver_in_order(
 
 
 def test_endpoint_validates_its_fields() -> None:
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         Endpoint(id="", url="http://x", role="decode", weights_version="v1")
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         Endpoint(id="x", url="http://x", role="encoder", weights_version="v1")  # type: ignore[arg-type]

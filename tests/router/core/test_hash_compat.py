@@ -17,9 +17,9 @@ from loom_router.core.kv_events import decode_message
 from loom_router.core.pd_decider import cached_tokens
 from loom_router.core.pipeline import EndpointPicker
 from loom_router.core.request import features_from_tokens
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_router.core.state import RouterState
-from loom_router.shell.config import config_from_dict
+from loom_router.shell.config import file_config_from_dict
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.kv.block_table import BlockTable
@@ -28,9 +28,9 @@ from loom_runtime.wire.kv_events import EventBuffer
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
 
-def settings_from_card(card: DeploymentCard) -> RouterSettings:
+def settings_from_card(card: DeploymentCard) -> RoutingSettings:
     """What the router runs with for `card`: the ROUTER.json the operator writes, as read back."""
-    return config_from_dict(router_document(card, "tiny", None)).settings
+    return file_config_from_dict(router_document(card, "tiny", None)).settings
 
 
 SEED = "1234"
@@ -63,7 +63,7 @@ class Engine:
         return [b"kv-events", (self.seq - 1).to_bytes(8, "big"), payload]
 
 
-def card_settings() -> RouterSettings:
+def card_settings() -> RoutingSettings:
     card = DeploymentCard.model_validate(
         {
             "apiVersion": "loom.dev/v1alpha1",

@@ -12,9 +12,9 @@ from loom_router.core.load import EngineMetrics, load_view
 from loom_router.core.pipeline import EndpointPicker, RoutingInputs
 from loom_router.core.prefix_index import PrefixIndex
 from loom_router.core.request import RequestFeatures, features_from_text, features_from_tokens
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_router.core.state import RouterState
-from loom_router.errors import NoEndpointError, RouterConfigError
+from loom_router.errors import ConfigError, NoEndpointError
 from loom_runtime.wire.kv_events import BlockRemoved, BlockStored
 from loom_runtime.wire.prefix_hash import PrefixHasher
 
@@ -53,7 +53,7 @@ def test_routes_to_the_endpoint_holding_the_prefix_and_says_why(
     index = PrefixIndex()
     cache(index, "b", SYSTEM)
     inputs = RoutingInputs(snap, load_view(idle(["a", "b", "c"])), index)
-    decision = EndpointPicker(RouterSettings()).pick(
+    decision = EndpointPicker(RoutingSettings()).pick(
         request("r1", [*SYSTEM, 5, 6, 7]), inputs, random.Random(0)
     )
     assert decision.endpoint.id == "b"
@@ -76,7 +76,9 @@ def test_load_decides_between_equal_prefixes(endpoint: EndpointFactory) -> None:
         "b": EngineMetrics(waiting=0, running=8, kv_usage=0.3),
     }
     inputs = RoutingInputs(snap, load_view(metrics), index)
-    decision = EndpointPicker(RouterSettings()).pick(request("r", SYSTEM), inputs, random.Random(0))
+    decision = EndpointPicker(RoutingSettings()).pick(
+        request("r", SYSTEM), inputs, random.Random(0)
+    )
     assert decision.endpoint.id == "b"
 
 
@@ -100,7 +102,9 @@ def test_pd_pairs_a_decode_with_a_same_version_prefill(
     )
     inputs = RoutingInputs(snap, load_view(), PrefixIndex())
     tokens = list(range(prompt_extra))
-    decision = EndpointPicker(RouterSettings()).pick(request("r", tokens), inputs, random.Random(0))
+    decision = EndpointPicker(RoutingSettings()).pick(
+        request("r", tokens), inputs, random.Random(0)
+    )
     assert decision.endpoint.id == "d1"
     assert (decision.prefill.id if decision.prefill else None) == expect_prefill
     assert says in decision.pd.reason and says in decision.reason
@@ -116,7 +120,7 @@ def test_cached_prefix_on_decode_avoids_remote_prefill(endpoint: EndpointFactory
     long_prompt = list(range(3000))
     cache(index, "d1", long_prompt)
     inputs = RoutingInputs(snap, load_view(), index)
-    decision = EndpointPicker(RouterSettings()).pick(
+    decision = EndpointPicker(RoutingSettings()).pick(
         request("r", [*long_prompt, 1, 2, 3]), inputs, random.Random(0)
     )
     assert decision.pd.cached_tokens == 2992 and decision.prefill is None
@@ -134,7 +138,7 @@ def test_during_a_rolling_update_prefill_and_decode_versions_always_match(
         )
     )
     inputs = RoutingInputs(snap, load_view(), PrefixIndex())
-    picker = EndpointPicker(RouterSettings())
+    picker = EndpointPicker(RoutingSettings())
     seen = Counter[tuple[str, str]]()
     for seed in range(40):
         d = picker.pick(request(f"r{seed}", list(range(5000))), inputs, random.Random(seed))
@@ -154,7 +158,9 @@ def test_pinned_version_and_excluded_endpoints_are_respected(endpoint: EndpointF
     migrated = request("r", SYSTEM, weights_version="v1", exclude=["d1"])
     for seed in range(10):
         assert (
-            EndpointPicker(RouterSettings()).pick(migrated, inputs, random.Random(seed)).endpoint.id
+            EndpointPicker(RoutingSettings())
+            .pick(migrated, inputs, random.Random(seed))
+            .endpoint.id
             == "d2"
         )
 
@@ -165,14 +171,14 @@ def test_no_endpoint_error_says_why_each_was_dropped(endpoint: EndpointFactory) 
     )
     inputs = RoutingInputs(snap, load_view(), PrefixIndex())
     with pytest.raises(NoEndpointError, match=r"d1: draining; d2: marked down"):
-        EndpointPicker(RouterSettings()).pick(request("r9", [1]), inputs, random.Random(0))
+        EndpointPicker(RoutingSettings()).pick(request("r9", [1]), inputs, random.Random(0))
     empty = RoutingInputs(EndpointSnapshot(), load_view(), PrefixIndex())
     with pytest.raises(NoEndpointError, match="no decode or aggregated endpoint is known"):
-        EndpointPicker(RouterSettings()).pick(request("r9", [1]), empty, random.Random(0))
+        EndpointPicker(RoutingSettings()).pick(request("r9", [1]), empty, random.Random(0))
 
 
 def test_session_affinity_sticks_until_the_endpoint_is_hot(endpoint: EndpointFactory) -> None:
-    settings = RouterSettings()
+    settings = RoutingSettings()
     state = RouterState(settings)
     snap = EndpointSnapshot(tuple(endpoint(i, role="aggregated") for i in ("a", "b", "c")))
     state.on_endpoints(snap)
@@ -191,7 +197,7 @@ def test_session_affinity_sticks_until_the_endpoint_is_hot(endpoint: EndpointFac
     assert "spilled from hot c" in spilled.reason
 
 
-def simulate_shared_prompt(settings: RouterSettings, n_requests: int = 100) -> Counter[str]:
+def simulate_shared_prompt(settings: RoutingSettings, n_requests: int = 100) -> Counter[str]:
     """n requests sharing SYSTEM over 4 aggregated endpoints; none finishes (in-flight grows).
 
     Each engine reports the prompt's blocks as cached once it has served one (KV events).
@@ -221,7 +227,7 @@ def simulate_shared_prompt(settings: RouterSettings, n_requests: int = 100) -> C
 
 
 def test_a_shared_system_prompt_spreads_over_the_fleet() -> None:
-    sent = simulate_shared_prompt(RouterSettings(spill_margin=0.2))
+    sent = simulate_shared_prompt(RoutingSettings(spill_margin=0.2))
     assert sum(sent.values()) == 100
     assert max(sent.values()) <= 40, sent
     assert len(sent) == 4
@@ -229,12 +235,12 @@ def test_a_shared_system_prompt_spreads_over_the_fleet() -> None:
 
 def test_without_the_spill_rule_the_prefix_holder_takes_everything() -> None:
     # The control: a margin so wide nothing is ever hot reproduces the reference hot spot.
-    sent = simulate_shared_prompt(RouterSettings(spill_margin=10.0))
+    sent = simulate_shared_prompt(RoutingSettings(spill_margin=10.0))
     assert sent["e0"] >= 90, sent
 
 
 def test_active_active_replicas_make_the_same_decisions(endpoint: EndpointFactory) -> None:
-    settings = RouterSettings()
+    settings = RoutingSettings()
     snap = EndpointSnapshot(tuple(endpoint(f"d{i}") for i in range(6)))
     rng = random.Random(42)
     prompts = [[rng.randrange(30_000) for _ in range(rng.randrange(16, 600))] for _ in range(30)]
@@ -271,7 +277,7 @@ def test_active_active_replicas_make_the_same_decisions(endpoint: EndpointFactor
 
 
 def test_approximate_mode_learns_from_its_own_routing(endpoint: EndpointFactory) -> None:
-    settings = RouterSettings(prefix_scorer="approximate")
+    settings = RoutingSettings(prefix_scorer="approximate")
     state = RouterState(settings)
     snap = EndpointSnapshot(tuple(endpoint(i, role="aggregated") for i in ("a", "b", "c")))
     state.on_endpoints(snap)
@@ -290,7 +296,7 @@ def test_approximate_mode_learns_from_its_own_routing(endpoint: EndpointFactory)
 def test_weighted_picker_reaches_every_candidate(endpoint: EndpointFactory) -> None:
     snap = EndpointSnapshot(tuple(endpoint(i, role="aggregated") for i in ("a", "b")))
     inputs = RoutingInputs(snap, load_view(idle(["a", "b"])), PrefixIndex())
-    picker = EndpointPicker(RouterSettings(picker="weighted"))
+    picker = EndpointPicker(RoutingSettings(picker="weighted"))
     picks = {
         picker.pick(request("r", [1]), inputs, random.Random(s)).endpoint.id for s in range(30)
     }
@@ -303,7 +309,7 @@ def test_decision_explains_the_chosen_and_the_best_others(endpoint: EndpointFact
     index = PrefixIndex()
     cache(index, "a07", SYSTEM)
     inputs = RoutingInputs(snap, load_view(idle(ids)), index)
-    decision = EndpointPicker(RouterSettings(debug_scores=5)).pick(
+    decision = EndpointPicker(RoutingSettings(debug_scores=5)).pick(
         request("r", SYSTEM), inputs, random.Random(0)
     )
     assert decision.endpoint.id == "a07"
@@ -312,7 +318,7 @@ def test_decision_explains_the_chosen_and_the_best_others(endpoint: EndpointFact
     totals = [s.total for s in decision.scores]
     assert totals == sorted(totals, reverse=True)
     names = [n for n, _ in decision.scores[0].parts]
-    assert names == ["prefix", "queue", "kv_utilization", "in_flight", "session"]
+    assert names == ["prefix", "queue", "kv_cache_utilization", "in_flight", "session"]
 
 
 def offload(index: PrefixIndex, endpoint_id: str, tokens: Sequence[int]) -> None:
@@ -332,19 +338,19 @@ def test_host_tier_hits_score_discounted_by_host_hit_weight(endpoint: EndpointFa
     cache(index, "cpu", SYSTEM)
     offload(index, "cpu", SYSTEM)  # all 64 blocks went to its host tier
     inputs = RoutingInputs(snap, load_view(idle(["gpu", "cpu", "none"])), index)
-    decision = EndpointPicker(RouterSettings(host_hit_weight=0.5)).pick(
+    decision = EndpointPicker(RoutingSettings(host_hit_weight=0.5)).pick(
         request("r", SYSTEM), inputs, random.Random(0)
     )
     prefix = {s.endpoint_id: dict(s.parts)["prefix"] for s in decision.scores}
     assert prefix == {"gpu": 1.0, "cpu": 0.5, "none": 0.0}
     assert decision.endpoint.id == "gpu"
     # Counted in full, a host hit is as good as a device hit.
-    full = EndpointPicker(RouterSettings(host_hit_weight=1.0)).pick(
+    full = EndpointPicker(RoutingSettings(host_hit_weight=1.0)).pick(
         request("r", SYSTEM), inputs, random.Random(0)
     )
     assert {s.endpoint_id: dict(s.parts)["prefix"] for s in full.scores}["cpu"] == 1.0
 
 
 def test_host_hit_weight_outside_zero_to_one_is_refused() -> None:
-    with pytest.raises(RouterConfigError, match=r"host_hit_weight must be in \[0, 1\]"):
-        RouterSettings(host_hit_weight=1.5)
+    with pytest.raises(ConfigError, match=r"host_hit_weight must be in \[0, 1\]"):
+        RoutingSettings(host_hit_weight=1.5)

@@ -7,14 +7,14 @@ from pydantic import ValidationError
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.local.launch import router_document
-from loom_router.core.settings import RouterSettings, ScorerWeights
-from loom_router.errors import RouterConfigError
-from loom_router.shell.config import config_from_dict
+from loom_router.core.settings import RoutingSettings, ScorerWeights
+from loom_router.errors import ConfigError
+from loom_router.shell.config import file_config_from_dict
 
 
-def settings_from_card(card: DeploymentCard) -> RouterSettings:
+def settings_from_card(card: DeploymentCard) -> RoutingSettings:
     """What the router runs with for `card`: the ROUTER.json the operator writes, as read back."""
-    return config_from_dict(router_document(card, "tiny", None)).settings
+    return file_config_from_dict(router_document(card, "tiny", None)).settings
 
 
 def card(spec_extra: dict[str, Any]) -> DeploymentCard:
@@ -33,7 +33,7 @@ def card(spec_extra: dict[str, Any]) -> DeploymentCard:
 
 def test_defaults_follow_the_card_defaults() -> None:
     s = settings_from_card(card({}))
-    assert s == RouterSettings()
+    assert s == RoutingSettings()
     assert (s.weights.prefix_cache, s.weights.queue, s.weights.kv_cache_utilization) == (3, 2, 2)
     assert (s.prefix_scorer, s.min_uncached_tokens, s.spill_margin) == ("precise", 2048, 0.2)
     assert s.in_flight_prefix_s == 10  # one router replica: nothing to disagree with
@@ -100,14 +100,14 @@ def test_a_scored_pool_without_prefix_caching_turns_prefix_routing_off() -> None
     ],
 )
 def test_out_of_range_settings_are_refused(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(RouterConfigError):
-        RouterSettings(**kwargs)
+    with pytest.raises(ConfigError):
+        RoutingSettings(**kwargs)
 
 
 def test_weights_must_not_all_be_zero_or_negative() -> None:
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         ScorerWeights(0, 0, 0, 0, 0, 0)
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         ScorerWeights(queue=-1)
 
 

@@ -10,7 +10,7 @@ from loom_router.core.kv_events import DecodedBatch
 from loom_router.core.load import EngineMetrics
 from loom_router.core.pd_decider import PDDecision
 from loom_router.core.request import RequestFeatures
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_router.core.state import RouterState
 from loom_runtime.wire.kv_events import BlockStored
 
@@ -23,7 +23,7 @@ def decision_for(endpoint: Endpoint, prefill: Endpoint | None = None) -> Routing
 
 
 def test_endpoints_leaving_are_dropped_from_every_index(endpoint: EndpointFactory) -> None:
-    state = RouterState(RouterSettings())
+    state = RouterState(RoutingSettings())
     source = StaticEndpoints([endpoint("a"), endpoint("b")])
     source.subscribe(state.on_endpoints)
     state.on_endpoints(source.snapshot())
@@ -45,7 +45,7 @@ def test_endpoints_leaving_are_dropped_from_every_index(endpoint: EndpointFactor
 
 
 def test_a_new_weights_version_forgets_the_approximate_cache(endpoint: EndpointFactory) -> None:
-    state = RouterState(RouterSettings(prefix_scorer="approximate"))
+    state = RouterState(RoutingSettings(prefix_scorer="approximate"))
     source = StaticEndpoints([endpoint("a", version="v1")])
     source.subscribe(state.on_endpoints)
     state.on_endpoints(source.snapshot())
@@ -57,7 +57,7 @@ def test_a_new_weights_version_forgets_the_approximate_cache(endpoint: EndpointF
 
 
 def test_remember_records_session_and_approximate_blocks(endpoint: EndpointFactory) -> None:
-    state = RouterState(RouterSettings())
+    state = RouterState(RoutingSettings())
     keys = text_keys("z" * 640)
     req = RequestFeatures("r", 160, text_keys=keys, session_token="conv")
     state.remember(decision_for(endpoint("d1"), endpoint("p1", role="prefill")), req)
@@ -66,18 +66,18 @@ def test_remember_records_session_and_approximate_blocks(endpoint: EndpointFacto
 
 
 def test_lookup_follows_the_configured_scorer() -> None:
-    precise = RouterState(RouterSettings(prefix_scorer="precise", in_flight_prefix_s=0))
-    approx = RouterState(RouterSettings(prefix_scorer="approximate"))
+    precise = RouterState(RoutingSettings(prefix_scorer="precise", in_flight_prefix_s=0))
+    approx = RouterState(RoutingSettings(prefix_scorer="approximate"))
     assert precise.lookup(0.0) is precise.prefix
     assert approx.lookup(0.0) is approx.approx
-    with_in_flight = RouterState(RouterSettings(prefix_scorer="precise", in_flight_prefix_s=5))
+    with_in_flight = RouterState(RoutingSettings(prefix_scorer="precise", in_flight_prefix_s=5))
     assert isinstance(with_in_flight.lookup(0.0), WithInFlight)
 
 
 def test_in_flight_prefixes_are_forgotten_when_an_endpoint_leaves_or_changes_weights(
     endpoint: EndpointFactory,
 ) -> None:
-    state = RouterState(RouterSettings(in_flight_prefix_s=60))
+    state = RouterState(RoutingSettings(in_flight_prefix_s=60))
     assert state.in_flight is not None
     source = StaticEndpoints([endpoint("a"), endpoint("b")])
     state.on_endpoints(source.snapshot())

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from loom_router.core.endpoints import Endpoint, StaticEndpoints
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_router.core.state import RouterState
 from loom_router.shell.attempt_loop import _migrated, _movable
 from loom_router.shell.dispatch import Dispatcher
@@ -74,7 +74,7 @@ def test_a_request_that_runs_out_of_migrations_gets_the_routers_own_502(stream: 
         worker.router.add_post("/v1/completions", paused)
         worker_runner, url = await _serve(worker)
         source = StaticEndpoints([Endpoint(i, url, "aggregated", "v1") for i in ("a", "b", "c")])
-        state = RouterState(RouterSettings(migration_limit=1, session_affinity=False))
+        state = RouterState(RoutingSettings(migration_limit=1, session_affinity=False))
         state.on_endpoints(source.snapshot())
         upstream = Upstream(UpstreamTimeouts())
         await upstream.start()

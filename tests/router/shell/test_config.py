@@ -1,4 +1,4 @@
-"""ROUTER.json: the card's router and failover sections become RouterSettings; every problem
+"""ROUTER.json: the card's router and failover sections become RoutingSettings; every problem
 is reported at once with its field path."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from loom_router.errors import RouterConfigError
-from loom_router.shell.config import config_from_dict, endpoint_from_doc, load_config
+from loom_router.errors import ConfigError
+from loom_router.shell.config import endpoint_from_doc, file_config_from_dict, load_file_config
 
 
 def doc(**more: Any) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def doc(**more: Any) -> dict[str, Any]:
 def test_card_sections_become_settings(tmp_path: Path) -> None:
     path = tmp_path / "router.json"
     path.write_text(json.dumps(doc()))
-    config = load_config(path)
+    config = load_file_config(path)
     s = config.settings
     assert (s.weights.prefix_cache, s.weights.queue, s.weights.kv_cache_utilization) == (5, 1, 0.5)
     assert s.prefix_scorer == "approximate" and s.min_uncached_tokens == 64
@@ -66,7 +66,7 @@ def test_card_sections_become_settings(tmp_path: Path) -> None:
 
 
 def test_defaults_are_the_cards() -> None:
-    config = config_from_dict({"model_name": "m"})
+    config = file_config_from_dict({"model_name": "m"})
     assert config.settings.weights.prefix_cache == 3 and config.settings.block_size == 16
     assert config.settings.in_flight_prefix_s == 10  # one replica unless the card says more
     assert config.settings.migration_limit == 3 and config.endpoints == ()
@@ -77,8 +77,8 @@ def test_every_problem_is_reported_with_its_path() -> None:
     bad = doc(model_name="", block_size=0, extra=1)
     bad["router"]["scorers"]["queue"] = -1.0
     bad["endpoints"].append({"id": "x", "url": "ftp://h", "role": "boss", "weights_version": ""})
-    with pytest.raises(RouterConfigError) as err:
-        config_from_dict(bad)
+    with pytest.raises(ConfigError) as err:
+        file_config_from_dict(bad)
     text = str(err.value)
     for needle in (
         "extra: unknown field",
@@ -92,18 +92,18 @@ def test_every_problem_is_reported_with_its_path() -> None:
 
 
 def test_endpoint_body_rejects_unknown_fields() -> None:
-    with pytest.raises(RouterConfigError, match=r"body\.port: unknown field"):
+    with pytest.raises(ConfigError, match=r"body\.port: unknown field"):
         endpoint_from_doc(
             "a", {"url": "http://h", "role": "decode", "weights_version": "v", "port": 1}, "body"
         )
 
 
 def test_a_diffusion_object_turns_on_media_routing_and_is_checked() -> None:
-    assert config_from_dict(doc()).diffusion is None
-    config = config_from_dict(doc(diffusion={"default_steps": 4}))
+    assert file_config_from_dict(doc()).diffusion is None
+    config = file_config_from_dict(doc(diffusion={"default_steps": 4}))
     assert config.diffusion is not None and config.diffusion.default_steps == 4
-    assert config_from_dict(doc(diffusion={})).diffusion is not None  # the default steps
+    assert file_config_from_dict(doc(diffusion={})).diffusion is not None  # the default steps
     cases = (({"default_steps": 0}, r"in \[1, 1000\]"), ({"steps": 4}, "only"), ("yes", "object"))
     for bad, message in cases:
-        with pytest.raises(RouterConfigError, match=message):
-            config_from_dict(doc(diffusion=bad))
+        with pytest.raises(ConfigError, match=message):
+            file_config_from_dict(doc(diffusion=bad))

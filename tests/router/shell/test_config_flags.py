@@ -10,9 +10,9 @@ import pytest
 
 from loom_operator.cli import build_parser
 from loom_router.shell.config import (
-    OptionsError,
+    FlagsError,
     add_arguments,
-    options_from_args,
+    flags_from_args,
 )
 
 
@@ -32,10 +32,10 @@ def test_loom_router_is_a_command_with_the_same_flags() -> None:
 
 def test_tokens_and_keys_come_from_flags_or_the_environment() -> None:
     env = {"LOOM_ROUTER_ADMIN_TOKEN": "t", "LOOM_ROUTER_API_KEYS": "k1, k2,"}
-    options = options_from_args(parse("--api-key", "k0", "--policy", "random"), env)
-    assert options.admin_token == "t" and options.api_keys == ("k0", "k1", "k2")
-    assert options.policy == "random"
-    assert options_from_args(parse("--admin-token", "x"), {}).api_keys == ()
+    flags = flags_from_args(parse("--api-key", "k0", "--policy", "random"), env)
+    assert flags.admin_token == "t" and flags.api_keys == ("k0", "k1", "k2")
+    assert flags.policy == "random"
+    assert flags_from_args(parse("--admin-token", "x"), {}).api_keys == ()
 
 
 @pytest.mark.parametrize(
@@ -47,13 +47,13 @@ def test_tokens_and_keys_come_from_flags_or_the_environment() -> None:
     ],
 )
 def test_impossible_flags_are_refused(argv: tuple[str, ...], message: str) -> None:
-    with pytest.raises(OptionsError, match=message):
-        options_from_args(parse(*argv), {})
+    with pytest.raises(FlagsError, match=message):
+        flags_from_args(parse(*argv), {})
 
 
 def test_max_body_bytes_is_a_flag_with_a_floor() -> None:
-    assert options_from_args(parse("--admin-token", "x"), {}).max_body_bytes == 64 << 20
-    small = options_from_args(parse("--admin-token", "x", "--max-body-bytes", "4096"), {})
+    assert flags_from_args(parse("--admin-token", "x"), {}).max_body_bytes == 64 << 20
+    small = flags_from_args(parse("--admin-token", "x", "--max-body-bytes", "4096"), {})
     assert small.max_body_bytes == 4096
-    with pytest.raises(OptionsError, match="at least 1024"):
-        options_from_args(parse("--admin-token", "x", "--max-body-bytes", "10"), {})
+    with pytest.raises(FlagsError, match="at least 1024"):
+        flags_from_args(parse("--admin-token", "x", "--max-body-bytes", "10"), {})

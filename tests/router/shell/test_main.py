@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 from loom_router.shell.main import load_tokenizer
 
 
 def test_a_missing_tokenizer_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(RouterConfigError, match="tokenizer_path"):
+    with pytest.raises(ConfigError, match="tokenizer_path"):
         load_tokenizer(tmp_path)

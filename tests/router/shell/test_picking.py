@@ -14,7 +14,7 @@ from loom_router.core.endpoints import Endpoint, StaticEndpoints
 from loom_router.core.kv_events import DecodedBatch
 from loom_router.core.load import EngineMetrics
 from loom_router.core.request import RequestFeatures, features_from_tokens
-from loom_router.core.settings import RouterSettings
+from loom_router.core.settings import RoutingSettings
 from loom_router.core.state import RouterState
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.picking import Picking
@@ -23,12 +23,12 @@ from loom_runtime.wire.kv_events import BlockStored
 
 EndpointFactory = Callable[..., Endpoint]
 BS = 16
-SETTINGS = RouterSettings(block_size=BS, stale_after_s=3600.0, in_flight_prefix_s=0.0)
+SETTINGS = RoutingSettings(block_size=BS, stale_after_s=3600.0, in_flight_prefix_s=0.0)
 OLD = list(range(1000, 1000 + 8 * BS))  # a prompt the engines reported long ago
 NEW = list(range(5000, 5000 + 4 * BS))  # a prompt no engine has reported yet
 
 
-def replica(endpoint: EndpointFactory, settings: RouterSettings) -> Picking:
+def replica(endpoint: EndpointFactory, settings: RoutingSettings) -> Picking:
     """One router replica over endpoints a, b, c (nothing is started: picks only)."""
     source = StaticEndpoints([endpoint(i, role="aggregated") for i in ("a", "b", "c")])
     state = RouterState(settings)
@@ -61,10 +61,10 @@ def scrape(replicas: Sequence[Picking], waiting: dict[str, int]) -> None:
 def test_in_flight_prefixes_are_kept_only_when_on_and_precise(
     endpoint: EndpointFactory,
 ) -> None:
-    assert replica(endpoint, RouterSettings(in_flight_prefix_s=0)).state.in_flight is None
-    approximate = RouterSettings(prefix_scorer="approximate", in_flight_prefix_s=10.0)
+    assert replica(endpoint, RoutingSettings(in_flight_prefix_s=0)).state.in_flight is None
+    approximate = RoutingSettings(prefix_scorer="approximate", in_flight_prefix_s=10.0)
     assert replica(endpoint, approximate).state.in_flight is None
-    on = replica(endpoint, RouterSettings(in_flight_prefix_s=2.5)).state.in_flight
+    on = replica(endpoint, RoutingSettings(in_flight_prefix_s=2.5)).state.in_flight
     assert on is not None and on.ttl_s == 2.5
 
 

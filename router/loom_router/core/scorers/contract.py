@@ -26,7 +26,7 @@ class ScoringContext:
     host_blocks: Mapping[str, int] = field(default_factory=dict)
     """Of `prefix_blocks`, those only a host tier holds (CPU KV offload: reloaded, not hit)."""
     host_hit_weight: float = 1.0
-    """What a host-tier block counts for against a device-resident one (RouterSettings)."""
+    """What a host-tier block counts for against a device-resident one (RoutingSettings)."""
 
 
 Scorer = Callable[[ScoringContext], dict[str, float]]

@@ -10,7 +10,7 @@ import threading
 from collections import OrderedDict
 
 from loom_router.core.scorers.contract import ScoringContext
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 
 MAX_TOKEN_CHARS = 256
 """Longer session tokens are ignored (no affinity), so one client cannot bloat the table."""
@@ -25,7 +25,7 @@ class SessionTable:
 
     def __init__(self, max_sessions: int = 100_000) -> None:
         if max_sessions <= 0:
-            raise RouterConfigError(f"max_sessions must be positive, got {max_sessions}")
+            raise ConfigError(f"max_sessions must be positive, got {max_sessions}")
         self.max_sessions = max_sessions
         self._lock = threading.Lock()
         self._sessions: OrderedDict[str, str] = OrderedDict()

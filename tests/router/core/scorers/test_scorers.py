@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from loom_router.core.load import EngineMetrics, load_view
-from loom_router.core.scorers import in_flight, kv_utilization, prefix, queue, running, session
+from loom_router.core.scorers import (
+    in_flight,
+    kv_cache_utilization,
+    prefix,
+    queue,
+    running,
+    session,
+)
 from loom_router.core.scorers.contract import Scorer, ScoringContext
 
 IDS = ("a", "b", "c")
@@ -62,20 +69,20 @@ CASES: list[tuple[str, Scorer, ScoringContext, dict[str, float]]] = [
         ctx({"a": {"running": 8}, "b": {"running": 0}, "c": {"running": 4}}),
         {"a": 0, "b": 1, "c": 0.5},
     ),
-    # kv utilisation: 1 − usage; unknown counts as the fleet mean usage
+    # kv_cache_utilization: 1 − usage; unknown counts as the fleet mean usage
     (
         "kv",
-        kv_utilization.score,
+        kv_cache_utilization.score,
         ctx({"a": {"kv_usage": 0.25}, "b": {"kv_usage": 1.0}}),
         {"a": 0.75, "b": 0, "c": 0.375},
     ),
     (
         "kv over",
-        kv_utilization.score,
+        kv_cache_utilization.score,
         ctx({"a": {"kv_usage": 1.5}, "b": {"kv_usage": -0.5}}),
         {"a": 0, "b": 1, "c": 0.5},
     ),
-    ("kv unknown", kv_utilization.score, ctx(), {"a": 0, "b": 0, "c": 0}),
+    ("kv unknown", kv_cache_utilization.score, ctx(), {"a": 0, "b": 0, "c": 0}),
     # in-flight: the router's own count, always known (missing = 0 requests)
     ("in flight", in_flight.score, ctx(flights={"a": 4, "b": 2}), {"a": 0, "b": 0.5, "c": 1}),
     ("in flight idle", in_flight.score, ctx(), {"a": 1, "b": 1, "c": 1}),

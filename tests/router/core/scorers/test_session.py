@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from loom_router.core.scorers.session import MAX_TOKEN_CHARS, SessionTable
-from loom_router.errors import RouterConfigError
+from loom_router.errors import ConfigError
 
 
 def test_lookup_returns_where_the_session_went_last() -> None:
@@ -44,5 +44,5 @@ def test_forget_endpoint_and_oversized_tokens() -> None:
 
 
 def test_size_must_be_positive() -> None:
-    with pytest.raises(RouterConfigError):
+    with pytest.raises(ConfigError):
         SessionTable(0)

@@ -1,4 +1,5 @@
-"""KV-cache utilisation scorer: 1 − vllm:kv_cache_usage_perc (more free KV scores higher).
+"""The kv_cache_utilization scorer (card: scorers.kvCacheUtilization): 1 −
+vllm:kv_cache_usage_perc (more free KV scores higher).
 
 Owns the formula; never reads a stale scrape: an unknown endpoint counts as the fleet mean,
 never as an empty cache.
