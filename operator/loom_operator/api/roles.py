@@ -158,7 +158,7 @@ class HiSparse(CardModel):
     none; set it or kvOffload, not both)."""
 
 
-class MtpSettings(CardModel):
+class MtpSection(CardModel):
     """Speculative decoding with the model's multi-token-prediction layers."""
 
     draft_tokens: int = Field(ge=1)
@@ -206,7 +206,7 @@ class Role(CardModel):
     """Host KV tier (prefill: keep session prefixes)."""
     hi_sparse: HiSparse | None = None
     """Hybrid HiSparse (decode role of sparse-mla models only)."""
-    mtp: MtpSettings | None = None
+    mtp: MtpSection | None = None
     """Speculative decoding with MTP layers."""
     resources: Resources | None = None
     """Pod resources; unset leaves them to the cluster's defaults."""

@@ -14,7 +14,7 @@ from loom_operator.api import load_documents
 from loom_operator.api.roles import (
     HiSparse,
     KvOffload,
-    MtpSettings,
+    MtpSection,
     Parallelism,
     Role,
 )
@@ -138,7 +138,7 @@ def test_a_role_with_mtp_passes_its_draft_tokens_to_the_worker() -> None:
     model, deployment = cards("tiny-aggregated.yaml")
     plain = runtime_flags(model, deployment, "aggregated", PORTS, None)
     assert "--mtp-draft-tokens" not in plain
-    mtp = with_role(deployment, "aggregated", mtp=MtpSettings(draftTokens=3))
+    mtp = with_role(deployment, "aggregated", mtp=MtpSection(draftTokens=3))
     argv = runtime_flags(model, mtp, "aggregated", PORTS, None)
     assert argv[argv.index("--mtp-draft-tokens") + 1] == "3"
     assert [a for a in argv if a not in ("--mtp-draft-tokens", "3")] == plain
