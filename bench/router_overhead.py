@@ -4,7 +4,7 @@ Each fleet is 3/4 decode and 1/4 prefill endpoints with realistic state: a preci
 holding, per endpoint, the KV chains of a few of 150 shared 6k-token system prompts plus user
 turns (the llm-d benchmark's shape: 150 groups sharing 6k-token prompts), fresh metrics and
 in-flight counts for every endpoint. Requests are a group's system prompt plus a 512-token user
-turn. Reported per fleet size: the pick itself (filters → scorers → hot-spot rule → picker →
+turn. Reported per fleet size: the pick itself (filters → hot-spot rule → scorers → picker →
 P/D decider) p50/p99/max, building the load view for a pick, and, once, hashing a 6.5k-token
 prompt the way the engine does (per request, independent of fleet size; the proxy shell runs it
 off the event loop). Target: pick p99 < 1 ms at 100 endpoints.

@@ -1,4 +1,4 @@
-"""The endpoint picker: filters → scorers → hot-spot rule → picker → P/D decider.
+"""The endpoint picker: filters → hot-spot rule → scorers → picker → P/D decider.
 
 Owns composing them into one `RoutingDecision`; pure given the request, the inputs and the
 random generator (it reads the indexes, never changes them, and does no I/O).
@@ -34,13 +34,14 @@ from loom_router.core.settings import RoutingSettings
 from loom_router.errors import NoEndpointError
 
 SCORERS: Mapping[str, Scorer] = {
-    "prefix": prefix.score,
+    "prefix_cache": prefix.score,
     "queue": queue.score,
     "kv_cache_utilization": kv_cache_utilization.score,
     "running": running.score,
     "in_flight": in_flight.score,
-    "session": session.score,
+    "session_affinity": session.score,
 }
+"""Every scorer by name; ScorerWeights has a weight of the same name for each."""
 
 
 class PrefixLookup(Protocol):
@@ -103,7 +104,7 @@ class EndpointPicker:
         active = [
             (name, weight)
             for name, weight in settings.weights.as_pairs()
-            if weight > 0 and (name != "session" or settings.session_affinity)
+            if weight > 0 and (name != "session_affinity" or settings.session_affinity)
         ]
         self._names = tuple(name for name, _ in active)
         self._weights = tuple(weight for _, weight in active)

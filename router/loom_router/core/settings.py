@@ -6,7 +6,7 @@ Owns defaults that the card does not expose and their ranges; never routes anyth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from loom_router.errors import ConfigError
@@ -19,7 +19,9 @@ TransferFailurePolicy = Literal["recompute", "fail"]
 
 @dataclass(frozen=True)
 class ScorerWeights:
-    """Weight of each scorer; a scorer with weight 0 is not run. Scores are in [0, 1]."""
+    """Weight of each scorer, by the scorer's name (core/pipeline.py SCORERS); a scorer with
+    weight 0 is not run. Scores are in [0, 1]. A field the card's `router.scorers` has too is
+    set from it under the same name (shell/config.py)."""
 
     prefix_cache: float = 3.0
     queue: float = 2.0
@@ -39,15 +41,8 @@ class ScorerWeights:
             raise ConfigError("at least one scorer needs a weight above 0")
 
     def as_pairs(self) -> tuple[tuple[str, float], ...]:
-        """(scorer name, weight) in a fixed order, the order scores are summed in."""
-        return (
-            ("prefix", self.prefix_cache),
-            ("queue", self.queue),
-            ("kv_cache_utilization", self.kv_cache_utilization),
-            ("running", self.running),
-            ("in_flight", self.in_flight),
-            ("session", self.session_affinity),
-        )
+        """(scorer name, weight) in field order, the order scores are summed in."""
+        return tuple((f.name, getattr(self, f.name)) for f in fields(self))
 
 
 @dataclass(frozen=True)

@@ -150,11 +150,7 @@ def settings_from_spec(
     if not isinstance(seed, str) or not isinstance(algo, str):
         raise ConfigError("hash_seed and hash_algo: strings")
     return RoutingSettings(
-        weights=ScorerWeights(
-            prefix_cache=router.scorers.prefix_cache,
-            queue=router.scorers.queue,
-            kv_cache_utilization=router.scorers.kv_cache_utilization,
-        ),
+        weights=ScorerWeights(**router.scorers.model_dump()),
         prefix_scorer=router.prefix_scorer,
         min_uncached_tokens=router.disaggregation.min_uncached_tokens,
         session_affinity=router.session_affinity.enabled,

@@ -163,7 +163,7 @@ class Picking:
             why = "spill"
         elif decision.cached_blocks > 0:
             why = "prefix"
-        elif dict(decision.scores[0].parts).get("session", 0.0) > 0:
+        elif dict(decision.scores[0].parts).get("session_affinity", 0.0) > 0:
             why = "session"
         else:
             why = "load"

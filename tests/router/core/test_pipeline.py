@@ -61,7 +61,7 @@ def test_routes_to_the_endpoint_holding_the_prefix_and_says_why(
     assert (decision.cached_blocks, decision.total_blocks) == (64, 64)
     assert decision.scores[0].endpoint_id == "b"
     assert decision.scores[0].total > decision.scores[1].total
-    assert dict(decision.scores[0].parts)["prefix"] == 1.0
+    assert dict(decision.scores[0].parts)["prefix_cache"] == 1.0
     assert "b: score" in decision.reason and "64/64 prompt blocks cached" in decision.reason
     assert "aggregated endpoint" in decision.reason
 
@@ -318,7 +318,9 @@ def test_decision_explains_the_chosen_and_the_best_others(endpoint: EndpointFact
     totals = [s.total for s in decision.scores]
     assert totals == sorted(totals, reverse=True)
     names = [n for n, _ in decision.scores[0].parts]
-    assert names == ["prefix", "queue", "kv_cache_utilization", "in_flight", "session"]
+    assert names == [
+        "prefix_cache", "queue", "kv_cache_utilization", "in_flight", "session_affinity"
+    ]  # fmt: skip
 
 
 def offload(index: PrefixIndex, endpoint_id: str, tokens: Sequence[int]) -> None:
@@ -341,14 +343,14 @@ def test_host_tier_hits_score_discounted_by_host_hit_weight(endpoint: EndpointFa
     decision = EndpointPicker(RoutingSettings(host_hit_weight=0.5)).pick(
         request("r", SYSTEM), inputs, random.Random(0)
     )
-    prefix = {s.endpoint_id: dict(s.parts)["prefix"] for s in decision.scores}
+    prefix = {s.endpoint_id: dict(s.parts)["prefix_cache"] for s in decision.scores}
     assert prefix == {"gpu": 1.0, "cpu": 0.5, "none": 0.0}
     assert decision.endpoint.id == "gpu"
     # Counted in full, a host hit is as good as a device hit.
     full = EndpointPicker(RoutingSettings(host_hit_weight=1.0)).pick(
         request("r", SYSTEM), inputs, random.Random(0)
     )
-    assert {s.endpoint_id: dict(s.parts)["prefix"] for s in full.scores}["cpu"] == 1.0
+    assert {s.endpoint_id: dict(s.parts)["prefix_cache"] for s in full.scores}["cpu"] == 1.0
 
 
 def test_host_hit_weight_outside_zero_to_one_is_refused() -> None:
