@@ -20,15 +20,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.engine.co_scheduler import CoScheduler
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineStats
-from loom_runtime.serve import diffusion_api, openai_api, probes
+from loom_runtime.serve import openai_api, probes
 from loom_runtime.serve.app import Servers, ServeSettings, api_context, error_middleware
 from loom_runtime.serve.bridge import Mailbox
-from loom_runtime.serve.diffusion_app import JobSettings, diffusion_context
-from loom_runtime.serve.diffusion_metrics import DiffusionMetrics
+from loom_runtime.serve.diffusion import api as diffusion_api
+from loom_runtime.serve.diffusion.app import JobSettings, diffusion_context
+from loom_runtime.serve.diffusion.metrics import DiffusionMetrics
 from loom_runtime.serve.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from loom_runtime.card import CardError, Component, ModelCard, load_model_card
+from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.engine.co_scheduler import CoScheduler
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.errors import CheckpointError, SpeculativeConfigError, TransferError
@@ -29,8 +29,8 @@ from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
-from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker
+from loom_runtime.serve.diffusion import main as diffusion_main
 from loom_runtime.serve.dual_app import DualWorker
 from loom_runtime.serve.engine_args import add_engine_arguments, engine_values
 from loom_runtime.serve.sources import checkpoint_path

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import DiffusionEngineConfig
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
 from loom_runtime.engine.co_scheduler import CoScheduler, TenantView, catch_up, choose
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import DiffusionEngineConfig
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.models.loader import LoadedModel

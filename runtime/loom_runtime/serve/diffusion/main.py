@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from loom_runtime.card.model_card import ModelCard
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import ComponentVersions, DiffusionEngineConfig
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import ComponentVersions, DiffusionEngineConfig
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.serve.app import ServeSettings
-from loom_runtime.serve.diffusion_app import DiffusionWorker, JobSettings
-from loom_runtime.serve.diffusion_control import DiffusionControl
+from loom_runtime.serve.diffusion.app import DiffusionWorker, JobSettings
+from loom_runtime.serve.diffusion.control import DiffusionControl
 from loom_runtime.wire.process import serve_until_signalled
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom_runtime.engine.text_feature_cache import TextFeatureCache, TextFeatureKey, token_hash
+from loom_runtime.diffusion.text_feature_cache import TextFeatureCache, TextFeatureKey, token_hash
 
 ids = st.lists(st.integers(0, 2**31 - 1), max_size=40)
 

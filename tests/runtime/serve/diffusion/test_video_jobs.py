@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from loom_runtime.errors import AdmissionError
+from loom_runtime.serve.diffusion.video_jobs import JobStore, VideoJob
 from loom_runtime.serve.errors import JobNotFoundError
-from loom_runtime.serve.video_jobs import JobStore, VideoJob
 
 
 class Clock:

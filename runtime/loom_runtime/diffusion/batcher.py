@@ -11,8 +11,8 @@ import logging
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 
-from loom_runtime.engine.diffusion_loop import DiffusionLoop, DiffusionState
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionResult
+from loom_runtime.diffusion.loop import DiffusionLoop, DiffusionState
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionResult
 from loom_runtime.loop.contract import Done, Executor, WorkPlan
 from loom_runtime.loop.execute import execute_plans
 

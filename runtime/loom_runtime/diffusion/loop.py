@@ -2,7 +2,7 @@
 WorkPlan per step (each latent frame's decode is its own plan), on the one loop contract.
 
 Owns a request's state machine and its seeded latents; never runs a model (the executors of
-engine/diffusion_forward.py do) and never decides what shares a step (the scheduler does).
+diffusion/forward.py do) and never decides what shares a step (the scheduler does).
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from loom_runtime.engine.diffusion_types import (
+from loom_runtime.diffusion.flow_match import FlowSchedule, euler_step, flow_schedule
+from loom_runtime.diffusion.text_feature_cache import TextFeatureCache
+from loom_runtime.diffusion.types import (
     DENOISE,
     TEXT_ENCODE,
     VAE_DECODE,
@@ -23,8 +25,6 @@ from loom_runtime.engine.diffusion_types import (
     EncodeWork,
     Phase,
 )
-from loom_runtime.engine.flow_match import FlowSchedule, euler_step, flow_schedule
-from loom_runtime.engine.text_feature_cache import TextFeatureCache
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import Done, LoopContext, ResourceRequest, WorkPlan
 from loom_runtime.models.wan.vae_cache import CausalCache

@@ -20,9 +20,10 @@ from typing import Any, Protocol
 import numpy as np
 from aiohttp import web
 
-from loom_runtime.engine.diffusion_engine_types import DiffusionProgress
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
-from loom_runtime.serve.diffusion_protocol import (
+from loom_runtime.diffusion.engine_types import DiffusionProgress
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
+from loom_runtime.serve.diffusion.media import mp4_bytes, png_bytes, to_uint8
+from loom_runtime.serve.diffusion.protocol import (
     SEED_MAX,
     ImageGenerationRequest,
     PromptEncoder,
@@ -30,9 +31,8 @@ from loom_runtime.serve.diffusion_protocol import (
     VideoGenerationRequest,
     diffusion_requests,
 )
+from loom_runtime.serve.diffusion.video_jobs import FINISHED, JobStore, VideoJob
 from loom_runtime.serve.errors import EngineStalledError, JobNotReadyError, RequestAbortedError
-from loom_runtime.serve.media import mp4_bytes, png_bytes, to_uint8
-from loom_runtime.serve.video_jobs import FINISHED, JobStore, VideoJob
 from loom_runtime.wire.openai.request import parse_request
 
 logger = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loom_runtime.engine.diffusion_loop import DiffusionShape
-from loom_runtime.engine.diffusion_memory import MemoryLedger, MemoryModel
-from loom_runtime.engine.diffusion_types import DiffusionRequest
+from loom_runtime.diffusion.loop import DiffusionShape
+from loom_runtime.diffusion.memory import MemoryLedger, MemoryModel
+from loom_runtime.diffusion.types import DiffusionRequest
 
 SHAPE = DiffusionShape(4, 8, 4, (1, 2, 2), 16, 3.0, 10)
 MODEL = MemoryModel(dtype_bytes=4, text_dim=32, dit_dim=32, dit_heads=2, vae_channels=32)

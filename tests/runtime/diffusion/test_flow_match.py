@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from loom_runtime.engine.flow_match import euler_step, flow_schedule, shifted
+from loom_runtime.diffusion.flow_match import euler_step, flow_schedule, shifted
 from loom_runtime.errors import InvalidRequestError
 
 CASES = [(1, 1.0), (4, 3.0), (20, 12.0), (50, 5.0)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
-from loom_runtime.serve.diffusion_protocol import (
+from loom_runtime.serve.diffusion.protocol import (
     ImageGenerationRequest,
     PromptSettings,
     VideoGenerationRequest,

@@ -14,8 +14,9 @@ from typing import TypeVar, cast
 
 import torch
 
-from loom_runtime.engine.diffusion_loop import DiffusionShape
-from loom_runtime.engine.diffusion_types import (
+from loom_runtime.diffusion.loop import DiffusionShape
+from loom_runtime.diffusion.step_cost import StepSample
+from loom_runtime.diffusion.types import (
     DENOISE,
     TEXT_ENCODE,
     VAE_DECODE,
@@ -24,7 +25,6 @@ from loom_runtime.engine.diffusion_types import (
     DiffusionResult,
     EncodeWork,
 )
-from loom_runtime.engine.step_cost import StepSample
 from loom_runtime.loop.contract import Executor, WorkPlan
 from loom_runtime.models.wan.dit import WanDiT
 from loom_runtime.models.wan.loader import LoadedWan

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loom_runtime.serve import main as serve_main
-from loom_runtime.serve.diffusion_main import DiffusionPlan, diffusion_root
+from loom_runtime.serve.diffusion.main import DiffusionPlan, diffusion_root
 
 CARD = """\
 apiVersion: loom.dev/v1alpha1

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from loom_runtime.engine.diffusion_loop import DiffusionShape
-from loom_runtime.engine.diffusion_types import DiffusionRequest
+from loom_runtime.diffusion.loop import DiffusionShape
+from loom_runtime.diffusion.types import DiffusionRequest
 
 FLOAT32 = 4
 # Query rows whose attention scores a fused attention kernel holds at once, per head (flash and

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from loom_runtime.engine.step_cost import (
+from loom_runtime.diffusion.step_cost import (
     DEFAULT_PRIOR,
     StepCost,
     StepCostModel,

@@ -18,21 +18,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
-from loom_runtime.engine.diffusion_batcher import DiffusionBatcher
-from loom_runtime.engine.diffusion_engine_types import (
+from loom_runtime.diffusion.batcher import DiffusionBatcher
+from loom_runtime.diffusion.engine_types import (
     ComponentName,
     ComponentVersions,
     DiffusionEngineConfig,
     DiffusionProgress,
     DiffusionStats,
 )
-from loom_runtime.engine.diffusion_forward import wan_executors, wan_shape
-from loom_runtime.engine.diffusion_loop import DiffusionLoop, DiffusionState
-from loom_runtime.engine.diffusion_memory import MemoryLedger, MemoryModel
-from loom_runtime.engine.diffusion_types import DENOISE, DiffusionOutput, DiffusionRequest
-from loom_runtime.engine.step_cost import StepCostModel, StepLoad, StepSample
-from loom_runtime.engine.text_feature_cache import TextFeatureCache
+from loom_runtime.diffusion.forward import wan_executors, wan_shape
+from loom_runtime.diffusion.loop import DiffusionLoop, DiffusionState
+from loom_runtime.diffusion.memory import MemoryLedger, MemoryModel
+from loom_runtime.diffusion.step_cost import StepCostModel, StepLoad, StepSample
+from loom_runtime.diffusion.text_feature_cache import TextFeatureCache
+from loom_runtime.diffusion.types import DENOISE, DiffusionOutput, DiffusionRequest
+from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.wan.loader import LoadedWan, load_dit, load_text_encoder, load_vae

@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from loom_runtime.engine.diffusion_types import DiffusionRequest
+from loom_runtime.diffusion.types import DiffusionRequest
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
 
 MAX_IMAGES = 10  # n, as OpenAI allows

@@ -14,13 +14,14 @@ from pathlib import Path
 
 from aiohttp import web
 
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.serve import diffusion_api, probes
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.serve import probes
 from loom_runtime.serve.app import Servers, ServeSettings, error_middleware
-from loom_runtime.serve.diffusion_control import DiffusionControl
-from loom_runtime.serve.diffusion_metrics import DiffusionMetrics
-from loom_runtime.serve.diffusion_protocol import PromptSettings
-from loom_runtime.serve.video_jobs import JobStore
+from loom_runtime.serve.diffusion import api
+from loom_runtime.serve.diffusion.control import DiffusionControl
+from loom_runtime.serve.diffusion.metrics import DiffusionMetrics
+from loom_runtime.serve.diffusion.protocol import PromptSettings
+from loom_runtime.serve.diffusion.video_jobs import JobStore
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ class DiffusionHealth:
 
 def diffusion_context(
     engine: DiffusionEngine, settings: ServeSettings, jobs: JobSettings
-) -> diffusion_api.DiffusionApiContext:
-    return diffusion_api.DiffusionApiContext(
+) -> api.DiffusionApiContext:
+    return api.DiffusionApiContext(
         engine=engine,
         prompts=PromptSettings(engine.config.model_name, engine.config.text_len),
         jobs=JobStore(jobs.max_jobs, jobs.ttl_s),
@@ -62,7 +63,7 @@ def build_diffusion_app(
     engine: DiffusionEngine, settings: ServeSettings, jobs: JobSettings, metrics: DiffusionMetrics
 ) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
-    diffusion_api.add_routes(app, diffusion_context(engine, settings, jobs))
+    api.add_routes(app, diffusion_context(engine, settings, jobs))
     probes.add_routes(app, probes.ProbeContext(DiffusionHealth(engine), metrics))
     return app
 

@@ -20,8 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from loom_runtime.engine.diffusion_engine_types import COMPONENTS, DiffusionStats
-from loom_runtime.engine.step_cost import KindCost
+from loom_runtime.diffusion.engine_types import COMPONENTS, DiffusionStats
+from loom_runtime.diffusion.step_cost import KindCost
 from loom_runtime.serve.metrics import model_families
 from loom_runtime.wire.metric_names import (
     ADMISSION_OPEN,

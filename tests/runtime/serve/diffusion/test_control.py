@@ -15,13 +15,13 @@ import pytest
 
 from loom_runtime.control_api import control_pb2 as pb
 from loom_runtime.control_api import control_pb2_grpc
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import ComponentVersions, DiffusionEngineConfig
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import ComponentVersions, DiffusionEngineConfig
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
 from loom_runtime.errors import AdmissionError, CheckpointError
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan
-from loom_runtime.serve.diffusion_control import (
+from loom_runtime.serve.diffusion.control import (
     DiffusionControl,
     changed_components,
     checkpoint_digests,

@@ -10,7 +10,7 @@ from typing import Literal
 
 import torch
 
-from loom_runtime.engine.step_cost import KindCost
+from loom_runtime.diffusion.step_cost import KindCost
 
 ComponentName = Literal["transformer", "text_encoder", "vae"]
 COMPONENTS: tuple[ComponentName, ...] = ("transformer", "text_encoder", "vae")

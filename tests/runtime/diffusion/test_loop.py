@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from loom_runtime.engine.diffusion_batcher import DiffusionBatcher
-from loom_runtime.engine.diffusion_forward import wan_executors, wan_shape
-from loom_runtime.engine.diffusion_loop import DiffusionLoop
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
+from loom_runtime.diffusion.batcher import DiffusionBatcher
+from loom_runtime.diffusion.forward import wan_executors, wan_shape
+from loom_runtime.diffusion.loop import DiffusionLoop
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.wan.loader import LoadedWan, load_wan

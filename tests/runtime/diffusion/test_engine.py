@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import DiffusionEngineConfig
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
-from loom_runtime.engine.step_cost import StepSample
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import DiffusionEngineConfig
+from loom_runtime.diffusion.step_cost import StepSample
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.models.wan.loader import LoadedWan, load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan

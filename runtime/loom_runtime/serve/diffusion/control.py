@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 from typing import Literal
 
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import COMPONENTS, ComponentName
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import COMPONENTS, ComponentName
 from loom_runtime.engine.types import EngineStats
 from loom_runtime.errors import CheckpointError
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loom_runtime.engine.diffusion_forward import VaeDecode, decode_groups
-from loom_runtime.engine.diffusion_types import VAE_DECODE, DecodeWork, DiffusionResult
-from loom_runtime.engine.step_cost import StepSample
+from loom_runtime.diffusion.forward import VaeDecode, decode_groups
+from loom_runtime.diffusion.step_cost import StepSample
+from loom_runtime.diffusion.types import VAE_DECODE, DecodeWork, DiffusionResult
 from loom_runtime.loop.contract import ResourceRequest, WorkPlan
 from loom_runtime.models.wan.loader import LoadedWan, load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan
