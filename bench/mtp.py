@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from side_by_side import bench_args, report
 
-from loom_runtime.engine.mtp_speculator import Drafter, MtpDrafter, MtpSpeculator
+from loom_runtime.engine.spec.speculator import Drafter, MtpDrafter, MtpSpeculator
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla

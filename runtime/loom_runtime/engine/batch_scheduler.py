@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
-from loom_runtime.engine.host_reload import HostReloads
+from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
 from loom_runtime.engine.token_forward import TokenResult

@@ -21,18 +21,18 @@ from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_th
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
-from loom_runtime.engine.hisparse import hisparse_stats
-from loom_runtime.engine.host_reload import HostReloads
-from loom_runtime.engine.kv_pool import engine_kv, kv_offload, offload_stats
-from loom_runtime.engine.mtp_check import check_mtp
-from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
-from loom_runtime.engine.rank_channel import EngineRanks
-from loom_runtime.engine.ranked_runner import RankedRunner
-from loom_runtime.engine.ranks_check import check_ranks
-from loom_runtime.engine.ranks_start import start_engine_ranks
+from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
+from loom_runtime.engine.kv_memory.host_reload import HostReloads
+from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.ranks.check import check_ranks
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.start import start_engine_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
-from loom_runtime.engine.spec_forward import SpecForward
+from loom_runtime.engine.spec.check import check_mtp
+from loom_runtime.engine.spec.forward import SpecForward
+from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (

@@ -1,6 +1,6 @@
 """Which ranks a parallel engine starts for its checkpoint: TP ranks for the llama family
-(engine/tp_runner.py), PCP/DCP/EP/DP ranks for sparse-mla (engine/ranked_runner.py), after
-checking that the settings fit (engine/ranks_check.py).
+(engine/ranks/tp_runner.py), PCP/DCP/EP/DP ranks for sparse-mla (engine/ranks/ranked_runner.py),
+after checking that the settings fit (engine/ranks/check.py).
 
 Owns that choice only; never drives a step.
 """
@@ -8,11 +8,11 @@ Owns that choice only; never drives a step.
 from __future__ import annotations
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.hisparse import hot_slots
-from loom_runtime.engine.rank_channel import EngineRanks
-from loom_runtime.engine.ranked_runner import start_ranks
-from loom_runtime.engine.ranks_check import check_ranks
-from loom_runtime.engine.tp_runner import start_tp
+from loom_runtime.engine.kv_memory.hisparse import hot_slots
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.ranks.check import check_ranks
+from loom_runtime.engine.ranks.ranked_runner import start_ranks
+from loom_runtime.engine.ranks.tp_runner import start_tp
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.loader import LoadedModel

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.mtp_runner import mtp_kv_spec
-from loom_runtime.engine.rank_channel import EngineRanks
-from loom_runtime.engine.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
+from loom_runtime.engine.spec.mtp_runner import mtp_kv_spec
 from loom_runtime.kv.cache import KVSpec
 from loom_runtime.kv.hisparse_cache import (
     HiSparseKVCache,

@@ -14,7 +14,7 @@ from tests.runtime.engine.sparse_mla_helpers import planner_shape
 from loom_operator.fleet.kv_layout import kv_bytes_per_token
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_check import check_mtp
+from loom_runtime.engine.spec.check import check_mtp
 from loom_runtime.errors import SpeculativeConfigError
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig

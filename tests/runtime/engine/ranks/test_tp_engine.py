@@ -20,7 +20,7 @@ from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, run_all
 from loom_operator.fleet.kv_layout import GQAAttention, ModelShape, kv_bytes_per_token
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.tp_runner import TpRunner
+from loom_runtime.engine.ranks.tp_runner import TpRunner
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format

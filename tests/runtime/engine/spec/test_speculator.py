@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from loom_runtime.engine.mtp_speculator import MtpDrafter, MtpSpeculator, SpecOutput
+from loom_runtime.engine.spec.speculator import MtpDrafter, MtpSpeculator, SpecOutput
 from loom_runtime.models.sparse_mla.hooks import LocalHooks
 from loom_runtime.models.sparse_mla.loader import LoadedSparseMla, load_sparse_mla
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM

@@ -5,7 +5,7 @@ it on its head shard over its own pool — the engine's block tables name the sa
 every rank's pool, so prefix caching and preemption need nothing from the ranks — and rank 0
 sends back the logits rows.
 
-Owns the rank group's lifetime (engine/rank_channel.py), the step exchange and its timeout,
+Owns the rank group's lifetime (engine/ranks/channel.py), the step exchange and its timeout,
 and each rank's KV figures; never schedules, samples or changes a block table. A rank that
 dies, raises or does not answer in time takes the runner down with RankFailure.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.rank_channel import START_TIMEOUT_S, RankChannel, rank_config
+from loom_runtime.engine.ranks.channel import START_TIMEOUT_S, RankChannel, rank_config
 from loom_runtime.engine.runner import TokenWork, build_forward_batch, logits_per_work
 from loom_runtime.engine.types import RankKVStats
 from loom_runtime.kv.latent_cache import LatentKVCache

@@ -21,7 +21,7 @@ from loom_operator.fleet.capacity import dcp_local_length
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
 from loom_runtime.engine.types import EngineRequest, RankKVStats
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format

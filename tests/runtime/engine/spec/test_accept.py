@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loom_runtime.engine.spec_accept import Verdict, accept_greedy, accept_sampled
+from loom_runtime.engine.spec.accept import Verdict, accept_greedy, accept_sampled
 
 TRIALS = 4000
 FIRST = 0.03  # ~4 standard deviations of a frequency near 0.5 over TRIALS draws

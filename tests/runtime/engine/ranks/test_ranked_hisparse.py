@@ -17,7 +17,7 @@ from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_s
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
 from loom_runtime.engine.types import EngineRequest, RankKVStats
 from loom_runtime.kv.hisparse_cache import plan_hisparse
 from loom_runtime.kv.latent_cache import LatentKVCacheSpec

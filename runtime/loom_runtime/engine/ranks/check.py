@@ -1,6 +1,6 @@
 """Whether a parallel engine's settings, its model's family and its ranks agree: the sparse-mla
-family splits over PCP, DCP and EP ranks (engine/ranked_runner.py), the llama family over TP
-ranks (engine/tp_runner.py); LayoutError says how they do not, before any rank starts.
+family splits over PCP, DCP and EP ranks (engine/ranks/ranked_runner.py), the llama family over TP
+ranks (engine/ranks/tp_runner.py); LayoutError says how they do not, before any rank starts.
 
 Pure checks; never starts or stops ranks.
 """
@@ -8,9 +8,9 @@ Pure checks; never starts or stops ranks.
 from __future__ import annotations
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.rank_channel import EngineRanks
-from loom_runtime.engine.ranked_runner import RankedRunner
-from loom_runtime.engine.tp_runner import TpRunner
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.tp_runner import TpRunner
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.models.causal_lm import DecoderConfig
 from loom_runtime.models.config import ModelConfig

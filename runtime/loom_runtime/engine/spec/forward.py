@@ -20,9 +20,9 @@ from typing import overload
 
 import torch
 
-from loom_runtime.engine.mtp_runner import Drafter, SpecRunner
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenWork
 from loom_runtime.engine.sampler import SampledToken, TokenHistory, sample
+from loom_runtime.engine.spec.mtp_runner import Drafter, SpecRunner
 from loom_runtime.engine.token_forward import TokenResult, sample_rows, token_work
 from loom_runtime.engine.types import SpecDecodeStats
 from loom_runtime.loop.contract import WorkPlan

@@ -16,16 +16,16 @@ import pytest
 from tests.runtime.engine.conftest import random_prompt
 from tests.runtime.engine.ranks_config import SPARSE_LAYOUTS, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, RecordingDrafter, greedy, run_all
-from tests.runtime.engine.test_mtp_engine import K, OracleDrafter, full_tokens
-from tests.runtime.engine.test_mtp_engine import requests as mtp_requests
+from tests.runtime.engine.spec.test_mtp_engine import K, OracleDrafter, full_tokens
+from tests.runtime.engine.spec.test_mtp_engine import requests as mtp_requests
 
 from loom_runtime.engine.ar_decode import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import Drafter
-from loom_runtime.engine.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
 from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel

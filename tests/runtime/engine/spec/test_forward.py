@@ -9,7 +9,7 @@ import torch
 
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.sampler import TokenHistory, make_generator, sample
-from loom_runtime.engine.spec_forward import verify
+from loom_runtime.engine.spec.forward import verify
 from loom_runtime.engine.types import SamplingParams, SpecDecodeStats
 from loom_runtime.kv.block_table import BlockTable
 

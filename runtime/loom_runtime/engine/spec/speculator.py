@@ -2,7 +2,7 @@
 tokens, the trunk verifies them in one forward, the verdict keeps the output exact.
 
 Owns one sequence's draft–verify rounds and its statistics; never batches (the engine's batched
-path is checked against this one) and never decides acceptance (engine/spec_accept.py).
+path is checked against this one) and never decides acceptance (engine/spec/accept.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from loom_runtime.engine.spec_accept import Verdict, accept_greedy, accept_sampled
+from loom_runtime.engine.spec.accept import Verdict, accept_greedy, accept_sampled
 from loom_runtime.models.sparse_mla.cache import SparseMlaCache
 from loom_runtime.models.sparse_mla.hooks import LocalHooks
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM

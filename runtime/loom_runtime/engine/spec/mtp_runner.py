@@ -4,7 +4,7 @@ paged latent cache, whose blocks hold the MTP layer's rows beside the trunk's.
 Owns the three forwards of a speculative step (drafts, the trunk over every work, the MTP rows
 of the kept positions) and, per running request, the MTP layer's output at its last kept
 position (what the next step's first draft reads); never samples or decides acceptance
-(engine/spec_forward.py does) and never changes a block table.
+(engine/spec/forward.py does) and never changes a block table.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Drafter(Protocol):
 class TrunkOutput:
     """One trunk forward: per work its logits (a verify's every row [n, vocab], the last row
     [vocab] of a work that wants logits, else None) and the final-normed states of all T
-    tokens (None: they stayed on the ranks that computed them, engine/ranked_runner.py)."""
+    tokens (None: they stayed on the ranks that computed them, engine/ranks/ranked_runner.py)."""
 
     logits: list[torch.Tensor | None]
     normed: torch.Tensor | None  # [T, hidden]

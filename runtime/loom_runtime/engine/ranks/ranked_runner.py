@@ -2,7 +2,7 @@
 worker (PCP, DCP, EP). The engine schedules and samples in its own process as on one rank;
 each step's token works go to every rank over a pipe, every rank runs them in the same order
 (parallel/sparse_mla/rank_server.py), and rank 0 sends back the logits rows. Under MTP
-speculation it is also the SpecRunner of engine/spec_forward.py: the ranks propose the drafts,
+speculation it is also the SpecRunner of engine/spec/forward.py: the ranks propose the drafts,
 verify them, and write the MTP rows of what the engine's verdict kept with the next message.
 
 Owns the rank group's lifetime, the step exchange and its timeout, the sequences to release
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.mtp_runner import TrunkOutput
-from loom_runtime.engine.rank_channel import START_TIMEOUT_S, RankChannel, rank_config
+from loom_runtime.engine.ranks.channel import START_TIMEOUT_S, RankChannel, rank_config
 from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.spec.mtp_runner import TrunkOutput
 from loom_runtime.engine.types import RankKVStats
 from loom_runtime.kv.block_table import BlockTable
 from loom_runtime.kv.hisparse_cache import TierCounters
@@ -196,7 +196,7 @@ class RankedRunner:
                     _write_rows(self._mirror, table, exported.rows)
         return replies
 
-    # --- MTP speculation (engine/spec_forward.py's SpecRunner) ---------------------------------
+    # --- MTP speculation (engine/spec/forward.py's SpecRunner) ---------------------------------
 
     def propose(self, works: Sequence[TokenWork]) -> list[tuple[int, ...]]:
         """The MTP layer's drafts of each work that asks for some, proposed on its replica's

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.hisparse import hisparse_cache, hisparse_spec
-from loom_runtime.engine.mtp_runner import mtp_kv_spec
-from loom_runtime.engine.rank_channel import EngineRanks
+from loom_runtime.engine.kv_memory.hisparse import hisparse_cache, hisparse_spec
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.spec.mtp_runner import mtp_kv_spec
 from loom_runtime.errors import TransferError
 from loom_runtime.kv.cache import KVSpec, KVStore
 from loom_runtime.kv.fp8 import Fp8Format

@@ -23,9 +23,9 @@ from tests.runtime.engine.sparse_mla_helpers import (
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import Drafter
-from loom_runtime.engine.mtp_speculator import MtpDrafter, MtpSpeculator
 from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.spec.mtp_runner import Drafter
+from loom_runtime.engine.spec.speculator import MtpDrafter, MtpSpeculator
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK

@@ -3,8 +3,8 @@ and RankChannel — one pipe per rank, a message sent to every rank, each rank's
 under a timeout, and the group taken down together when one rank fails (RankFailure, a
 WorkerLostError: the fleet's failover handles the worker's requests).
 
-Owns the pipes, the rank group's lifetime and those waits; never says what a message means
-(the runners do: engine/ranked_runner.py for sparse-mla, engine/tp_runner.py for llama TP).
+Owns the pipes, the rank group's lifetime and those waits; never says what a message means (the
+runners do: engine/ranks/ranked_runner.py for sparse-mla, engine/ranks/tp_runner.py for llama TP).
 """
 
 from __future__ import annotations
