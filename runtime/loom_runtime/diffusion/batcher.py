@@ -2,7 +2,7 @@
 executor in one call, then every loop advanced; cancellation takes effect at a step boundary.
 
 Owns the waiting queue and the running set of diffusion requests; single-threaded, never blocks.
-(The LLM's BatchScheduler and this one are to share one step under one compute budget.)
+(The LLM's Batcher and this one may share one step thread: engine/shared_step_thread.py.)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from loom_runtime.diffusion.memory import MemoryLedger, MemoryModel
 from loom_runtime.diffusion.step_cost import StepCostModel, StepLoad, StepSample
 from loom_runtime.diffusion.text_feature_cache import TextFeatureCache
 from loom_runtime.diffusion.types import DENOISE, DiffusionOutput, DiffusionRequest
-from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
+from loom_runtime.engine.shared_step_thread import SharedStepThread, condition_for, step_thread_for
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.wan.loader import LoadedWan, load_dit, load_text_encoder, load_vae
@@ -63,9 +63,13 @@ class DiffusionEngine:
     on the calling thread (deterministic tests)."""
 
     def __init__(
-        self, loaded: LoadedWan, config: DiffusionEngineConfig, co: CoScheduler | None = None
+        self,
+        loaded: LoadedWan,
+        config: DiffusionEngineConfig,
+        shared_thread: SharedStepThread | None = None,
     ) -> None:
-        """`co`: share one step thread (and lock) with the other engines of this worker."""
+        """`shared_thread`: share one step thread (and lock) with the other engines of this
+        worker."""
         if loaded.transformer.dtype != config.dtype:
             raise ValueError(
                 f"the Wan weights are {loaded.transformer.dtype} but the config asks for "
@@ -89,7 +93,7 @@ class DiffusionEngine:
         self._batcher = DiffusionBatcher(self._loop, executors, self._emit, config.max_running)
         self._versions = v
         # Shared with callers, guarded by _lock; _cond wakes the step thread and waiters.
-        self._cond = condition_for(co)
+        self._cond = condition_for(shared_thread)
         self._lock = self._cond  # `with self._lock` takes the condition's lock
         self._ledger = MemoryLedger(config.memory_budget_bytes)
         self._queue: deque[tuple[DiffusionState, int]] = deque()  # accepted, no memory yet
@@ -100,7 +104,7 @@ class DiffusionEngine:
         self._denoise_steps = self._finished = self._aborted = 0
         self._step_lock = threading.Lock()  # held around every step and every weight swap
         self._thread = step_thread_for(
-            co, self._cond, "diffusion", config.model_name,
+            shared_thread, self._cond, "diffusion", config.model_name,
             self.step, self._has_work, self._abort_all_now, config.idle_wait_s,
         )  # fmt: skip
 

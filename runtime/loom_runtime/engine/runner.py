@@ -59,7 +59,8 @@ class TokenWork:
 
 
 class TokenRunner(Protocol):
-    """What executes a step's token works: ModelRunner here, RankedRunner on a worker's ranks."""
+    """What executes a step's token works: ModelRunner in this process, TpRunner or
+    RankedRunner on a worker's ranks (engine/ranks/)."""
 
     tokens_run: int
 

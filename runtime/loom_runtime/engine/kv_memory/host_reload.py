@@ -27,14 +27,14 @@ _POLL_S = 0.1  # the copy thread's wait for a job, between checks of its stop fl
 
 @dataclass
 class ReloadProgress:
-    """What one `progress` call hands back to the batch scheduler."""
+    """What one `progress` call hands back to the batcher."""
 
     ready: list[ARDecodeState] = field(default_factory=list)  # copied: resume computing
     failed: list[ARDecodeState] = field(default_factory=list)  # aborted while copying: finish
 
 
 class HostReloads:
-    """The reload half of one BatchScheduler. Every method but the thread's runs on the step
+    """The reload half of one Batcher. Every method but the thread's runs on the step
     thread. `wake` is called (from the copy thread) when a reload finished."""
 
     def __init__(

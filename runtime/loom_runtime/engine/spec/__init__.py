@@ -2,5 +2,5 @@
 that drafts, verifies and keeps what the verdict accepts, the acceptance rules, and the
 one-sequence reference they are checked against.
 
-Owns speculation; never schedules (the batch scheduler does) and never changes a block table.
+Owns speculation; never schedules (the batcher does) and never changes a block table.
 """

@@ -18,7 +18,7 @@ from loom_runtime.models.sparse_mla.hooks import LocalHooks
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 
 
-class Drafter(Protocol):
+class SequenceDrafter(Protocol):
     """Proposes the tokens after the sequence so far; told what the trunk committed."""
 
     def extend(self, normed: torch.Tensor, next_ids: list[int], start: int) -> None:
@@ -103,7 +103,7 @@ class MtpSpeculator:
         model: SparseMlaForCausalLM,
         num_draft_tokens: int,
         capacity: int,
-        drafter: Drafter | None = None,
+        drafter: SequenceDrafter | None = None,
     ) -> None:
         if num_draft_tokens < 1:
             raise ValueError(f"numDraftTokens must be at least 1, got {num_draft_tokens}")

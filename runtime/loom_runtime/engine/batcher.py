@@ -1,4 +1,4 @@
-"""The batch scheduler: continuous batching over the AR-decode loops, one step at a time.
+"""The batcher: continuous batching over the AR-decode loops, one step at a time.
 
 One step: schedule (pure, over frozen views of the loops and their next plans) -> execute the
 step's plans (one batched forward and one sample per executor shape) -> advance every loop with
@@ -32,7 +32,7 @@ Batch = list[tuple[ARDecodeState, WorkPlan[TokenResult]]]
 
 @dataclass(frozen=True)
 class StepCounters:
-    """Monotonic counters of a BatchScheduler (the engine adds them to its stats)."""
+    """Monotonic counters of a Batcher (the engine adds them to its stats)."""
 
     num_preemptions: int = 0
     num_prompt_tokens: int = 0
@@ -42,7 +42,7 @@ class StepCounters:
     num_requests_aborted: int = 0
 
 
-class BatchScheduler:
+class Batcher:
     """The continuous batcher: every step runs the next plans of all running loops together.
 
     `executors` maps a plan shape to the executor that runs all of a step's plans of that shape

@@ -14,9 +14,9 @@ import torch
 from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.diffusion.engine_types import DiffusionEngineConfig
 from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
-from loom_runtime.engine.co_scheduler import CoScheduler, TenantView, catch_up, choose
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.shared_step_thread import SharedStepThread, TenantView, catch_up, choose
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.wan.loader import LoadedWan, load_wan
@@ -63,12 +63,14 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 
 
 def engines(
-    tiny64: LoadedModel, wan: LoadedWan, co: CoScheduler | None
+    tiny64: LoadedModel, wan: LoadedWan, shared_thread: SharedStepThread | None
 ) -> tuple[Engine, DiffusionEngine]:
-    llm = Engine(tiny64, EngineConfig(dtype=torch.float64, model_name="llm"), co=co)
+    llm = Engine(
+        tiny64, EngineConfig(dtype=torch.float64, model_name="llm"), shared_thread=shared_thread
+    )
     config = DiffusionEngineConfig(model_name="dit", dtype=torch.float64, text_len=TEXT_LEN,
                                    default_steps=3, max_running=8)  # fmt: skip
-    return llm, DiffusionEngine(wan, config, co=co)
+    return llm, DiffusionEngine(wan, config, shared_thread=shared_thread)
 
 
 def alone(tiny64: LoadedModel, wan: LoadedWan) -> tuple[dict[str, torch.Tensor], list[list[int]]]:
@@ -92,10 +94,10 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
     tiny64: LoadedModel, wan64: LoadedWan
 ) -> None:
     frames_alone, tokens_alone = alone(tiny64, wan64)
-    co = CoScheduler("test-worker", idle_wait_s=0.05)
-    llm, dit = engines(tiny64, wan64, co)
+    shared_thread = SharedStepThread("test-worker", idle_wait_s=0.05)
+    llm, dit = engines(tiny64, wan64, shared_thread)
     order: list[str] = []
-    for tenant in co._tenants:  # record which engine each step went to
+    for tenant in shared_thread._tenants:  # record which engine each step went to
         inner = tenant.step
         tenant.step = lambda inner=inner, name=tenant.name: order.append(name) or inner()  # type: ignore[method-assign]
 
@@ -109,7 +111,7 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
 
     for req in diffusion_requests():
         dit.add_request(req, on_output)
-    co.start()
+    shared_thread.start()
     results: list[list[int]] = [[] for _ in LLM_PROMPTS]
 
     def generate(i: int) -> None:
@@ -131,18 +133,18 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
     # step by step on one thread: LLM decode ran while diffusion requests were still denoising
     last_dit = max(i for i, name in enumerate(order) if name == "dit")
     assert order.index("llm") < last_dit, order
-    stats = {s.name: s for s in co.stats()}
+    stats = {s.name: s for s in shared_thread.stats()}
     assert stats["llm"].steps > 0 and stats["dit"].steps > 0
     assert stats["dit"].predicted_step_s > 0 and stats["llm"].compute_s > 0
 
 
-def test_a_co_scheduled_engine_pauses_and_reports_its_shared_thread(
+def test_an_engine_on_a_shared_step_thread_pauses_and_reports_that_thread(
     tiny64: LoadedModel, wan64: LoadedWan, tmp_path: Path
 ) -> None:
-    co = CoScheduler("pause-test", idle_wait_s=0.05)
-    llm, dit = engines(tiny64, wan64, co)
+    shared_thread = SharedStepThread("pause-test", idle_wait_s=0.05)
+    llm, dit = engines(tiny64, wan64, shared_thread)
     assert not llm.step_thread_alive() and not dit.step_thread_alive()
-    co.start()
+    shared_thread.start()
     assert llm.step_thread_alive() and dit.step_thread_alive()
     try:
         assert list(
@@ -153,4 +155,4 @@ def test_a_co_scheduled_engine_pauses_and_reports_its_shared_thread(
     finally:
         llm.shutdown()
         dit.shutdown()
-    assert not co.thread.alive
+    assert not shared_thread.thread.alive

@@ -66,14 +66,16 @@ class _Tenant:
         return TenantView(self.name, self.share, self.used_s, self.predicted_s)
 
 
-def condition_for(co: CoScheduler | None) -> threading.Condition:
-    """The condition (and lock) an engine guards its state with: its own, or the co-scheduler's
-    (shared by every engine on that step thread)."""
-    return co.cond if co is not None else threading.Condition(threading.Lock())
+def condition_for(shared_thread: SharedStepThread | None) -> threading.Condition:
+    """The condition (and lock) an engine guards its state with: its own, or the shared step
+    thread's (one for every engine on that thread)."""
+    return (
+        shared_thread.cond if shared_thread is not None else threading.Condition(threading.Lock())
+    )
 
 
 def step_thread_for(
-    co: CoScheduler | None,
+    shared_thread: SharedStepThread | None,
     cond: threading.Condition,
     kind: str,
     name: str,
@@ -83,12 +85,12 @@ def step_thread_for(
     idle_wait_s: float,
 ) -> StepThread:
     """The step thread an engine runs on: its own over `cond` (named loom-`kind`-`name`), or the
-    co-scheduler's, with the engine registered under `name`. Call it last in the engine's
+    shared step thread's, with the engine registered under `name`. Call it last in the engine's
     constructor: a running shared thread may step the engine at once."""
-    if co is None:
+    if shared_thread is None:
         return StepThread(f"loom-{kind}-{name}", cond, step, has_work, on_error, idle_wait_s)
-    co.add(name, step, has_work, on_error)
-    return co.thread
+    shared_thread.add(name, step, has_work, on_error)
+    return shared_thread.thread
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class TenantStats:
 
 
 @dataclass
-class CoScheduler:
+class SharedStepThread:
     """Build it first, pass it to each engine (which registers itself and then shares `cond` and
     `thread`), then `start()` once. Thread-safe."""
 
