@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import DiffusionEngineConfig
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import DiffusionEngineConfig
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
 from loom_runtime.models.wan.config import WanDitConfig
 from loom_runtime.models.wan.dit import WanDiT
 from loom_runtime.models.wan.loader import LoadedWan, load_wan

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from side_by_side import bench_args, report
 
-from loom_runtime.engine.mtp_speculator import Drafter, MtpDrafter, MtpSpeculator
+from loom_runtime.engine.spec.speculator import MtpDrafter, MtpSpeculator, SequenceDrafter
 from loom_runtime.models.sparse_mla.loader import load_sparse_mla
 from loom_runtime.models.sparse_mla.model import SparseMlaForCausalLM
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
@@ -76,7 +76,7 @@ def plain_decode(model: SparseMlaForCausalLM, prompt: list[int], n: int) -> tupl
 
 
 def speculative_decode(
-    model: SparseMlaForCausalLM, prompt: list[int], n: int, k: int, drafter: Drafter
+    model: SparseMlaForCausalLM, prompt: list[int], n: int, k: int, drafter: SequenceDrafter
 ) -> tuple[list[int], float, float]:
     """Tokens, tokens per verify step, and thread CPU seconds of the whole run less its
     prefill (measured as the plain prompt forward, which speculation runs identically plus
@@ -104,7 +104,7 @@ def run(prompt_tokens: int, new_tokens: int, ks: list[int], alphas: list[float],
         reference, plain_s = plain_decode(model, prompt, new_tokens)
         plain_times.append(plain_s)
         for k in ks:
-            drafters: dict[str, Drafter] = {"mtp (random weights)": MtpDrafter(model, 4096)}
+            drafters: dict[str, SequenceDrafter] = {"mtp (random weights)": MtpDrafter(model, 4096)}
             for alpha in alphas:
                 drafters[f"replay alpha={alpha:g}"] = ReplayDrafter(
                     reference, len(prompt), alpha, seed=r

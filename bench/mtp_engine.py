@@ -31,8 +31,8 @@ from side_by_side import bench_args, report, serve_together
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import Drafter
 from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla

@@ -26,7 +26,7 @@ from side_by_side import bench_args, report, serve_together
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.ranked_runner import start_ranks
+from loom_runtime.engine.ranks.ranked_runner import start_ranks
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import load_model
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla

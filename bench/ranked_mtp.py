@@ -25,7 +25,7 @@ from side_by_side import serve_together
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import Drafter
+from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.types import EngineRequest
 from loom_runtime.parallel.layout import ParallelLayout
 

@@ -23,7 +23,7 @@ from loom_runtime.wire.openai.fields import (
     prompt_value,
     required,
 )
-from loom_runtime.wire.openai.response import Kind
+from loom_runtime.wire.openai.response import ResponseKind
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -63,7 +63,7 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-def check_body(kind: Kind, body: Mapping[str, Any]) -> None:
+def check_body(kind: ResponseKind, body: Mapping[str, Any]) -> None:
     """BadRequestError (with its param) when the prompt or messages cannot be routed."""
     if kind == "completion":
         _check_prompt(body.get("prompt"), "prompt" in body)
@@ -100,7 +100,7 @@ def _check_messages(messages: object, present: bool) -> None:
             raise BadRequestError(f"{at}.content: {exc}", param=f"{at}.content") from None
 
 
-def requested_max_tokens(kind: Kind, body: Mapping[str, Any]) -> int | None:
+def requested_max_tokens(kind: ResponseKind, body: Mapping[str, Any]) -> int | None:
     """The client's output budget when it is a positive int (else the worker judges it)."""
     keys = ("max_tokens",) if kind == "completion" else ("max_completion_tokens", "max_tokens")
     for key in keys:
@@ -110,7 +110,9 @@ def requested_max_tokens(kind: Kind, body: Mapping[str, Any]) -> int | None:
     return None
 
 
-def check_context(kind: Kind, body: Mapping[str, Any], prompt_len: int, max_model_len: int) -> None:
+def check_context(
+    kind: ResponseKind, body: Mapping[str, Any], prompt_len: int, max_model_len: int
+) -> None:
     """BadRequestError when the prompt and its max_tokens cannot fit `max_model_len`: the rule
     the worker applies (loom_runtime.wire.context_length), decided before any P/D hop."""
     default = COMPLETIONS_DEFAULT_MAX_TOKENS if kind == "completion" else None

@@ -29,7 +29,7 @@ from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
 from loom_runtime.wire.openai.logprobs import COMPLETION_FIELDS, chat_entry
 from loom_runtime.wire.openai.response import (
     HEAD_FIELDS,
-    Kind,
+    ResponseKind,
     chunk,
     chunk_object,
     usage_chunk,
@@ -62,7 +62,7 @@ class Attempt:
 
     path: str
     body: dict[str, Any]
-    source_kind: Kind
+    source_kind: ResponseKind
     token_base: int = 0
     char_base: int = 0
     skip_tokens: int = 0
@@ -84,7 +84,7 @@ def stop_strings(body: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
-def first_attempt(path: str, body: Mapping[str, Any], kind: Kind) -> Attempt:
+def first_attempt(path: str, body: Mapping[str, Any], kind: ResponseKind) -> Attempt:
     """The original request, streamed with token ids (the tracker needs them)."""
     return Attempt(path, {**body, "stream": True, "return_token_ids": True}, kind)
 
@@ -92,7 +92,7 @@ def first_attempt(path: str, body: Mapping[str, Any], kind: Kind) -> Attempt:
 class StreamTracker:
     """One client stream: its head (id, created, …), the ids and text sent, clean boundaries."""
 
-    def __init__(self, kind: Kind, body: Mapping[str, Any]) -> None:
+    def __init__(self, kind: ResponseKind, body: Mapping[str, Any]) -> None:
         self.kind = kind
         self.want_ids = body.get("return_token_ids") is True
         self.stops = stop_strings(body)
@@ -254,7 +254,7 @@ class StreamTracker:
 
 
 def max_tokens_of(
-    kind: Kind, body: Mapping[str, Any], prompt_len: int, max_model_len: int | None
+    kind: ResponseKind, body: Mapping[str, Any], prompt_len: int, max_model_len: int | None
 ) -> int | None:
     """The output budget the original request ran with (None when it cannot be known)."""
     if kind == "completion":
@@ -268,7 +268,11 @@ def max_tokens_of(
 
 
 def completions_body(
-    kind: Kind, body: Mapping[str, Any], prompt: Sequence[int], max_tokens: int, generated: int
+    kind: ResponseKind,
+    body: Mapping[str, Any],
+    prompt: Sequence[int],
+    max_tokens: int,
+    generated: int,
 ) -> dict[str, Any]:
     """A /v1/completions request continuing `body` from token-id `prompt`, which ends with the
     `generated` tokens already sent (so `min_tokens` shrinks by them, as `max_tokens` did)."""
@@ -285,7 +289,7 @@ def completions_body(
     return out
 
 
-def _text(kind: Kind, choice: Mapping[str, Any]) -> str:
+def _text(kind: ResponseKind, choice: Mapping[str, Any]) -> str:
     delta = choice.get("delta") or {}
     content = delta.get("content") if kind == "chat" else choice.get("text")
     return content if isinstance(content, str) else ""
@@ -297,7 +301,7 @@ def _has_entries(logprobs: Any) -> bool:
     return bool(logprobs.get("content") or logprobs.get("tokens"))
 
 
-def _logprobs(attempt: Attempt, raw: Any, skipped: int, client_kind: Kind) -> Any:
+def _logprobs(attempt: Attempt, raw: Any, skipped: int, client_kind: ResponseKind) -> Any:
     """The chunk's logprobs without the skipped tokens, in the client's format."""
     if not isinstance(raw, Mapping):
         return None

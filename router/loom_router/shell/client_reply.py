@@ -25,7 +25,7 @@ from loom_runtime.wire.headers import (
     REQUEST_ID_HEADER,
     WEIGHTS_HEADER,
 )
-from loom_runtime.wire.openai.response import Kind
+from loom_runtime.wire.openai.response import ResponseKind
 from loom_runtime.wire.openai.sse import encode
 
 
@@ -34,7 +34,7 @@ class Trip:
     """One client request as the attempt loop needs it."""
 
     request_id: str
-    kind: Kind
+    kind: ResponseKind
     path: str
     body: Mapping[str, Any]
     headers_up: Mapping[str, str]

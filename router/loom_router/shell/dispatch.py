@@ -35,7 +35,7 @@ from loom_router.shell.prober import Prober
 from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream
 from loom_runtime.wire.headers import PD_FALLBACK_HEADER, PD_HEADER, REQUEST_ID_HEADER
-from loom_runtime.wire.openai.response import Kind
+from loom_runtime.wire.openai.response import ResponseKind
 from loom_runtime.wire.pd import decode_body
 from loom_runtime.wire.prompt import chat_ids, completion_ids
 from loom_runtime.wire.tokenizer import Tokenizer
@@ -64,7 +64,9 @@ class Dispatcher:
         self.tokenizer = tokenizer
         self.attempts = AttemptLoop(transport, picking, metrics, state.settings.migration_limit)
 
-    async def handle(self, request: web.Request, kind: Kind, request_id: str) -> web.StreamResponse:
+    async def handle(
+        self, request: web.Request, kind: ResponseKind, request_id: str
+    ) -> web.StreamResponse:
         started = time.perf_counter()
         body = await _json_body(request)
         check_body(kind, body)
@@ -88,7 +90,7 @@ class Dispatcher:
     # --- features -----------------------------------------------------------------------------
 
     def features(
-        self, request_id: str, kind: Kind, body: Mapping[str, Any], session: str | None
+        self, request_id: str, kind: ResponseKind, body: Mapping[str, Any], session: str | None
     ) -> tuple[RequestFeatures, list[int] | None]:
         """The request's features and its prompt ids when the router tokenized it. CPU-bound
         (tokenizing, hashing): call it in a thread."""
@@ -111,7 +113,7 @@ class Dispatcher:
     # --- P/D ----------------------------------------------------------------------------------
 
     async def _check_before_prefill(
-        self, choice: Choice, kind: Kind, body: Mapping[str, Any], ids: list[int] | None
+        self, choice: Choice, kind: ResponseKind, body: Mapping[str, Any], ids: list[int] | None
     ) -> None:
         """What the decode would refuse and the prefill cannot see: the fields the prefill body
         rewrites, and a prompt too long for the decode's context."""
@@ -161,7 +163,7 @@ token ids) are tokenized and hashed on the event loop (well under 1 ms); longer 
 thread."""
 
 
-def _short(kind: Kind, body: Mapping[str, Any]) -> bool:
+def _short(kind: ResponseKind, body: Mapping[str, Any]) -> bool:
     if kind == "completion":
         prompt = body.get("prompt")
         return isinstance(prompt, str | list) and len(prompt) < INLINE_PROMPT_CHARS // 4
@@ -176,7 +178,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return parse_body(await request.read())
 
 
-def _prompt_text(kind: Kind, body: Mapping[str, Any], ids: list[int] | None = None) -> str:
+def _prompt_text(kind: ResponseKind, body: Mapping[str, Any], ids: list[int] | None = None) -> str:
     """Text whose prefix grows with the prompt's (for the approximate index)."""
     if ids is not None and kind == "completion" and not isinstance(body.get("prompt"), str):
         return " ".join(map(str, ids))

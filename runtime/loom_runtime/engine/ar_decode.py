@@ -243,7 +243,7 @@ class ARDecodeLoop:
 
     def _verify_plan(self, state: ARDecodeState, num_tokens: int) -> WorkPlan[TokenResult]:
         """A speculative decode: the last token and num_tokens - 1 drafts, proposed and
-        verified by the executor (engine/spec_forward.py) in this step."""
+        verified by the executor (engine/spec/forward.py) in this step."""
         start = state.num_computed
         work = TokenWork(
             request_id=state.request_id,

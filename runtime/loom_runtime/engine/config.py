@@ -53,11 +53,11 @@ class EngineConfig:
     # Ranks inside the engine (a role's `parallelism`, `--tp`, `--pcp/--dcp/--ep/--dcp-interleave`):
     # the forward runs on layout.world rank processes that the engine drives step by step
     # (docs/parallel.md). Sparse-mla splits over PCP, DCP and EP, or over DP replicas whose
-    # attention runs each on its own requests while EP spans them (engine/ranked_runner.py):
+    # attention runs each on its own requests while EP spans them (engine/ranks/ranked_runner.py):
     # the ranks keep each request's rows themselves; the engine's
     # pool mirrors them for prefix caching (and its CPU offload tier) and a P/D prefill's
     # connector (a decode's pull lands there and seeds the ranks). The llama family splits over
-    # TP alone (engine/tp_runner.py): each rank keeps its kv heads' pool, indexed by the
+    # TP alone (engine/ranks/tp_runner.py): each rank keeps its kv heads' pool, indexed by the
     # engine's block tables; no P/D or CPU offload there yet. HiSparse runs on DP x EP ranks
     # (each rank holds its requests' tiers: parallel/sparse_mla/tiered_store.py). On DP ranks
     # num_blocks, kv_cache_bytes and the HiSparse host pool are each replica's: the engine's
@@ -67,7 +67,7 @@ class EngineConfig:
     collective_timeout_s: float = 60.0  # no rank waits longer on a collective or a step
     # MTP speculative decoding (a role's mtp.draftTokens, `--mtp-draft-tokens`; sparse-mla with
     # MTP layers, aggregated role, no HiSparse): tokens the MTP layer drafts per verify row. 0:
-    # off. The engine checks it against the model at construction (engine/mtp_check.py).
+    # off. The engine checks it against the model at construction (engine/spec/check.py).
     mtp_draft_tokens: int = 0
     prefix_hash_seed: str = "0"  # NONE_HASH seed; the router must use the same
     weights_version: str = "v1"
@@ -150,7 +150,7 @@ class EngineConfig:
     @property
     def use_prefix_cache(self) -> bool:
         """Prefix caching as asked (a parallel engine's pool then mirrors its ranks' rows, and a
-        prefix hit seeds the ranks' new sequence from it: engine/ranked_runner.py)."""
+        prefix hit seeds the ranks' new sequence from it: engine/ranks/ranked_runner.py)."""
         return self.prefix_caching
 
     @property

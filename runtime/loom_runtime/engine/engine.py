@@ -1,4 +1,4 @@
-"""The Engine: the thread-safe shell around one BatchScheduler (admission, abort, pause, weights).
+"""The Engine: the thread-safe shell around one Batcher (admission, abort, pause, weights).
 
 Owns the step thread, the bounded inbox between callers and that thread, and the in-flight
 set; never decides scheduling itself and never calls a client callback while holding a lock.
@@ -16,23 +16,23 @@ from pathlib import Path
 from typing import Literal
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
-from loom_runtime.engine.batch_scheduler import BatchScheduler
-from loom_runtime.engine.co_scheduler import CoScheduler, condition_for, step_thread_for
+from loom_runtime.engine.batcher import Batcher
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
-from loom_runtime.engine.hisparse import hisparse_stats
-from loom_runtime.engine.host_reload import HostReloads
-from loom_runtime.engine.kv_pool import engine_kv, kv_offload, offload_stats
-from loom_runtime.engine.mtp_check import check_mtp
-from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
-from loom_runtime.engine.rank_channel import EngineRanks
-from loom_runtime.engine.ranked_runner import RankedRunner
-from loom_runtime.engine.ranks_check import check_ranks
-from loom_runtime.engine.ranks_start import start_engine_ranks
+from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
+from loom_runtime.engine.kv_memory.host_reload import HostReloads
+from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.ranks.check import check_ranks
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.start import start_engine_ranks
 from loom_runtime.engine.remote import RemoteKV, check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
-from loom_runtime.engine.spec_forward import SpecForward
+from loom_runtime.engine.shared_step_thread import SharedStepThread, condition_for, step_thread_for
+from loom_runtime.engine.spec.check import check_mtp
+from loom_runtime.engine.spec.forward import SpecForward
+from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
@@ -77,11 +77,11 @@ class Engine:
         events: KVEventSink | None = None,
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
-        co: CoScheduler | None = None,
+        shared_thread: SharedStepThread | None = None,
         ranks: EngineRanks | None = None,
         drafter: Drafter | None = None,
     ) -> None:
-        """`co`: share one step thread (and lock) with the other engines of this worker.
+        """`shared_thread`: share one step thread (and lock) with the other engines of this worker.
         `ranks`: the rank processes of a parallel engine (config.parallel; `from_checkpoint`
         starts them); the engine then schedules and samples here and runs every forward on
         them, and closes them at shutdown. `drafter`: with MTP speculation, what proposes the
@@ -150,13 +150,13 @@ class Engine:
             else None
         )
         limits = (config.max_num_batched_tokens, config.max_num_seqs)
-        self._scheduler = BatchScheduler(
+        self._batcher = Batcher(
             self._loop, {TOKEN_FORWARD: executor}, limits, self._emit, remote, self._reloads,
             kv.replica_blocks,
         )  # fmt: skip
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
-        self._cond = condition_for(co)
+        self._cond = condition_for(shared_thread)
         self._lock = self._cond  # `with self._lock` takes the condition's lock
         self._inbox: deque[ARDecodeState] = deque()
         self._aborts: set[str] = set()
@@ -168,7 +168,7 @@ class Engine:
         # Held around every step and every weight swap: the step boundary.
         self._step_lock = threading.Lock()
         self._thread = step_thread_for(
-            co, self._cond, "engine", config.model_name,
+            shared_thread, self._cond, "engine", config.model_name,
             self.step, self._has_work, self._abort_all_now, config.idle_wait_s,
         )  # fmt: skip
 
@@ -180,17 +180,17 @@ class Engine:
         events: KVEventSink | None = None,
         disagg: DisaggSettings | None = None,
         connector: KVConnectorPort | None = None,
-        co: CoScheduler | None = None,
+        shared_thread: SharedStepThread | None = None,
         drafter: Drafter | None = None,
     ) -> Engine:
         if config.parallel.world == 1:
             loaded = load_model(path, dtype=config.dtype, device=config.device)
-            return cls(loaded, config, events, disagg, connector, co, drafter=drafter)
+            return cls(loaded, config, events, disagg, connector, shared_thread, drafter=drafter)
         # the ranks load the weights; this process needs the config and tokenizer only
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         ranks = start_engine_ranks(str(path), loaded, config, disagg)
         try:
-            return cls(loaded, config, events, disagg, connector, co, ranks, drafter)
+            return cls(loaded, config, events, disagg, connector, shared_thread, ranks, drafter)
         except BaseException:
             ranks.close()
             raise
@@ -371,10 +371,10 @@ class Engine:
                 self._inbox.clear()
                 aborts, self._aborts = self._aborts, set()
             for state in new:
-                self._scheduler.add(state)
+                self._batcher.add(state)
             if aborts:
-                self._scheduler.abort(aborts)
-            ran = self._scheduler.step()
+                self._batcher.abort(aborts)
+            ran = self._batcher.step()
             if self._ranks is not None:
                 self._ranks.flush()  # finished requests leave the ranks now, not at the next step
             with self._lock:
@@ -385,10 +385,10 @@ class Engine:
     def _abort_all_now(self) -> None:
         """After a step raised: finish every request with an abort (the error path)."""
         with self._step_lock:
-            self._scheduler.abort_all()
+            self._batcher.abort_all()
 
     def _has_work(self) -> bool:
-        return bool(self._inbox or self._aborts or self._scheduler.has_work)
+        return bool(self._inbox or self._aborts or self._batcher.has_work)
 
     def _wake(self) -> None:
         """Called by the KV connector from its threads when a pull or a lease finished."""
@@ -443,11 +443,11 @@ class Engine:
         return self._drain
 
     def _snapshot(self) -> EngineStats:
-        c, pool, remote = self._scheduler.counters, self._pool, self._scheduler.remote
+        c, pool, remote = self._batcher.counters, self._pool, self._batcher.remote
         t = remote.counters if remote is not None else None
         return EngineStats(
-            num_running=len(self._scheduler.running),
-            num_waiting=len(self._scheduler.waiting),
+            num_running=len(self._batcher.running),
+            num_waiting=len(self._batcher.waiting),
             kv_usage=pool.usage,
             num_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free,

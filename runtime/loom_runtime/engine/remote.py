@@ -35,7 +35,7 @@ class TransferCounters:
 
 @dataclass
 class RemoteProgress:
-    """What one `progress` call hands back to the batch scheduler."""
+    """What one `progress` call hands back to the batcher."""
 
     ready: list[ARDecodeState] = field(default_factory=list)  # blocks held, resume computing
     local: list[ARDecodeState] = field(default_factory=list)  # no blocks: admit as usual
@@ -60,7 +60,7 @@ def check_transfer_request(req: EngineRequest, disagg: DisaggSettings | None) ->
 
 
 class RemoteKV:
-    """The P/D half of one BatchScheduler. Single-threaded: the step thread calls every method."""
+    """The P/D half of one Batcher. Single-threaded: the step thread calls every method."""
 
     def __init__(
         self,

@@ -37,7 +37,7 @@ class TokenWork:
     the step's one sampler draws with `sampling`, the state's own `generator` (None when
     greedy) and its `history` (the tokens so far). The runner itself reads none of them.
 
-    With MTP speculation (engine/spec_forward.py) a decode work asks for up to `draft_tokens`
+    With MTP speculation (engine/spec/forward.py) a decode work asks for up to `draft_tokens`
     drafts after its one token, and every work names the token after its chunk (`next_id`)
     when the loop knows it: the MTP layer's row at a position reads the next token.
     """
@@ -59,7 +59,8 @@ class TokenWork:
 
 
 class TokenRunner(Protocol):
-    """What executes a step's token works: ModelRunner here, RankedRunner on a worker's ranks."""
+    """What executes a step's token works: ModelRunner in this process, TpRunner or
+    RankedRunner on a worker's ranks (engine/ranks/)."""
 
     tokens_run: int
 

@@ -1,7 +1,7 @@
 """The executor of token plans: one model forward for all of a step's chunks, then one sample.
 
 Owns turning a step's TOKEN_FORWARD plans into TokenResults; never schedules, never touches a
-block table or a loop state (the batch scheduler advances each loop with its result).
+block table or a loop state (the batcher advances each loop with its result).
 """
 
 from __future__ import annotations

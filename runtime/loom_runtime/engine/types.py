@@ -107,7 +107,7 @@ class RequestOutput:
 
 @dataclass(frozen=True)
 class RankKVStats:
-    """What one rank of a parallel engine holds (engine/ranked_runner.py)."""
+    """What one rank of a parallel engine holds (engine/ranks/ranked_runner.py)."""
 
     rank: int
     kv_bytes_per_token: int  # bytes of one token's rows where a rank keeps them (all layers)

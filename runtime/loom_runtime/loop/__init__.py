@@ -7,7 +7,6 @@ per-request state at module level.
 from loom_runtime.loop.contract import (
     Done,
     Executor,
-    Loop,
     LoopContext,
     ResourceRequest,
     WorkPlan,
@@ -17,7 +16,6 @@ from loom_runtime.loop.execute import NoExecutorError, execute_plans
 __all__ = [
     "Done",
     "Executor",
-    "Loop",
     "LoopContext",
     "NoExecutorError",
     "ResourceRequest",

@@ -1,7 +1,8 @@
 """The loop contract: a request is a driven loop, init -> (next -> execute -> advance)* -> finalize.
 
-Owns the Protocols and the records a loop hands the runtime (WorkPlan, ResourceRequest, Done);
-never runs a kernel and never holds per-request state: that lives in each loop's state object.
+Owns the records a loop hands the runtime (WorkPlan, ResourceRequest, Done) and the Executor
+Protocol; never runs a kernel and never holds per-request state: that lives in each loop's state
+object.
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 ResultT_co = TypeVar("ResultT_co", covariant=True)
-ReqT_contra = TypeVar("ReqT_contra", contravariant=True)
-CtxT_contra = TypeVar("CtxT_contra", contravariant=True)
-StateT = TypeVar("StateT")
 ResultT = TypeVar("ResultT")
-OutT_co = TypeVar("OutT_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -24,7 +21,7 @@ class ResourceRequest:
     """What running a plan costs, so a scheduler can decide when and with whom it runs.
 
     All counts are for running the whole plan; a scheduler that narrows a plan (see
-    `WorkPlan.chunk`) gets the narrowed plan's own request. The engine's batch scheduler reads
+    `WorkPlan.chunk`) gets the narrowed plan's own request. The engine's batcher reads
     both: `compute_tokens` against its token budget, `cache_blocks` against the free blocks it
     may still admit into (a family that needs another resource adds the field with its reader).
     """
@@ -98,24 +95,3 @@ class Done:
     """`next()` has nothing left to run; the loop may be finalized."""
 
     reason: str = ""
-
-
-class Loop(Protocol[ReqT_contra, CtxT_contra, StateT, ResultT, OutT_co]):
-    """A kind of request loop. The loop object holds its model components and shared services
-    (bound when it is built, standing in for the `model` argument of the reference design);
-    everything that belongs to one request lives in the state `init` returns.
-
-    `next` describes and never executes; `advance` folds a result in; the engine's batch
-    scheduler drives every loop, handing each plan to the executor of its shape.
-    """
-
-    @property
-    def kind(self) -> str: ...
-
-    def init(self, req: ReqT_contra, ctx: CtxT_contra) -> StateT: ...
-
-    def next(self, state: StateT) -> WorkPlan[ResultT] | Done: ...
-
-    def advance(self, state: StateT, result: ResultT) -> StateT: ...
-
-    def finalize(self, state: StateT) -> OutT_co: ...

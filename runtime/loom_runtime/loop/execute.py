@@ -1,7 +1,7 @@
 """Executing one step's plans: every plan goes to the executor of its shape, one call per shape.
 
 Owns the grouping and the order of results only; never schedules, samples or changes a loop's
-state (the batch scheduler advances each loop with its result afterwards).
+state (the batcher advances each loop with its result afterwards).
 """
 
 from __future__ import annotations

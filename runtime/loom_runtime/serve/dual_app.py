@@ -3,8 +3,8 @@
 /v1/models listing both, merged /metrics (with each engine's compute time), and a control
 service that drains both and syncs the LLM's weights.
 
-Owns wiring the two engines' servers together; never schedules (engine/co_scheduler.py does)
-and never serves a route itself beyond /v1/models.
+Owns wiring the two engines' servers together; never picks which engine steps next
+(engine/shared_step_thread.py does) and never serves a route itself beyond /v1/models.
 """
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from loom_runtime.engine.co_scheduler import CoScheduler
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
+from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.shared_step_thread import SharedStepThread
 from loom_runtime.engine.types import EngineStats
-from loom_runtime.serve import diffusion_api, openai_api, probes
+from loom_runtime.serve import openai_api, probes
 from loom_runtime.serve.app import Servers, ServeSettings, api_context, error_middleware
 from loom_runtime.serve.bridge import Mailbox
-from loom_runtime.serve.diffusion_app import JobSettings, diffusion_context
-from loom_runtime.serve.diffusion_metrics import DiffusionMetrics
+from loom_runtime.serve.diffusion import api as diffusion_api
+from loom_runtime.serve.diffusion.app import JobSettings, diffusion_context
+from loom_runtime.serve.diffusion.metrics import DiffusionMetrics
 from loom_runtime.serve.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -92,12 +93,12 @@ class _MergedCollector(Collector):
         yield from merged.values()
 
 
-class _CoCollector(Collector):
-    def __init__(self, co: CoScheduler) -> None:
-        self._co = co
+class _SharedThreadCollector(Collector):
+    def __init__(self, shared_thread: SharedStepThread) -> None:
+        self._shared_thread = shared_thread
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._co.stats()
+        stats = self._shared_thread.stats()
         steps = CounterMetricFamily("loom:engine_steps", "Steps run, by engine.", labels=["engine"])
         spent = CounterMetricFamily(
             "loom:engine_compute_seconds", "Step time spent, by engine.", labels=["engine"]
@@ -116,10 +117,12 @@ class _CoCollector(Collector):
 class DualMetrics:
     """Both engines' metrics and the shared step thread's, rendered as one exposition."""
 
-    def __init__(self, llm: ServerMetrics, dit: DiffusionMetrics, co: CoScheduler) -> None:
+    def __init__(
+        self, llm: ServerMetrics, dit: DiffusionMetrics, shared_thread: SharedStepThread
+    ) -> None:
         self.llm = llm
         own = CollectorRegistry()
-        own.register(_CoCollector(co))
+        own.register(_SharedThreadCollector(shared_thread))
         self.registry = CollectorRegistry()
         self.registry.register(_MergedCollector((llm.registry, dit.registry, own)))
 
@@ -157,7 +160,7 @@ class DualWorker:
         self,
         llm: Engine,
         dit: DiffusionEngine,
-        co: CoScheduler,
+        shared_thread: SharedStepThread,
         settings: ServeSettings,
         jobs: JobSettings,
         resolve_source: Callable[[str], Path],
@@ -165,7 +168,9 @@ class DualWorker:
         self.llm, self.dit, self.settings, self.jobs = llm, dit, settings, jobs
         self.control = DualControl(llm, dit)
         text = ServerMetrics(llm.config.model_name, llm)
-        self.metrics = DualMetrics(text, DiffusionMetrics(dit.config.model_name, dit), co)
+        self.metrics = DualMetrics(
+            text, DiffusionMetrics(dit.config.model_name, dit), shared_thread
+        )
         self._servers = Servers(settings, resolve_source)
 
     async def start(self) -> None:

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from loom_runtime.card import CardError, Component, ModelCard, load_model_card
-from loom_runtime.engine.co_scheduler import CoScheduler
+from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.shared_step_thread import SharedStepThread
 from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.errors import CheckpointError, SpeculativeConfigError, TransferError
 from loom_runtime.kv.event_publisher import KVEventPublisher
@@ -29,8 +29,8 @@ from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
-from loom_runtime.serve import diffusion_main
 from loom_runtime.serve.app import ServeSettings, Worker
+from loom_runtime.serve.diffusion import main as diffusion_main
 from loom_runtime.serve.dual_app import DualWorker
 from loom_runtime.serve.engine_args import add_engine_arguments, engine_values
 from loom_runtime.serve.sources import checkpoint_path
@@ -223,17 +223,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"loom runtime: {exc}", file=sys.stderr)
         return 2
     connector: KVConnector | None = None
-    co = None if side is None else CoScheduler("loom-worker", plan.engine.idle_wait_s)
+    shared_thread = (
+        None if side is None else SharedStepThread("loom-worker", plan.engine.idle_wait_s)
+    )
     dit: DiffusionEngine | None = None
     try:
         try:
             connector = None if plan.connector is None else build_connector(plan.connector)
             engine = Engine.from_checkpoint(
-                plan.checkpoint, plan.engine, publisher, plan.disagg, connector, co
+                plan.checkpoint, plan.engine, publisher, plan.disagg, connector, shared_thread
             )
             if side is not None:
                 wan = load_wan(side.checkpoint, dtype=side.engine.dtype)
-                dit = DiffusionEngine(wan, side.engine, co)
+                dit = DiffusionEngine(wan, side.engine, shared_thread)
         except (CheckpointError, SpeculativeConfigError, ValueError) as exc:
             print(f"loom runtime: cannot load {plan.checkpoint}: {exc}", file=sys.stderr)
             return 2
@@ -249,8 +251,8 @@ def run(args: argparse.Namespace) -> int:
         gc.freeze()
         engine.start()
         worker: Worker | DualWorker = Worker(engine, plan.serve, checkpoint_path)
-        if dit is not None and co is not None and side is not None:
-            worker = DualWorker(engine, dit, co, plan.serve, side.jobs, checkpoint_path)
+        if dit is not None and shared_thread is not None and side is not None:
+            worker = DualWorker(engine, dit, shared_thread, plan.serve, side.jobs, checkpoint_path)
         try:
             asyncio.run(serve_until_signalled(worker, logger))
         except OSError as exc:  # a port in use, an address that cannot be bound

@@ -36,7 +36,7 @@ from loom_runtime.wire.openai.request import (
     unknown_fields,
 )
 from loom_runtime.wire.openai.request_id import worker_request_id
-from loom_runtime.wire.openai.response import Kind, ResponseMeta, chunk, usage_chunk
+from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, chunk, usage_chunk
 from loom_runtime.wire.openai.sse import DONE
 from loom_runtime.wire.openai.sse import encode as _sse
 
@@ -86,7 +86,7 @@ class _Run:
     def __init__(
         self,
         ctx: ApiContext,
-        kind: Kind,
+        kind: ResponseKind,
         num_logprobs: int | None,
         prompt_ids: tuple[int, ...] | None = None,
     ) -> None:
@@ -200,7 +200,7 @@ async def _write_events(
 
 async def _serve(
     request: web.Request,
-    kind: Kind,
+    kind: ResponseKind,
     parsed: CompletionRequest | ChatCompletionRequest,
     ereq: EngineRequest,
     ignored: tuple[str, ...],

@@ -12,7 +12,7 @@ from typing import Any
 
 from loom_runtime.engine.types import RequestOutput
 from loom_runtime.wire.openai.logprobs import TokenLogprob
-from loom_runtime.wire.openai.response import Kind, ResponseMeta, full_body
+from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, full_body
 from loom_runtime.wire.openai.usage import usage
 
 
@@ -43,7 +43,7 @@ class Accumulated:
 
     def body(
         self,
-        kind: Kind,
+        kind: ResponseKind,
         meta: ResponseMeta,
         logprobs: dict[str, Any] | None,
         prompt_token_ids: Sequence[int] | None = None,

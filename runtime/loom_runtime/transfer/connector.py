@@ -40,7 +40,7 @@ from loom_runtime.wire.kv_transfer import KVTransferParams
 logger = logging.getLogger(__name__)
 
 Role = Literal["prefill", "decode"]
-Kind = Literal["nixl", "tcp"]
+ConnectorKind = Literal["nixl", "tcp"]
 Wake = Callable[[], None]
 
 
@@ -48,7 +48,7 @@ Wake = Callable[[], None]
 class ConnectorSettings:
     """How one worker takes part in P/D transfers; defaults documented here."""
 
-    kind: Kind
+    kind: ConnectorKind
     role: Role
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     side_host: str = "127.0.0.1"  # the address decodes reach the prefill at (remote_host)
@@ -86,7 +86,7 @@ class Transport(Protocol):
     """Moves bytes; nixl.py and tcp.py implement it."""
 
     @property
-    def kind(self) -> Kind: ...
+    def kind(self) -> ConnectorKind: ...
 
     @property
     def needs_pin(self) -> bool:

@@ -16,7 +16,7 @@ from loom_router.core.migration import (
     first_attempt,
     max_tokens_of,
 )
-from loom_runtime.wire.openai.response import Kind, ResponseMeta, chunk, usage_chunk
+from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, chunk, usage_chunk
 from loom_runtime.wire.openai.sse import encode
 from loom_runtime.wire.openai.usage import usage
 
@@ -333,7 +333,7 @@ def test_a_continuation_shrinks_min_tokens_by_what_was_already_sent() -> None:
 
 
 def _worker_stream(
-    kind: Kind, with_ids: bool, role_ids: tuple[int, ...] | None = None
+    kind: ResponseKind, with_ids: bool, role_ids: tuple[int, ...] | None = None
 ) -> list[dict[str, Any]]:
     """A worker's chunks as its server encodes them (usage on every chunk, then a usage chunk)."""
     meta = ResponseMeta("w-1", 7, "m", "v1")
@@ -354,7 +354,9 @@ def _worker_stream(
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 @pytest.mark.parametrize("with_ids", [True, False])
-def test_a_stream_that_never_moves_is_relayed_byte_for_byte(kind: Kind, with_ids: bool) -> None:
+def test_a_stream_that_never_moves_is_relayed_byte_for_byte(
+    kind: ResponseKind, with_ids: bool
+) -> None:
     """The router encodes what it relays with the worker's codec: same bytes, same key order."""
     # As it always has, the router's role chunk lists its (no) token ids when they were asked for.
     client = _worker_stream(kind, with_ids, () if with_ids else None)

@@ -1,6 +1,6 @@
 """Fixtures for the engine tests: the tiny checkpoint (float64 for parity, float32 for speed),
-the plain way to run a request (one AR-decode loop alone on the production step: a batch
-scheduler of one sequence, no prefix cache, the whole prompt in one chunk) and a forward spy
+the plain way to run a request (one AR-decode loop alone on the production step: a batcher of
+one sequence, no prefix cache, the whole prompt in one chunk) and a forward spy
 that records what actually ran through the model."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from tests.runtime.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
-from loom_runtime.engine.batch_scheduler import BatchScheduler
+from loom_runtime.engine.batcher import Batcher
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner
 from loom_runtime.engine.token_forward import TokenForward, TokenResult
@@ -94,22 +94,22 @@ class LoopRig:
         self.executed.extend(zip(plans, results, strict=True))
         return results
 
-    def scheduler(
+    def batcher(
         self, emit: Callable[[RequestOutput], None], token_budget: int = 2048, max_num_seqs: int = 1
-    ) -> BatchScheduler:
-        return BatchScheduler(self.loop, {TOKEN_FORWARD: self}, (token_budget, max_num_seqs), emit)
+    ) -> Batcher:
+        return Batcher(self.loop, {TOKEN_FORWARD: self}, (token_budget, max_num_seqs), emit)
 
     def drive(
         self, req: EngineRequest, ctx: LoopContext | None = None, token_budget: int = 2048
     ) -> tuple[ARDecodeState, list[RequestOutput]]:
-        """Run one request to its end alone on a batch scheduler; its state and every output."""
+        """Run one request to its end alone on a batcher; its state and every output."""
         outs: list[RequestOutput] = []
-        scheduler = self.scheduler(outs.append, token_budget)
+        batcher = self.batcher(outs.append, token_budget)
         state = self.loop.init(req, ctx or LoopContext())
-        scheduler.add(state)
-        while scheduler.step():
+        batcher.add(state)
+        while batcher.step():
             pass
-        assert outs and outs[-1].finished and not scheduler.has_work
+        assert outs and outs[-1].finished and not batcher.has_work
         return state, outs
 
     def run_alone(

@@ -11,9 +11,9 @@ import torch
 from loom_operator.fleet.kv_layout import Indexer, KVDtype, MLAAttention, ModelShape
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import Drafter, MtpRunner
-from loom_runtime.engine.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
 from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.sparse_mla.causal_lm import SparseMlaCausalLM

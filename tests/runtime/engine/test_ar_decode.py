@@ -1,4 +1,4 @@
-"""The AR-decode loop on the production step (a batch scheduler driving it, the TokenForward
+"""The AR-decode loop on the production step (a batcher driving it, the TokenForward
 executor running its plans): its plans, chunked prefill, stop rules and streaming text, with
 every bit of per-request state in its state object; and the text rules (stop strings and ids,
 min_tokens, include_stop_str_in_output, skip_special_tokens) on a one-character-per-token

@@ -14,7 +14,7 @@ import torch
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.mtp_runner import Drafter
+from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.transfer_port import DisaggSettings, TransferParams
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.kv.fp8 import Fp8Format

@@ -20,17 +20,17 @@ import torch
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from loom_runtime.diffusion.engine import DiffusionEngine
+from loom_runtime.diffusion.engine_types import DiffusionEngineConfig
+from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
 from loom_runtime.engine.config import EngineConfig
-from loom_runtime.engine.diffusion_engine import DiffusionEngine
-from loom_runtime.engine.diffusion_engine_types import DiffusionEngineConfig
-from loom_runtime.engine.diffusion_types import DiffusionOutput, DiffusionRequest
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.models.loader import load_model
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan
-from loom_runtime.serve.media import to_uint8
+from loom_runtime.serve.diffusion.media import to_uint8
 from loom_runtime.testing.processes import CARD, WAN_CARD, Proc, free_ports, get_json, post, spawn
 
 LLM, DIT, TEXT_LEN, STEPS = "tiny-chat", "tiny-draw", 16, 2

@@ -173,7 +173,7 @@ def test_hisparse_flags_become_the_engines_host_pool(tmp_path: Path) -> None:
     engine = plan_worker(_args(_card(tmp_path), *argv), {}).engine
     assert engine.hisparse_host_pool_bytes == 1 << 29 and engine.hisparse_hot_slots == 33
     # beside CPU KV offload (a decode role's hiSparse.offloadGiB): the offload keeps the pool's
-    # evicted blocks (tests/runtime/engine/test_hisparse_offload.py)
+    # evicted blocks (tests/runtime/engine/kv_memory/test_hisparse_offload.py)
     both = plan_worker(_args(_card(tmp_path), *argv, "--kv-offload-gib", "1"), {}).engine
     assert both.hisparse and both.kv_offload_bytes == 1 << 30
 

@@ -288,7 +288,7 @@ def draft(
     """ks[i] MTP drafts after each sequence: the first from last[i] (its MTP output at its
     last kept position), draft j + 1 from a scratch row at position length + j, one batched
     MTP-layer forward per draft for every sequence still drafting; the scratch rows are
-    dropped once all are proposed (engine/mtp_runner.py drafts alike on one rank)."""
+    dropped once all are proposed (engine/spec/mtp_runner.py drafts alike on one rank)."""
     if not sequences:
         return []
     layer = sequences[0].model.mtp[0]

@@ -11,17 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["completion", "chat"]
+ResponseKind = Literal["completion", "chat"]
 HEAD_FIELDS = ("id", "object", "created", "model", "system_fingerprint")
 """What every body and chunk of one response repeats, in this order."""
 
 
-def chunk_object(kind: Kind) -> str:
+def chunk_object(kind: ResponseKind) -> str:
     """The `object` of a stream chunk (a completions chunk keeps the body's)."""
     return "chat.completion.chunk" if kind == "chat" else "text_completion"
 
 
-def body_object(kind: Kind) -> str:
+def body_object(kind: ResponseKind) -> str:
     """The `object` of a non-streamed body."""
     return "chat.completion" if kind == "chat" else "text_completion"
 
@@ -39,13 +39,13 @@ class ResponseMeta:
         return dict(zip(HEAD_FIELDS, (self.id, obj, self.created, self.model,
                                       self.weights_version), strict=True))  # fmt: skip
 
-    def chunk_head(self, kind: Kind) -> dict[str, Any]:
+    def chunk_head(self, kind: ResponseKind) -> dict[str, Any]:
         """The head of every stream chunk of a `kind` response."""
         return self.head(chunk_object(kind))
 
 
 def add_token_ids(
-    kind: Kind,
+    kind: ResponseKind,
     body: dict[str, Any],
     choice: dict[str, Any],
     token_ids: Sequence[int] | None,
@@ -60,7 +60,7 @@ def add_token_ids(
 
 
 def full_body(
-    kind: Kind,
+    kind: ResponseKind,
     meta: ResponseMeta,
     text: str,
     finish_reason: str | None,
@@ -84,7 +84,7 @@ def full_body(
 
 
 def chunk(
-    kind: Kind,
+    kind: ResponseKind,
     head: Mapping[str, Any],
     text: str | None,
     logprobs: Any,
