@@ -17,23 +17,20 @@ from typing import Literal
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
 from loom_runtime.engine.batcher import Batcher
+from loom_runtime.engine.build import build_forward, build_reloads, build_remote
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
-from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.check import check_ranks
-from loom_runtime.engine.ranks.ranked_runner import RankedRunner
 from loom_runtime.engine.ranks.start import start_engine_ranks
-from loom_runtime.engine.remote import RemoteKV, check_transfer_request
-from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner, TokenRunner
+from loom_runtime.engine.remote import check_transfer_request
+from loom_runtime.engine.runner import TOKEN_FORWARD
 from loom_runtime.engine.shared_step_thread import SharedStepThread, condition_for, step_thread_for
 from loom_runtime.engine.spec.check import check_mtp
-from loom_runtime.engine.spec.forward import SpecForward
 from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
-from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
     EngineRequest,
@@ -45,8 +42,6 @@ from loom_runtime.engine.validate import validate_request
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
-from loom_runtime.kv.hisparse_cache import HiSparseKVCache
-from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import (
     LoadedModel,
@@ -112,47 +107,25 @@ class Engine:
             self._pool, hasher, self._offload, config.kv_reload_async, draft_rows=k > 0
         )
         self._ranks = ranks
-        self._spec: SpecForward | None = None
-        executor: TokenForward | SpecForward
-        ranked_drafts = isinstance(ranks, RankedRunner) and ranks.drafts
-        drafting = k > 0 and (ranks is None or ranked_drafts)
-        if drafting and ranks is None:
-            assert isinstance(cache, LatentKVCache | HiSparseKVCache)  # from mtp_kv_spec
-            mtp = MtpRunner(loaded.model, cache)
-            self._runner: TokenRunner | MtpRunner = mtp
-            executor = self._spec = SpecForward(mtp, k, drafter)
-        elif drafting and isinstance(ranks, RankedRunner):  # the ranks draft and verify
-            self._runner = ranks
-            executor = self._spec = SpecForward(ranks, k, drafter)
-        else:
-            runner = ModelRunner(loaded.model, cache) if ranks is None else ranks
-            self._runner = runner
-            executor = TokenForward(runner)
+        forward = build_forward(loaded.model, cache, config, ranks, drafter)
+        self._runner, self._spec = forward.runner, forward.spec
         self._loop = ARDecodeLoop(
             self._kv,
             new_decoder=loaded.tokenizer.incremental_decoder,
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.use_prefix_cache,
             on_free=self._on_free(),
-            draft_tokens=k if drafting else 0,  # a ranked P/D prefill keeps MTP rows, no drafts
+            draft_tokens=forward.draft_tokens,
         )
         self.disagg = disagg
-        remote = None
-        if disagg is not None and connector is not None:
-            # under HiSparse the host tier is the whole latent cache: pulls land there
-            pool = cache if self._hisparse is None else self._hisparse.host
-            connector.bind(pool.data, self._wake, config.kv_fp8, pool.spec)
-            arrived = None if self._hisparse is None else self._hisparse.keys_arrived
-            remote = RemoteKV(self._loop, connector, disagg, config.max_num_seqs, arrived)
-        self._reloads = (
-            HostReloads(self._loop, self._offload, config.max_num_seqs, self._wake)
-            if self._offload is not None and config.kv_reload_async
-            else None
+        remote = build_remote(
+            self._loop, config, disagg, connector, cache, self._hisparse, self._wake
         )
+        self._reloads = build_reloads(self._loop, config, self._offload, self._wake)
         limits = (config.max_num_batched_tokens, config.max_num_seqs)
         self._batcher = Batcher(
-            self._loop, {TOKEN_FORWARD: executor}, limits, self._emit, remote, self._reloads,
-            kv.replica_blocks,
+            self._loop, {TOKEN_FORWARD: forward.executor}, limits, self._emit, remote,
+            self._reloads, kv.replica_blocks,
         )  # fmt: skip
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.

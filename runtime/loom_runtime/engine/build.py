@@ -1,0 +1,97 @@
+"""The parts an Engine is built from, one small builder per feature: what runs a step's forward
+(one process, ranks, or MTP speculation on either), the P/D remote-KV side, and the CPU offload
+tier's asynchronous reloads.
+
+Owns choosing and wiring those parts from an EngineConfig; never runs a step (engine.py and
+batcher.py do) and holds no state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.kv_memory.host_reload import HostReloads
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.ranks.ranked_runner import RankedRunner
+from loom_runtime.engine.remote import RemoteKV
+from loom_runtime.engine.runner import ModelRunner, TokenRunner
+from loom_runtime.engine.spec.forward import SpecForward
+from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
+from loom_runtime.engine.token_forward import TokenForward
+from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
+from loom_runtime.kv.cache import KVStore
+from loom_runtime.kv.hisparse_cache import HiSparseKVCache
+from loom_runtime.kv.latent_cache import LatentKVCache
+from loom_runtime.kv.offload import KVOffload
+from loom_runtime.models.causal_lm import CausalLM
+
+
+@dataclass(frozen=True)
+class Forward:
+    """What runs a step's token plans: `runner` holds the model (or the ranks), `executor` turns
+    plans into results, `spec` is the executor when it speculates."""
+
+    runner: TokenRunner | MtpRunner
+    executor: TokenForward | SpecForward
+    spec: SpecForward | None
+    draft_tokens: int
+    """Draft tokens a request's loop makes room for (0: no drafting in this engine; a ranked P/D
+    prefill keeps MTP rows but never drafts)."""
+
+
+def build_forward(
+    model: CausalLM,
+    cache: KVStore,
+    config: EngineConfig,
+    ranks: EngineRanks | None,
+    drafter: Drafter | None,
+) -> Forward:
+    """MTP speculation (in this process, or on ranks that draft), else a plain forward over the
+    model or the ranks."""
+    k = config.mtp_draft_tokens
+    ranked_drafts = isinstance(ranks, RankedRunner) and ranks.drafts
+    if k > 0 and ranks is None:
+        assert isinstance(cache, LatentKVCache | HiSparseKVCache)  # from mtp_kv_spec
+        mtp = MtpRunner(model, cache)
+        spec = SpecForward(mtp, k, drafter)
+        return Forward(mtp, spec, spec, k)
+    if k > 0 and ranked_drafts:  # the ranks draft and verify
+        assert isinstance(ranks, RankedRunner)
+        spec = SpecForward(ranks, k, drafter)
+        return Forward(ranks, spec, spec, k)
+    runner = ModelRunner(model, cache) if ranks is None else ranks
+    return Forward(runner, TokenForward(runner), None, 0)
+
+
+def build_remote(
+    loop: ARDecodeLoop,
+    config: EngineConfig,
+    disagg: DisaggSettings | None,
+    connector: KVConnectorPort | None,
+    cache: KVStore,
+    hisparse: HiSparseKVCache | None,
+    wake: Callable[[], None],
+) -> RemoteKV | None:
+    """A P/D role's remote-KV side: the connector bound to the pool pulls land in (under HiSparse
+    the host tier is the whole latent cache), or None for an aggregated engine."""
+    if disagg is None or connector is None:
+        return None
+    pool = cache if hisparse is None else hisparse.host
+    connector.bind(pool.data, wake, config.kv_fp8, pool.spec)
+    arrived = None if hisparse is None else hisparse.keys_arrived
+    return RemoteKV(loop, connector, disagg, config.max_num_seqs, arrived)
+
+
+def build_reloads(
+    loop: ARDecodeLoop,
+    config: EngineConfig,
+    offload: KVOffload | None,
+    wake: Callable[[], None],
+) -> HostReloads | None:
+    """The offload tier's reloads off the step thread (kv_reload_async), or None."""
+    if offload is None or not config.kv_reload_async:
+        return None
+    return HostReloads(loop, offload, config.max_num_seqs, wake)
