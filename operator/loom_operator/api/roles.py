@@ -127,7 +127,8 @@ class EngineSection(CardModel):
     max_num_batched_tokens: int = Field(default=2048, ge=1)
     """Token budget of one step (chunked prefill splits longer prompts)."""
     kv_cache_gib: float | None = Field(default=None, gt=0, alias="kvCacheGiB")
-    """Device memory for the KV pool per rank; unset means what is left after weights."""
+    """Device memory for the KV pool per rank; unset: vLLM takes what is left after weights, the
+    native runtime sizes the pool for maxNumSeqs requests of a quarter of maxModelLen."""
     prefix_caching: bool = True
     """Reuse the KV blocks of a prompt prefix seen before; false recomputes every prompt."""
     dtype: EngineDtype | None = None

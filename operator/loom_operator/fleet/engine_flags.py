@@ -108,7 +108,7 @@ def vllm_flag(flag: VllmFlag, value: Value) -> list[str]:
     """One `vllm serve` flag holding `value`."""
     if flag.form == "switch":
         return [flag.name if value else "--no-" + flag.name.removeprefix("--")]
-    return [flag.name, flag_value(value)] if flag.form == "value" else [flag.name]
+    return [flag.name, flag_value(value) + flag.unit] if flag.form == "value" else [flag.name]
 
 
 def vllm_default(name: str) -> list[str]:

@@ -19,11 +19,11 @@ DCP_BACKENDS = ("ag_rs", "a2a")  # vLLM's --dcp-comm-backend choices
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16  # tokens per KV block (must match the router's prefix index)
-    # KV capacity: give num_blocks or kv_cache_bytes, not both. With neither, the engine sizes
-    # the cache for max_num_seqs requests at a quarter of max_model_len each (see
-    # resolve_num_blocks), and never below one request of max_model_len.
+    # KV capacity: give num_blocks or kv_cache_gib (a role's engine.kvCacheGiB), not both. With
+    # neither, the engine sizes the cache for max_num_seqs requests at a quarter of max_model_len
+    # each (see resolve_num_blocks), and never below one request of max_model_len.
     num_blocks: int | None = None
-    kv_cache_bytes: int | None = None
+    kv_cache_gib: float | None = None
     max_num_seqs: int = 64  # requests running at once (decode batch width)
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_model_len: int | None = None  # prompt + output limit; None: max_position_embeddings
@@ -86,12 +86,12 @@ class EngineConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1, got {value}")
-        if self.num_blocks is not None and self.kv_cache_bytes is not None:
-            raise ValueError("EngineConfig: set num_blocks or kv_cache_bytes, not both")
+        if self.num_blocks is not None and self.kv_cache_gib is not None:
+            raise ValueError("EngineConfig: set num_blocks or kv_cache_gib, not both")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"EngineConfig.num_blocks must be >= 1, got {self.num_blocks}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
-            raise ValueError(f"EngineConfig.kv_cache_bytes must be >= 1, got {self.kv_cache_bytes}")
+            raise ValueError(f"EngineConfig.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
         if not self.kv_offload_gib >= 0:  # also refuses NaN
@@ -174,6 +174,11 @@ class EngineConfig:
                 f"max_position_embeddings {max_position_embeddings}"
             )
         return self.max_model_len
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """kv_cache_gib in bytes (None: not given)."""
+        return None if self.kv_cache_gib is None else int(self.kv_cache_gib * 2**30)
 
     def resolve_num_blocks(self, bytes_per_block: int, max_model_len: int) -> int:
         """KV blocks to allocate; at least enough for one request of max_model_len."""

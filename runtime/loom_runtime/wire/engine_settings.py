@@ -25,6 +25,8 @@ class VllmFlag:
     written; present: `NAME` alone wherever the native flag would be written."""
     card: str | None = None
     """The one card field vLLM reads instead of the setting's `card` (None: the same fields)."""
+    unit: str = ""
+    """Written right after the value: vLLM's human-readable sizes (G: GiB)."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,21 @@ SETTINGS: tuple[EngineSetting, ...] = (
         "--num-blocks",
     ),
     EngineSetting(
+        "kv_cache_gib", float, None,
+        "device memory (GiB) for the KV pool, each rank's (a role's engine.kvCacheGiB; "
+        "default: sized from max-num-seqs; not with --num-blocks)",
+        "--kv-cache-gib", card=("engine.kvCacheGiB",),
+        vllm=VllmFlag("--kv-cache-memory-bytes", unit="G"),
+    ),
+    EngineSetting(
         "max_num_seqs", int, 64, "running requests (default 64)", "--max-num-seqs",
         card=("engine.maxNumSeqs",), vllm=VllmFlag("--max-num-seqs"),
     ),
-    EngineSetting(  # the native engine keeps EngineConfig's default (no flag yet)
-        "max_num_batched_tokens", int, 2048, "token budget of one step (default 2048)", None,
-        card=("engine.maxNumBatchedTokens",), vllm=VllmFlag("--max-num-batched-tokens"),
+    EngineSetting(
+        "max_num_batched_tokens", int, 2048,
+        "token budget of one step: prefill chunks and decodes (default 2048)",
+        "--max-num-batched-tokens", card=("engine.maxNumBatchedTokens",),
+        vllm=VllmFlag("--max-num-batched-tokens"),
     ),
     EngineSetting(
         "prefix_caching", bool, True,

@@ -11,8 +11,8 @@ def test_num_blocks_is_taken_as_given() -> None:
     assert EngineConfig(num_blocks=40).resolve_num_blocks(1000, 512) == 40
 
 
-def test_kv_cache_bytes_are_divided_into_blocks() -> None:
-    assert EngineConfig(kv_cache_bytes=10_500).resolve_num_blocks(1000, 16) == 10
+def test_kv_cache_gib_is_divided_into_blocks() -> None:
+    assert EngineConfig(kv_cache_gib=10_500 / 2**30).resolve_num_blocks(1000, 16) == 10
 
 
 def test_default_holds_a_quarter_of_max_model_len_per_sequence() -> None:
@@ -37,7 +37,8 @@ def test_max_model_len_defaults_to_the_model_and_cannot_exceed_it() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"num_blocks": 4, "kv_cache_bytes": 100},
+        {"num_blocks": 4, "kv_cache_gib": 1.0},
+        {"kv_cache_gib": 1e-12},
         {"block_size": 0},
         {"max_num_seqs": 0},
         {"max_num_batched_tokens": 0},

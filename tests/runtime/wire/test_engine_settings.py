@@ -21,13 +21,14 @@ from loom_runtime.wire.engine_settings import SETTINGS, EngineSetting, VllmFlag,
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-aggregated.yaml"
 HEAD = 6  # loom runtime --card CARD --host HOST
 
-# The one declaration of a setting the native runtime lacks today: the card's
-# engine.maxNumBatchedTokens (512 in the example) reaches vLLM only.
+# The setting the test takes out of the table and declares again: the card's
+# engine.maxNumBatchedTokens (512 in the example).
 BATCHED = EngineSetting(
     "max_num_batched_tokens", int, 2048, "token budget of one step (default 2048)",
     "--max-num-batched-tokens", card=("engine.maxNumBatchedTokens",),
     vllm=VllmFlag("--max-num-batched-tokens"),
 )  # fmt: skip
+WITHOUT = tuple(s for s in SETTINGS if s.name != BATCHED.name)
 
 
 def pod_command() -> list[str]:
@@ -52,12 +53,12 @@ def worker_args(command: list[str], tmp_path: Path) -> argparse.Namespace:
 def test_a_setting_declared_once_reaches_the_parser_the_pod_and_the_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(engine_settings, "SETTINGS", WITHOUT)  # as if never declared
     before = pod_command()
     assert "--max-num-batched-tokens" not in before
-    with pytest.raises(SystemExit):  # the runtime does not know the flag yet
+    with pytest.raises(SystemExit):  # the runtime does not know the flag
         build_parser().parse_args(["runtime", "--card", "c", "--max-num-batched-tokens", "8"])
-    table = (*(s for s in SETTINGS if s.name != BATCHED.name), BATCHED)
-    monkeypatch.setattr(engine_settings, "SETTINGS", table)  # the only change
+    monkeypatch.setattr(engine_settings, "SETTINGS", (*WITHOUT, BATCHED))  # the only change
 
     args = build_parser().parse_args(["runtime", "--card", "c", "--max-num-batched-tokens", "8"])
     assert args.max_num_batched_tokens == 8  # the runtime's parser

@@ -158,13 +158,13 @@ def test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool(
 ) -> None:
     budget = 40 * 16 * (4 * 40 + 2 * 16) * 8  # 40 all-on-device float64 blocks
     plain = Engine(
-        sparse64, EngineConfig(dtype=torch.float64, kv_cache_bytes=budget, max_model_len=512)
+        sparse64, EngineConfig(dtype=torch.float64, kv_cache_gib=budget / 2**30, max_model_len=512)
     )
     hisparse = Engine(
         sparse64,
         EngineConfig(
             dtype=torch.float64,
-            kv_cache_bytes=budget,
+            kv_cache_gib=budget / 2**30,
             hisparse_host_pool_gib=pool_gib(sparse64, 150),
             hisparse_hot_slots=INDEX_TOPK + 1,
             max_model_len=512,
@@ -189,7 +189,7 @@ def test_a_fixed_device_budget_holds_more_blocks_with_a_host_pool(
             sparse64,
             EngineConfig(
                 dtype=torch.float64,
-                kv_cache_bytes=budget,
+                kv_cache_gib=budget / 2**30,
                 hisparse_host_pool_gib=pool_gib(sparse64, 150),
                 max_model_len=512,
                 max_num_seqs=4,  # the default 129-slot buffers do not fit beside the keys
