@@ -25,6 +25,7 @@ from loom_operator.k8s.fleet import Events, PodFleet
 from loom_operator.k8s.kube import MERGE, Kube, KubeError, object_path
 from loom_operator.k8s.labels import FIELD_MANAGER, GROUP, VERSION, control_secret
 from loom_operator.k8s.render import owner_reference, render
+from loom_operator.k8s.render.model_volumes import claim_change
 from loom_operator.k8s.render.vllm import unsupported
 from loom_operator.k8s.settings import RenderSettings
 from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
@@ -42,6 +43,8 @@ IDLE_ROUND_S = 5.0
 """Rounds of a card that is invalid: nothing runs, only a spec change can fix it."""
 REAPPLY_INTERVAL_S = 30.0
 """How often the rendered objects are applied again, correcting drift."""
+CLAIM_CHANGE = "ClaimChange"
+"""Valid's reason when the cards' pvc:// sources name other claims than the running pods mount."""
 
 Obj = Mapping[str, Any]
 
@@ -59,11 +62,11 @@ def _problems(exc: CardError) -> str:
     return "; ".join(f"{e.path}: {e.message}" if e.path else e.message for e in exc.errors)
 
 
-def validity(obj: Obj, problem: str | None) -> dict[str, Any]:
+def validity(obj: Obj, problem: str | None, reason: str = "InvalidSpec") -> dict[str, Any]:
     """The status fields that say whether the card is valid (`problem` None: it is)."""
     generation = int(obj["metadata"].get("generation") or 0)
     cond = {"type": "Valid", "status": "False" if problem else "True",
-            "reason": "InvalidSpec" if problem else "CardValid",
+            "reason": reason if problem else "CardValid",
             "message": problem or "the card is valid",
             "observedGeneration": generation}  # fmt: skip
     previous = list((obj.get("status") or {}).get("conditions") or [])
@@ -158,6 +161,12 @@ def reconcile(card: Obj, memo: kopf.Memo) -> dict[str, Any] | None:
     if isinstance(cards, str):
         return validity(card, cards)
     model, deployment = cards
+    sets = kube.get(
+        object_path("StatefulSet", namespace), labelSelector=f"{DEPLOYMENT_LABEL}={name}"
+    )
+    moved = claim_change(model, deployment, sets["items"])
+    if moved:  # applying would roll every pod onto the new volume, outside the sync
+        return validity(card, moved, CLAIM_CHANGE)
     _ensure_secret(kube, namespace, name, str(meta["uid"]))
     manifests = render(model, deployment, str(meta["uid"]), settings)
     for manifest in manifests:
@@ -274,14 +283,16 @@ async def _fleet_round(
     if isinstance(cards, str):
         return IDLE_ROUND_S
     model, deployment = cards
-    desired = desired_fleet(model, deployment)
-    now = time.time()
-    r = await fleet.round(desired, now)
-    rec = r.reconciliation
     namespace, selector = fleet.namespace, f"{DEPLOYMENT_LABEL}={fleet.name}"
     sets = await asyncio.to_thread(
         kube.get, object_path("StatefulSet", namespace), labelSelector=selector
     )
+    if claim_change(model, deployment, sets["items"]):
+        return IDLE_ROUND_S  # no sync to a claim the pods lack; the handler says why (Valid)
+    desired = desired_fleet(model, deployment)
+    now = time.time()
+    r = await fleet.round(desired, now)
+    rec = r.reconciliation
     generation = int(body.metadata.get("generation") or 0)
     by_name = {s["metadata"]["name"]: s for s in sets["items"]}
     base = deployment_status(deployment, generation, by_name, r.pods)

@@ -1,12 +1,13 @@
 """Where a component's weights come from: the `source.uri` schemes and their rules.
 
-Owns parsing and checking a URI and resolving `file:` URIs to paths; never downloads or opens.
+Owns parsing and checking a URI, resolving `file:` URIs to paths and `pvc:` URIs to where a pod
+mounts their claim (PVC_ROOT); never downloads or opens.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Annotated
 
 from pydantic import AfterValidator, WithJsonSchema
@@ -17,6 +18,11 @@ from loom_runtime.card.base import DNS_LABEL_PATTERN, CardModel
 from loom_runtime.card.errors import CardError, FieldError
 
 SCHEMES = ("file", "hf", "pvc", "s3", "loom")
+
+PVC_ROOT = PurePosixPath("/var/lib/loom/models")
+"""Where a worker pod mounts the PersistentVolumeClaim of a `pvc://claim/path` source, read-only:
+at PVC_ROOT/claim, so the checkpoint is PVC_ROOT/claim/path. The operator renders the mount
+(k8s/render/model_volumes.py); the runtime reads the path (models/tiny.py `resolve_source`)."""
 
 _HF_NAME = r"[A-Za-z0-9][-A-Za-z0-9_.]*"
 _HF_REPO = re.compile(rf"^{_HF_NAME}/{_HF_NAME}(@[-A-Za-z0-9_./]+)?$")
@@ -50,6 +56,8 @@ def _problem(scheme: str, rest: str) -> str | None:
         return "hf URIs name a Hugging Face repository: hf://org/name[@revision]"
     if scheme == "pvc" and not re.match(DNS_LABEL_PATTERN, head):
         return f"pvc URIs start with a PersistentVolumeClaim name (got {head!r})"
+    if scheme == "pvc" and ".." in body.split("/")[1:]:
+        return "a pvc:// path stays inside its claim (no '..' segments)"
     if scheme == "s3" and not _S3_BUCKET.match(head):
         return f"s3 URIs start with a bucket name (got {head!r})"
     tinies = families.tiny_checkpoints()  # loom://tiny, loom://tiny-sparse-mla, loom://tiny-wan
@@ -92,6 +100,19 @@ class Source(CardModel):
         """The URI without its scheme: `org/name` for hf://org/name, `tiny` for loom://tiny."""
         rest = self.uri.partition(":")[2]
         return rest[2:] if rest.startswith("//") and self.scheme != "file" else rest
+
+    @property
+    def claim(self) -> str | None:
+        """The PersistentVolumeClaim a `pvc:` URI names (`store` for pvc://store/v1), else None."""
+        return self.location.partition("/")[0] if self.scheme == "pvc" else None
+
+    def mounted_path(self, root: PurePath = PVC_ROOT) -> PurePath | None:
+        """Where a pod that mounts the claim at `root`/claim finds a `pvc:` URI's checkpoint
+        (PVC_ROOT/store/v1 for pvc://store/v1); None for other schemes."""
+        if self.claim is None:
+            return None
+        claim, _, path = self.location.partition("/")
+        return root / claim / path.lstrip("/")  # never absolute: it stays under the claim
 
     def local_path(self, card_path: str | Path | None = None) -> Path | None:
         """The directory a `file:` URI names, or None for other schemes.

@@ -1,5 +1,6 @@
 """`loom model init-tiny`: deterministic tiny checkpoints, and model source URIs -> paths
-(`loom://tiny`, `loom://tiny-wan` and `loom://tiny-sparse-mla` are generated on first use).
+(`loom://tiny`, `loom://tiny-wan` and `loom://tiny-sparse-mla` are generated on first use;
+`pvc://claim/path` is read where the pod mounts the claim).
 
 Writes random (nonsense-producing) weights from a fixed seed; never downloads real weights.
 """
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from loom_runtime.card import families
+from loom_runtime.card.source import PVC_ROOT, Source
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.family import runtime_of
@@ -121,12 +124,13 @@ def builtin_checkpoints() -> dict[str, tuple[str, Callable[[Path, int], Path]]]:
     return out
 
 
-def resolve_source(uri: str) -> Path:
+def resolve_source(uri: str, pvc_root: Path = Path(PVC_ROOT)) -> Path:
     """A local checkpoint directory for a component source URI.
 
     `loom://tiny` -> <cache>/models/tiny and `loom://tiny-wan` -> <cache>/models/tiny-wan
-    (generated on first use); `file:///PATH`, `file:PATH` and plain paths -> PATH. Other schemes
-    are fetched by the operator, not the runtime.
+    (generated on first use); `file:///PATH`, `file:PATH` and plain paths -> PATH;
+    `pvc://claim/path` -> `pvc_root`/claim/path, the claim's read-only mount in a worker pod
+    (CheckpointError when the claim or the path is not there). Other schemes are refused.
     """
     builtin = builtin_checkpoints()
     if uri in builtin:
@@ -135,6 +139,8 @@ def resolve_source(uri: str) -> Path:
         return _ensure_generated(target, marker, write)
     if uri.startswith("file:"):  # file:///abs/path or file:relative/path
         return Path(uri.removeprefix("file:").removeprefix("//"))
+    if uri.startswith("pvc://"):
+        return _mounted(uri, pvc_root)
     scheme, sep, _ = uri.partition("://")
     if scheme == "loom":
         raise CheckpointError(
@@ -144,9 +150,31 @@ def resolve_source(uri: str) -> Path:
     if sep:
         raise CheckpointError(
             f"model source {uri!r}: the runtime reads local checkpoints only ({TINY_URI}, "
-            f"file://PATH); fetch {scheme}:// sources to a directory first and use file://"
+            f"file://PATH, pvc://CLAIM/PATH); fetch {scheme}:// sources to a directory first and "
+            "use file://"
         )
     return Path(uri)
+
+
+def _mounted(uri: str, pvc_root: Path) -> Path:
+    """The checkpoint directory of a pvc:// source in the claim mounted under `pvc_root`."""
+    try:
+        source = Source(uri=uri)
+    except ValidationError as exc:  # a bad claim name or a '..' path
+        raise CheckpointError(f"model source {uri!r}: {exc.errors()[0]['msg']}") from None
+    mount, path = pvc_root / str(source.claim), Path(str(source.mounted_path(pvc_root)))
+    if not mount.is_dir():
+        raise CheckpointError(
+            f"model source {uri!r}: claim {source.claim!r} is not mounted at {mount}; a worker "
+            "reads the claim its pod mounts, and the operator mounts the claims of the card's "
+            "sources (a weight sync cannot move a running pod to another claim)"
+        )
+    if not path.is_dir():
+        raise CheckpointError(
+            f"model source {uri!r}: no checkpoint directory {path} in claim {source.claim!r} "
+            f"(mounted at {mount}): copy the checkpoint there or fix the path"
+        )
+    return path
 
 
 def _ensure_generated(target: Path, marker: str, write: Callable[[Path, int], Path]) -> Path:

@@ -40,7 +40,7 @@ def checkpoint_path(uri: str, card_path: str | Path | None = None) -> Path:
         if local is None:  # unreachable for the file scheme; keeps the type narrow
             raise CheckpointError(f"{uri}: no local path")
         return local
-    if source.scheme == "loom":
+    if source.scheme in ("loom", "pvc"):  # pvc: the path in its claim's mount (models/tiny.py)
         return resolve_source(uri)  # generates the tiny checkpoint on first use
     raise CheckpointError(
         f"{uri}: a worker loads only local checkpoints (a path, file:… or loom://tiny); "

@@ -128,3 +128,7 @@ def test_what_vllm_cannot_do_is_refused_with_the_field_and_the_flag() -> None:
     assert "--decode-context-parallel-size" in problems["spec.roles.decode.hiSparse"]
     assert "hf:// or file://" in problems["spec.components[0].source.uri"]
     assert unsupported(MODEL, DEPLOYMENT) == []
+    docs[0]["spec"]["components"][0]["source"]["uri"] = "pvc://store/glm-5"
+    cards = parse_documents(list(enumerate(docs)), "test")
+    problems = dict(unsupported(cards.model_cards[0], cards.deployment_cards[0]))
+    assert "backend: native" in problems["spec.components[0].source.uri"]

@@ -1,13 +1,15 @@
-"""source.uri: accepted schemes, rejected forms, and resolving file: URIs to paths."""
+"""source.uri: accepted schemes, rejected forms, and resolving file: URIs to paths and pvc:
+URIs to where a pod mounts their claim."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from pydantic import ValidationError
 
 from loom_runtime.card import CardError, Source
+from loom_runtime.card.source import PVC_ROOT
 
 
 @pytest.mark.parametrize(
@@ -38,6 +40,7 @@ def test_supported_uris_parse(uri: str, scheme: str, location: str) -> None:
         ("hf://just-a-name", "hf://org/name"),
         ("hf:org/name", "start with hf://"),
         ("pvc://Bad_Claim/x", "PersistentVolumeClaim"),
+        ("pvc://store/../other/v1", "stays inside its claim"),
         ("s3://B/key", "bucket"),
         ("loom://huge", "one of tiny"),
     ],
@@ -69,3 +72,29 @@ def test_relative_file_uri_without_a_card_path_is_a_card_error() -> None:
 def test_non_file_uris_have_no_local_path() -> None:
     assert Source(uri="hf://org/name").local_path("/cards/x.yaml") is None
     assert Source(uri="loom://tiny").local_path() is None
+
+
+@pytest.mark.parametrize(
+    ("uri", "claim", "mounted"),
+    [
+        ("pvc://store/tiny/v1", "store", "/var/lib/loom/models/store/tiny/v1"),
+        ("pvc://store/v2/", "store", "/var/lib/loom/models/store/v2"),
+        ("pvc://store//v2", "store", "/var/lib/loom/models/store/v2"),  # never absolute
+        ("pvc://store", "store", "/var/lib/loom/models/store"),  # the whole claim
+    ],
+)
+def test_pvc_uris_name_their_claim_and_a_path_under_its_mount(
+    uri: str, claim: str, mounted: str
+) -> None:
+    source = Source(uri=uri)
+    assert source.claim == claim
+    assert source.mounted_path() == PurePosixPath(mounted)
+    assert source.mounted_path(Path("/mnt")) == "/mnt" / PurePosixPath(mounted).relative_to(
+        PVC_ROOT
+    )
+
+
+def test_only_pvc_uris_have_a_claim() -> None:
+    for uri in ("file:///models/x", "hf://org/name", "s3://bucket/x", "loom://tiny"):
+        assert Source(uri=uri).claim is None
+        assert Source(uri=uri).mounted_path() is None

@@ -95,6 +95,28 @@ def test_resolve_source_generates_the_other_builtin_checkpoints(
     assert tiny.resolve_source(f"loom://{name}") == path
 
 
+def test_a_pvc_source_resolves_inside_its_mounted_claim(tmp_path: Path) -> None:
+    (tmp_path / "store" / "tiny" / "v2").mkdir(parents=True)
+    path = tiny.resolve_source("pvc://store/tiny/v2", pvc_root=tmp_path)
+    assert path == tmp_path / "store" / "tiny" / "v2"
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("pvc://other/v1", "claim 'other' is not mounted at"),  # a LoadWeights to another claim
+        ("pvc://store/v3", "no checkpoint directory"),
+        ("pvc://store/../x", "stays inside its claim"),
+    ],
+)
+def test_a_pvc_source_outside_the_mounted_claim_is_refused_with_where(
+    tmp_path: Path, uri: str, words: str
+) -> None:
+    (tmp_path / "store" / "v1").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=words):
+        tiny.resolve_source(uri, pvc_root=tmp_path)
+
+
 def test_resolve_source_paths_and_refusals() -> None:
     assert tiny.resolve_source("file:///models/qwen") == Path("/models/qwen")
     assert tiny.resolve_source("file:rel/qwen") == Path("rel/qwen")

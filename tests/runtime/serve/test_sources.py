@@ -35,6 +35,7 @@ def test_loom_tiny_resolves_into_the_loom_cache(
         ("s3://bucket/model", "fetch s3://"),
         ("hf://org/name", "fetch hf://"),
         ("loom://huge", "loom://"),
+        ("pvc://store/v1", "not mounted at /var/lib/loom/models/store"),  # no claim here
         ("ftp://x/y", "unsupported"),
     ],
 )

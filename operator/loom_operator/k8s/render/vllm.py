@@ -54,7 +54,11 @@ def unsupported(model: ModelCard, deployment: DeploymentCard) -> list[tuple[str,
                 "parallelism (--decode-context-parallel-size > 1): drop one of them",
             ))  # fmt: skip
     uri = served_component(model).source.uri
-    if not uri.startswith(("hf://", "file://")):
+    if uri.startswith("pvc://"):
+        why = "the vLLM control sidecar reloads weights from file:// paths only"
+        out.append(("spec.components[0].source.uri",
+                    f"{uri!r}: pvc:// sources are served by backend: native ({why})"))  # fmt: skip
+    elif not uri.startswith(("hf://", "file://")):
         out.append(("spec.components[0].source.uri",
                     f"vLLM loads hf:// or file:// checkpoints, not {uri!r}"))  # fmt: skip
     return out

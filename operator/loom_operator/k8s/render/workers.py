@@ -3,7 +3,8 @@
 Pure; the pod runs the same `loom runtime` flags as `loom up` (fleet.commands), bound to
 its pod IP, with the ports the router reads (wire.pods). The template names no weights version:
 a new pod starts on the ConfigMap card's, and a weight sync is the operator's drain-correct
-LoadWeights on running pods, never a rollout.
+LoadWeights on running pods, never a rollout. The claims of pvc:// sources are mounted read-only
+(model_volumes.py), the same for every version on that claim.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from loom_operator.fleet.commands import (
 )
 from loom_operator.k8s.labels import common, control_secret, role_object, worker_selector
 from loom_operator.k8s.render.config import CARDS_MOUNT, MODEL_CARD_KEY, MOUNT_PATH, cards_volume
+from loom_operator.k8s.render.model_volumes import model_mounts, model_volumes
 from loom_operator.k8s.render.security import (
     SCRATCH_ENV,
     SCRATCH_MOUNT,
@@ -129,7 +131,7 @@ def worker_container(
         "ports": container_ports,
         # The first start may generate or load a checkpoint: allow it up to 10 minutes.
         **probes("/ready", startup_s=600, startup_period_s=2),
-        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT],
+        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT, *model_mounts(model)],
         "securityContext": container_security(),
     }
     res = resources(role_settings(deployment, role).resources)
@@ -209,7 +211,7 @@ def role_manifests(
                     "terminationGracePeriodSeconds": grace,
                     "securityContext": pod_security(),
                     "containers": role_containers(model, deployment, role, settings),
-                    "volumes": [cards_volume(deployment), SCRATCH_VOLUME],
+                    "volumes": [cards_volume(deployment), SCRATCH_VOLUME, *model_volumes(model)],
                 },
             },
         },
