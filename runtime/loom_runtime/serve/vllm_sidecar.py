@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loom_runtime.card import load_model_card
+from loom_runtime.card.source import Source
 from loom_runtime.engine.types import EngineStats
 from loom_runtime.errors import LoomError
 from loom_runtime.serve.control_service import ControlService, ControlSettings, start_control_server
@@ -155,13 +156,15 @@ class VllmEngine:
 
 
 def resolve_source(source: str) -> Path:
-    """A LoadWeights source vLLM can reload from: a local checkpoint directory."""
+    """A LoadWeights source vLLM can reload from: a local checkpoint directory (file://, or a
+    pvc:// source where the pod mounts its claim)."""
     if source.startswith("hf://"):
         raise VllmError(
-            f"{source}: vLLM reloads weights from a local directory; put the checkpoint on the "
-            "pod's volume and pass file:///path"
+            f"{source}: vLLM reloads weights from a local directory; put the checkpoint on a "
+            "claim the pods mount (pvc://claim/path) or the pod's volume (file:///path)"
         )
-    path = Path(source.removeprefix("file://"))
+    mounted = Source(uri=source).mounted_path() if source.startswith("pvc://") else None
+    path = Path(mounted) if mounted is not None else Path(source.removeprefix("file://"))
     if not path.is_dir():
         raise VllmError(f"{source}: no checkpoint directory at {path}")
     return path

@@ -115,6 +115,7 @@ def test_vllm_pods_run_the_engine_and_loom_s_control_sidecar() -> None:
 def test_model_sources_vllm_loads() -> None:
     assert model_argument("hf://zai-org/GLM-5") == "zai-org/GLM-5"
     assert model_argument("file:///models/glm") == "/models/glm"
+    assert model_argument("pvc://store/glm-5/v2") == "/var/lib/loom/models/store/glm-5/v2"
 
 
 def test_what_vllm_cannot_do_is_refused_with_the_field_and_the_flag() -> None:
@@ -126,9 +127,28 @@ def test_what_vllm_cannot_do_is_refused_with_the_field_and_the_flag() -> None:
     cards = parse_documents(list(enumerate(docs)), "test")
     problems = dict(unsupported(cards.model_cards[0], cards.deployment_cards[0]))
     assert "--decode-context-parallel-size" in problems["spec.roles.decode.hiSparse"]
-    assert "hf:// or file://" in problems["spec.components[0].source.uri"]
+    assert "hf://, file:// or pvc://" in problems["spec.components[0].source.uri"]
     assert unsupported(MODEL, DEPLOYMENT) == []
-    docs[0]["spec"]["components"][0]["source"]["uri"] = "pvc://store/glm-5"
+
+
+def test_a_pvc_source_is_mounted_in_the_vllm_server_and_its_sidecar() -> None:
+    docs = [
+        d.model_dump(mode="json", by_alias=True, exclude_none=True) for d in (MODEL, DEPLOYMENT)
+    ]
+    docs[0]["spec"]["components"][0]["source"]["uri"] = "pvc://store/glm-5/v1"
     cards = parse_documents(list(enumerate(docs)), "test")
-    problems = dict(unsupported(cards.model_cards[0], cards.deployment_cards[0]))
-    assert "backend: native" in problems["spec.components[0].source.uri"]
+    model, deployment = cards.model_cards[0], cards.deployment_cards[0]
+    assert unsupported(model, deployment) == []
+    sts = next(
+        o
+        for o in render(model, deployment, "uid", RenderSettings())
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-decode")
+    )
+    pod = sts["spec"]["template"]["spec"]
+    claim = {"claimName": "store", "readOnly": True}
+    assert {"name": "model-0", "persistentVolumeClaim": claim} in pod["volumes"]
+    mount = {"name": "model-0", "mountPath": "/var/lib/loom/models/store", "readOnly": True}
+    for container in pod["containers"]:  # vLLM loads it; the sidecar reloads the next version
+        assert mount in container["volumeMounts"], container["name"]
+    server = next(c for c in pod["containers"] if c["name"] == "vllm")
+    assert server["command"][2] == "/var/lib/loom/models/store/glm-5/v1"

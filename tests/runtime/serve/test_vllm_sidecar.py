@@ -20,7 +20,7 @@ from aiohttp import web
 
 from loom_operator.control.client import ControlClient, ControlError
 from loom_runtime.serve.control_service import ControlService, ControlSettings, start_control_server
-from loom_runtime.serve.vllm_sidecar import VllmEngine, resolve_source, sample_sum
+from loom_runtime.serve.vllm_sidecar import VllmEngine, VllmError, resolve_source, sample_sum
 
 TOKEN = "t0ken"
 
@@ -177,6 +177,12 @@ async def refusal_scenario(sidecar: Sidecar, tmp_path: Path) -> None:
     with pytest.raises(ControlError, match="local directory"):
         await sidecar.client.load_weights("hf://org/model", "v2", 30.0)
     assert not any(name == "collective_rpc" for name, _ in sidecar.vllm.calls)
+
+
+def test_a_pvc_source_reloads_from_where_the_pod_mounts_its_claim(tmp_path: Path) -> None:
+    with pytest.raises(VllmError, match="/var/lib/loom/models/store/v2"):  # not mounted here
+        resolve_source("pvc://store/v2")
+    assert resolve_source(f"file://{tmp_path}") == tmp_path
 
 
 def test_a_wrong_token_is_refused() -> None:

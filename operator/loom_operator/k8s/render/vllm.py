@@ -23,6 +23,7 @@ from loom_operator.fleet.desired import served_component
 from loom_operator.fleet.engine_flags import vllm_default, vllm_engine_flags
 from loom_runtime.card import families
 from loom_runtime.card.model_card import ModelCard
+from loom_runtime.card.source import Source
 from loom_runtime.wire.pods import (
     CONTROL_PORT,
     HTTP_PORT,
@@ -36,7 +37,11 @@ KV_EVENTS_TOPIC = "kv-events"
 
 
 def model_argument(uri: str) -> str:
-    """What `vllm serve` loads: a Hugging Face id (hf://org/name) or a local path (file://)."""
+    """What `vllm serve` loads: a Hugging Face id (hf://org/name), a local path (file://), or
+    where the pod mounts a pvc:// source's claim (PVC_ROOT/claim/path)."""
+    mounted = Source(uri=uri).mounted_path()
+    if mounted is not None:
+        return str(mounted)
     for scheme in ("hf://", "file://"):
         if uri.startswith(scheme):
             return uri.removeprefix(scheme)
@@ -54,13 +59,9 @@ def unsupported(model: ModelCard, deployment: DeploymentCard) -> list[tuple[str,
                 "parallelism (--decode-context-parallel-size > 1): drop one of them",
             ))  # fmt: skip
     uri = served_component(model).source.uri
-    if uri.startswith("pvc://"):
-        why = "the vLLM control sidecar reloads weights from file:// paths only"
+    if not uri.startswith(("hf://", "file://", "pvc://")):
         out.append(("spec.components[0].source.uri",
-                    f"{uri!r}: pvc:// sources are served by backend: native ({why})"))  # fmt: skip
-    elif not uri.startswith(("hf://", "file://")):
-        out.append(("spec.components[0].source.uri",
-                    f"vLLM loads hf:// or file:// checkpoints, not {uri!r}"))  # fmt: skip
+                    f"vLLM loads hf://, file:// or pvc:// checkpoints, not {uri!r}"))  # fmt: skip
     return out
 
 

@@ -159,7 +159,7 @@ def vllm_containers(
         ],
         # Loading a large checkpoint onto 8 GPUs takes a while: allow up to 30 minutes.
         **probes("/health", startup_s=1800, startup_period_s=5),
-        "volumeMounts": [SCRATCH_MOUNT],
+        "volumeMounts": [SCRATCH_MOUNT, *model_mounts(model)],
         "securityContext": container_security(),
     }
     res = resources(role_settings(deployment, role).resources)
@@ -172,7 +172,7 @@ def vllm_containers(
         "command": sidecar_command(card, deployment, role, settings.loom),
         "env": [*_env(), {"name": CONTROL_TOKEN_ENV, "valueFrom": token}],
         "ports": [{"name": CONTROL_PORT, "containerPort": p[CONTROL_PORT]}],
-        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT],
+        "volumeMounts": [CARDS_MOUNT, SCRATCH_MOUNT, *model_mounts(model)],
         "securityContext": container_security(),
     }
     return [server, sidecar]
