@@ -108,7 +108,11 @@ def vllm_flag(flag: VllmFlag, value: Value) -> list[str]:
     """One `vllm serve` flag holding `value`."""
     if flag.form == "switch":
         return [flag.name if value else "--no-" + flag.name.removeprefix("--")]
-    return [flag.name, flag_value(value) + flag.unit] if flag.form == "value" else [flag.name]
+    if flag.form == "present":
+        return [flag.name]
+    if flag.scale is not None and not isinstance(value, str | bool):
+        return [flag.name, str(int(value * flag.scale))]
+    return [flag.name, flag_value(value)]
 
 
 def vllm_default(name: str) -> list[str]:

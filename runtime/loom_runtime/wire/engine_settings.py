@@ -25,8 +25,8 @@ class VllmFlag:
     written; present: `NAME` alone wherever the native flag would be written."""
     card: str | None = None
     """The one card field vLLM reads instead of the setting's `card` (None: the same fields)."""
-    unit: str = ""
-    """Written right after the value: vLLM's human-readable sizes (G: GiB)."""
+    scale: int | None = None
+    """vLLM takes `int(value × scale)` (a GiB setting as vLLM's bytes: 2**30); None: as is."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ SETTINGS: tuple[EngineSetting, ...] = (
         "device memory (GiB) for the KV pool, each rank's (a role's engine.kvCacheGiB; "
         "default: sized from max-num-seqs; not with --num-blocks)",
         "--kv-cache-gib", card=("engine.kvCacheGiB",),
-        vllm=VllmFlag("--kv-cache-memory-bytes", unit="G"),
+        vllm=VllmFlag("--kv-cache-memory-bytes", scale=2**30),
     ),
     EngineSetting(
         "max_num_seqs", int, 64, "running requests (default 64)", "--max-num-seqs",

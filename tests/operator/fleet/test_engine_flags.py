@@ -120,7 +120,7 @@ def test_vllm_reads_the_same_card_fields_under_its_own_flags() -> None:
     assert flags["parallel.ep"] == ["--enable-expert-parallel"]
     assert "parallel.tp" not in flags  # 1: vLLM's default
     sized = vllm_engine_flags(parse_card(Role, {"engine": {"kvCacheGiB": 1.5}}), component)
-    assert sized["kv_cache_gib"] == ["--kv-cache-memory-bytes", "1.5G"]  # vLLM's G is GiB
+    assert sized["kv_cache_gib"] == ["--kv-cache-memory-bytes", str(3 * 2**29)]  # 1.5 GiB
     assert vllm_default("dcp_backend") == ["--dcp-comm-backend", "ag_rs"]  # beside DCP
     with pytest.raises(KeyError, match="no vLLM flag"):
         vllm_default("collective_timeout_s")

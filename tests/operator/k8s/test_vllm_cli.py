@@ -40,13 +40,14 @@ def reference() -> list[list[str]]:
 
 def no_prefix_caching_prefill() -> list[str]:
     """The reference prefill with its engine's prefixCaching false (and no kvOffload, which
-    needs prefix caching)."""
+    needs prefix caching), and a KV pool of 1.5 GiB (kvCacheGiB)."""
     cards = load_documents(EXAMPLES / "glm-5-class.yaml")
     (model,), (deployment,) = cards.model_cards, cards.deployment_cards
     doc = deployment.model_dump(mode="json", by_alias=True, exclude_none=True)
     prefill = doc["spec"]["roles"]["prefill"]
     prefill.pop("kvOffload")
     prefill["engine"]["prefixCaching"] = False
+    prefill["engine"]["kvCacheGiB"] = 1.5
     (off,) = parse_documents([(0, doc)], "test").deployment_cards
     return vllm_args(model, off, "prefill")
 
@@ -55,7 +56,7 @@ def test_vllm_accepts_every_flag_of_the_reference_deployment(reference: list[lis
     bogus = [*reference[0][:3], "--prefill-context-parallelism", "8"]  # a made-up flag
     prefill, decode, refused, uncached = parse([*reference, bogus, no_prefix_caching_prefill()])
     assert prefill == {"ok": True, "model": "zai-org/GLM-5", "block_size": 64, "pcp": 8, "dcp": 8,
-                       "prefix_caching": True}  # fmt: skip
+                       "prefix_caching": True, "kv_cache_memory_bytes": None}  # fmt: skip
     assert decode["ok"] is True, decode
     assert refused["ok"] is False, "the parser must refuse a flag vLLM does not have"
-    assert uncached == {**prefill, "prefix_caching": False}
+    assert uncached == {**prefill, "prefix_caching": False, "kv_cache_memory_bytes": 3 * 2**29}

@@ -38,6 +38,7 @@ def parse(argv: list[str]) -> dict[str, object]:
         "pcp": engine.prefill_context_parallel_size,
         "dcp": engine.decode_context_parallel_size,
         "prefix_caching": engine.enable_prefix_caching,
+        "kv_cache_memory_bytes": engine.kv_cache_memory_bytes,
     }
 
 
