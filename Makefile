@@ -8,7 +8,7 @@ CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
-.PHONY: e2e-node-build
+.PHONY: e2e-node-build e2e-dns-build
 .PHONY: status fuzz images kernels
 .PHONY: dashboards prometheus
 
@@ -93,6 +93,11 @@ e2e-cluster: venv tools e2e-build
 
 e2e-down: venv
 	$(BIN)/python -m e2e.cluster down
+
+# The real node's cluster DNS, CoreDNS, built from its Go module into
+# ~/.cache/loom/e2e/coredns-<version> (first build ~8 min on 2 cores; then at once).
+e2e-dns-build:
+	bash e2e/cluster/build_coredns.sh >/dev/null
 
 e2e: venv tools e2e-build
 	$(BIN)/pytest -q e2e

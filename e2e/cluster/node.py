@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from e2e.cluster import control_plane, host_state, processes
+from e2e.cluster import cluster_dns, control_plane, host_state, processes
 from e2e.cluster.control_plane import ClusterError, ClusterState, free_port
 from e2e.cluster.node_config import (
     BRIDGE,
@@ -123,6 +123,7 @@ def up(root: Path, images: list[str]) -> NodeLayout:
     state.add(processes.start("containerd", argv, logs, env=_env(layout)))
     _wait("containerd", layout.containerd_socket.exists, READY_TIMEOUT_S, logs / "containerd.log")
     load_images(layout, images)
+    cluster_dns.start(layout, state, cluster_dns.build(), logs)  # before any pod asks it
     _write(layout.cni_conf_dir / "10-loom.conflist", cni_conflist(layout))
     _write(layout.kubelet_config, kubelet_config(layout))
     kubelet = [str(bin_dir / "loom-node"), "kubelet", f"--config={layout.kubelet_config}",
@@ -189,6 +190,7 @@ def down(root: Path) -> None:
     children = {c.name: c for c in state.child_handles()} if state else {}
     if "kube-proxy" in children:
         processes.stop(children["kube-proxy"])
+    cluster_dns.stop(node, children)
     if "kubelet" in children:
         processes.stop(children["kubelet"], timeout=30.0)
     if (node / "bins.json").exists() and state is not None:

@@ -19,6 +19,9 @@ NETWORK = "loom-e2e"
 POD_CIDR = "10.233.0.0/24"
 NODE_IP = "10.233.0.1"
 PAUSE_IMAGE = "loom.dev/e2e/pause:1"
+# Cluster DNS: CoreDNS on the host, at the node's address (pods reach it through the bridge).
+CLUSTER_DOMAIN = "cluster.local"
+CLUSTER_DNS = NODE_IP
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,15 @@ class NodeLayout:
     @property
     def pod_logs(self) -> Path:
         return self.root / "pod-logs"
+
+    @property
+    def corefile(self) -> Path:
+        return corefile_path(self.root)
+
+
+def corefile_path(node_root: Path) -> Path:
+    """Where a node's CoreDNS reads its Corefile (down finds a leftover CoreDNS by it)."""
+    return node_root / "coredns" / "Corefile"
 
 
 def containerd_config(layout: NodeLayout) -> str:
@@ -131,7 +143,8 @@ def kubelet_config(layout: NodeLayout) -> str:
     """The kubelet (v1.36) on a cgroup v1, swap-tolerant machine without CAP_SYS_RESOURCE: cgroup v1
     allowed explicitly (KEP-5573), its own OOM score left alone, x509 + webhook authentication
     (the API server's client certificate for logs and exec), low eviction thresholds (one shared
-    disk), no read-only or healthz port, pod logs under the node's root."""
+    disk), no read-only or healthz port, pod logs under the node's root, and CoreDNS on the node's
+    address as the pods' nameserver (no host resolv.conf: nothing outside is reachable)."""
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -162,10 +175,34 @@ def kubelet_config(layout: NodeLayout) -> str:
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
         "resolvConf": "",
+        "clusterDNS": [CLUSTER_DNS],
+        "clusterDomain": CLUSTER_DOMAIN,
         "registerNode": True,
         "maxPods": 110,
     }
     return json.dumps(config, indent=2)
+
+
+def corefile(layout: NodeLayout, ready_port: int) -> str:
+    """CoreDNS as the cluster DNS, on the node's address: Service and pod names under the cluster
+    domain from the API server (the harness's kubeconfig), ready on loopback once it has synced;
+    every other name NXDOMAIN (nothing is forwarded: pods have no network but this machine's)."""
+    return f"""{CLUSTER_DOMAIN}:53 {{
+    bind {CLUSTER_DNS}
+    errors
+    ready 127.0.0.1:{ready_port}
+    kubernetes {CLUSTER_DOMAIN} {{
+        kubeconfig {layout.kubeconfig}
+    }}
+}}
+.:53 {{
+    bind {CLUSTER_DNS}
+    errors
+    template ANY ANY {{
+        rcode NXDOMAIN
+    }}
+}}
+"""
 
 
 def kube_proxy_config(layout: NodeLayout, metrics_port: int, healthz_port: int) -> str:

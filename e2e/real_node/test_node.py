@@ -1,10 +1,12 @@
 """A real node: the kubelet and containerd register it Ready, a pod of Loom's runtime image
-serves a completion through a ClusterIP Service (kube-proxy), as a non-root user on a read-only
-root filesystem with no capabilities, and `kubectl logs` / `exec` reach it."""
+serves a completion through a ClusterIP Service (kube-proxy), reached by name through the cluster
+DNS (CoreDNS) too, as a non-root user on a read-only root filesystem with no capabilities, and
+`kubectl logs` / `exec` reach it."""
 
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.cluster.node_config import NODE_IP
 from e2e.conftest import wait_for
 from e2e.providers import LOOM_IMAGES, REPO, Cluster
 from loom_operator.k8s.render.security import (
@@ -88,7 +91,30 @@ def completion(base: str) -> dict[str, Any]:
     return out
 
 
-def test_a_runtime_image_pod_serves_a_completion_through_a_service(
+def lookup_in_pod(cluster: Cluster, namespace: str, pod: str, name: str) -> dict[str, Any]:
+    """From inside `pod`: what `name` and its SERVICE.NAMESPACE form (through the search list)
+    resolve to, /ready by name over HTTP, the pod's nameservers, and what a name outside the
+    cluster gives. (The bare pod name is in the pod's /etc/hosts, so it proves nothing.)"""
+    script = (
+        "import json, socket, sys, urllib.request\n"
+        "name = sys.argv[1]\n"
+        "with urllib.request.urlopen(f'http://{name}/ready', timeout=30) as r:\n"
+        "    status = r.status\n"
+        "try:\n"
+        "    other = socket.gethostbyname('nothing.invalid')\n"
+        "except socket.gaierror as e:\n"
+        "    other = e.errno\n"
+        "servers = [l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')]\n"
+        "short = name.split('.svc.')[0]\n"
+        "print(json.dumps({'ip': socket.gethostbyname(name), 'short': socket.gethostbyname(short),"
+        " 'status': status, 'other': other, 'nameservers': servers}))\n"
+    )
+    out = cluster.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", script, name)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_runtime_image_pod_serves_a_completion_through_a_service_by_ip_and_by_dns_name(
     node_cluster: Cluster, namespace: str
 ) -> None:
     docs = runtime_pod("tiny")
@@ -111,6 +137,12 @@ def test_a_runtime_image_pod_serves_a_completion_through_a_service(
     )
     (endpoint,) = [e for s in slices["items"] for e in s.get("endpoints") or []]
     assert endpoint["addresses"] == [pod["status"]["podIP"]]
+    # The cluster DNS (CoreDNS on the node's address) names the Service; nothing else resolves.
+    found = lookup_in_pod(node_cluster, namespace, "tiny", f"tiny.{namespace}.svc.cluster.local")
+    assert found["nameservers"] == [NODE_IP]
+    assert found["ip"] == found["short"] == service["spec"]["clusterIP"]
+    assert found["status"] == 200  # an HTTP GET by name reached the pod through the Service
+    assert found["other"] == socket.EAI_NONAME  # NXDOMAIN, answered at once
 
     exec_id = node_cluster.kubectl("exec", "-n", namespace, "tiny", "--", "id", "-u").stdout
     assert exec_id.strip() == str(USER)

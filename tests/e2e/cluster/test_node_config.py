@@ -15,6 +15,8 @@ from e2e.cluster.node_config import (
     NodeLayout,
     cni_conflist,
     containerd_config,
+    corefile,
+    corefile_path,
     kube_proxy_config,
     kubelet_config,
 )
@@ -63,3 +65,51 @@ def test_kube_proxy_leaves_conntrack_alone() -> None:
     assert config["oomScoreAdj"] == 0 and config["conntrack"]["maxPerCore"] == 0
     timeouts = {k: v for k, v in config["conntrack"].items() if k.endswith("Timeout")}
     assert set(timeouts.values()) == {"0s"}
+
+
+def server_blocks(text: str) -> dict[str, list[str]]:
+    """A Corefile's server blocks: each key's directives, one stripped line each (nested blocks'
+    lines included), the closing braces left out."""
+    blocks: dict[str, list[str]] = {}
+    key, depth = "", 0
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if depth == 0:
+            assert line.endswith("{"), f"a server block opens with its keys: {line!r}"
+            key = line.removesuffix("{").strip()
+            blocks[key] = []
+        elif line != "}":
+            blocks[key].append(line)
+        depth += line.count("{") - line.count("}")
+    assert depth == 0, "unbalanced braces"
+    return blocks
+
+
+def test_coredns_serves_the_cluster_domain_from_the_api_server_on_the_node_address() -> None:
+    blocks = server_blocks(corefile(LAYOUT, 41005))
+    cluster = blocks["cluster.local:53"]
+    assert f"bind {NODE_IP}" in cluster  # the bridge's gateway: every pod reaches it
+    assert "kubernetes cluster.local {" in cluster
+    assert "kubeconfig /r/kubeconfig" in cluster  # a host process has no ServiceAccount files
+    assert "ready 127.0.0.1:41005" in cluster  # up() waits on it: synced with the API server
+
+
+def test_coredns_answers_nxdomain_for_any_other_name_and_forwards_nothing() -> None:
+    text = corefile(LAYOUT, 41005)
+    other = server_blocks(text)[".:53"]
+    assert f"bind {NODE_IP}" in other
+    assert other[other.index("template ANY ANY {") + 1] == "rcode NXDOMAIN"
+    assert "forward" not in text  # nothing outside this machine is reachable from a pod
+
+
+def test_the_kubelet_gives_pods_coredns_and_the_cluster_domain() -> None:
+    config = json.loads(kubelet_config(LAYOUT))
+    assert config["clusterDNS"] == [NODE_IP]
+    assert config["clusterDomain"] == "cluster.local"
+    assert config["resolvConf"] == ""  # no host nameserver that pods could not reach
+
+
+def test_the_corefile_lives_under_the_node_root_where_down_finds_its_coredns() -> None:
+    assert LAYOUT.corefile == corefile_path(LAYOUT.root) == Path("/r/node/coredns/Corefile")
