@@ -10,19 +10,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 CONTAINERD_VERSION=v2.4.2
 CNI_VERSION=v1.9.1
 key="$K8S_VERSION-$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/node/main.go" "$here/pause/pause.c" "$here/build_node.sh" "$here/k8s_version.sh" | sha256sum | cut -c1-12)"
-CACHE="${LOOM_E2E_CACHE:-$HOME/.cache/loom/e2e}/node-$key"
-mkdir -p "$CACHE/bin" "$CACHE/cni"
-export GOFLAGS="${GOFLAGS:--p=2} -buildvcs=false"
-log() { printf '[e2e node build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-timed() {  # timed WHAT COMMAND...: runs it, printing progress every 30 s and its wall time
-  local what="$1" start pid; shift; start=$(date +%s)
-  log "building $what"
-  "$@" & pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 30; kill -0 "$pid" 2>/dev/null && log "still building $what ($(( $(date +%s) - start )) s)"
-  done
-  wait "$pid"; log "built $what in $(( $(date +%s) - start )) s"
-}
+BUILD_TAG="e2e node build"
+# shellcheck source=e2e/cluster/build_cache.sh
+. "$here/build_cache.sh"
+CACHE="$(cache_dir "node-$key")"
+mkdir -p "$CACHE/cni"
 
 if [ ! -x "$CACHE/bin/loom-node" ]; then
   timed "kubelet and kube-proxy $K8S_VERSION (loom-node; ~5 min on 2 cores after loom-k8s)" \

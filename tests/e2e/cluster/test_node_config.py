@@ -1,5 +1,6 @@
 """The real node's configuration: the settings a kubelet, kube-proxy and containerd need on these
-machines (cgroup v1, no negative OOM scores, Docker's FORWARD policy), rendered from one layout."""
+machines (cgroup v1, no negative OOM scores, Docker's FORWARD policy) and the NetworkPolicy
+enforcement's command line, rendered from one layout."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 from e2e.cluster.node_config import (
     BRIDGE,
+    NETPOL_QUEUE,
     NODE_IP,
+    NODE_NAME,
     PAUSE_IMAGE,
     POD_CIDR,
     NodeLayout,
@@ -17,6 +20,7 @@ from e2e.cluster.node_config import (
     containerd_config,
     kube_proxy_config,
     kubelet_config,
+    network_policies_args,
 )
 
 LAYOUT = NodeLayout(Path("/r/node"), Path("/c/bin"), Path("/c/cni"), Path("/r/kubeconfig"),
@@ -63,3 +67,14 @@ def test_kube_proxy_leaves_conntrack_alone() -> None:
     assert config["oomScoreAdj"] == 0 and config["conntrack"]["maxPerCore"] == 0
     timeouts = {k: v for k, v in config["conntrack"].items() if k.endswith("Timeout")}
     assert set(timeouts.values()) == {"0s"}
+
+
+def test_network_policy_enforcement_runs_as_this_node_with_the_admin_kubeconfig() -> None:
+    argv = network_policies_args(LAYOUT, Path("/c/netpol/loom-netpol"), 41003)
+    assert argv[0] == "/c/netpol/loom-netpol"
+    flags = dict(a.removeprefix("--").split("=", 1) for a in argv[1:])
+    assert flags["kubeconfig"] == "/r/kubeconfig"  # no in-cluster ServiceAccount on the host
+    assert flags["hostname-override"] == NODE_NAME  # only this node's pods are enforced
+    assert flags["nfqueue-id"] == str(NETPOL_QUEUE)
+    assert flags["metrics-bind-address"] == "127.0.0.1:41003"
+    assert flags["netfilter-bug-1766-fix"] == "false"
