@@ -82,9 +82,11 @@ e2e-build:
 	bash e2e/cluster/build.sh >/dev/null
 
 # The real node (kubelet, kube-proxy, containerd 2.x, CNI plugins, pause), built from Go modules
-# into ~/.cache/loom/e2e/node-<version> (first build ~8 min on 2 cores; then cached).
+# into ~/.cache/loom/e2e/node-<version> (first build ~8 min on 2 cores; then cached), and its
+# NetworkPolicy enforcement into ~/.cache/loom/e2e/netpol-<version> (~5 min once).
 e2e-node-build: e2e-build
 	bash e2e/cluster/build_node.sh >/dev/null
+	bash e2e/cluster/build_netpol.sh >/dev/null
 
 # E2E_PROVIDER=node: the control plane plus a real node running Loom's images (make images).
 E2E_PROVIDER ?= local

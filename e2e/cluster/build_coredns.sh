@@ -6,14 +6,13 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 COREDNS_VERSION=v1.15.0  # needs Go 1.26.0 or newer
-CACHE="${LOOM_E2E_CACHE:-$HOME/.cache/loom/e2e}/coredns-$COREDNS_VERSION"
-export GOFLAGS="${GOFLAGS:--p=2} -buildvcs=false"
-LOG_TAG=coredns
-# shellcheck source=e2e/cluster/build_log.sh
-. "$here/build_log.sh"
+BUILD_TAG="e2e coredns build"
+# shellcheck source=e2e/cluster/build_cache.sh
+. "$here/build_cache.sh"
+CACHE="$(cache_dir "coredns-$COREDNS_VERSION")"
 
 if [ ! -x "$CACHE/bin/coredns" ]; then
-  rm -rf "$CACHE/tmp"; mkdir -p "$CACHE/tmp" "$CACHE/bin"
+  rm -rf "$CACHE/tmp"; mkdir -p "$CACHE/tmp"
   timed "CoreDNS $COREDNS_VERSION (~8 min on 2 cores, once)" env GOBIN="$CACHE/tmp" \
     go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
   mv "$CACHE/tmp/coredns" "$CACHE/bin/coredns"

@@ -9,13 +9,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/k8s_version.sh"
 CONTAINERD_VERSION=v2.4.2
 CNI_VERSION=v1.9.1
-key="$K8S_VERSION-$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/node/main.go" "$here/pause/pause.c" "$here/build_node.sh" "$here/build_log.sh" "$here/k8s_version.sh" | sha256sum | cut -c1-12)"
-CACHE="${LOOM_E2E_CACHE:-$HOME/.cache/loom/e2e}/node-$key"
-mkdir -p "$CACHE/bin" "$CACHE/cni"
-export GOFLAGS="${GOFLAGS:--p=2} -buildvcs=false"
-LOG_TAG=node
-# shellcheck source=e2e/cluster/build_log.sh
-. "$here/build_log.sh"
+key="$K8S_VERSION-$(cat "$here/go.mod" "$here/go.sum" "$here/cmd/node/main.go" "$here/pause/pause.c" "$here/build_node.sh" "$here/k8s_version.sh" | sha256sum | cut -c1-12)"
+BUILD_TAG="e2e node build"
+# shellcheck source=e2e/cluster/build_cache.sh
+. "$here/build_cache.sh"
+CACHE="$(cache_dir "node-$key")"
+mkdir -p "$CACHE/cni"
 
 if [ ! -x "$CACHE/bin/loom-node" ]; then
   timed "kubelet and kube-proxy $K8S_VERSION (loom-node; ~5 min on 2 cores after loom-k8s)" \

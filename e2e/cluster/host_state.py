@@ -1,8 +1,9 @@
 """What a real kubelet, kube-proxy, containerd and CNI change on the host, and how to put it back.
 
 Owns the record of the host before a node starts (sysctls, paths outside the node's root,
-cgroups) and the pure plans that undo the rest (iptables chains, mounts); never touches what
-the node did not make: Docker's chains, mounts outside the roots it is given, paths that existed.
+cgroups) and the pure plans that undo the rest (iptables chains, nftables tables, mounts, queue
+bindings); never touches what the node did not make: Docker's chains and tables, mounts outside
+the roots it is given, paths that existed.
 """
 
 from __future__ import annotations
@@ -170,3 +171,22 @@ def chain_cleanup(save_text: str, prefixes: tuple[str, ...] = OUR_CHAINS) -> lis
             if not chain.startswith(prefixes) and target.startswith(prefixes):
                 steps.append(["-t", table, "-D", *parts[1:]])
     return steps + flushes + deletes
+
+
+def nft_tables(list_tables_text: str) -> set[tuple[str, str]]:
+    """(family, name) of each table in `nft list tables` text."""
+    rows = [line.split() for line in list_tables_text.splitlines()]
+    return {(row[1], row[2]) for row in rows if len(row) == 3 and row[0] == "table"}
+
+
+def table_cleanup(list_tables_text: str, ours: tuple[tuple[str, str], ...]) -> list[list[str]]:
+    """From `nft list tables` text, the `nft` arguments that delete each of `ours` (family, name)
+    that exists; every other table (iptables-nft's, Docker's) is left alone."""
+    present = nft_tables(list_tables_text)
+    return [["delete", "table", family, name] for family, name in ours if (family, name) in present]
+
+
+def queues_bound(nfnetlink_queue_text: str) -> set[int]:
+    """The NFQUEUE numbers a process listens on, from /proc/net/netfilter/nfnetlink_queue (one
+    line per bound queue, its number first). The kernel drops a binding when its socket closes."""
+    return {int(line.split()[0]) for line in nfnetlink_queue_text.splitlines() if line.strip()}

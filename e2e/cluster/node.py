@@ -1,8 +1,10 @@
-"""The e2e cluster's real node: containerd, the CNI bridge, the kubelet and kube-proxy on this host.
+"""The e2e cluster's real node: containerd, the CNI bridge, the kubelet, kube-proxy and the
+NetworkPolicy enforcement (loom-netpol) on this host.
 
 Owns starting them beside the control plane (under `<root>/node`), loading Loom's images into
-containerd, and a `down` that leaves no process, mount, cgroup, link, iptables chain, changed
-sysctl or foreign path behind; never builds binaries (build_node.sh does) or images (make images).
+containerd, and a `down` that leaves no process, mount, cgroup, link, iptables chain, nftables
+table, bound NFQUEUE, changed sysctl or foreign path behind; never builds binaries (build_node.sh
+and build_netpol.sh do) or images (make images).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from e2e.cluster import cluster_dns, control_plane, host_state, processes
 from e2e.cluster.control_plane import ClusterError, ClusterState, free_port
 from e2e.cluster.node_config import (
     BRIDGE,
+    NETPOL_QUEUE,
+    NETPOL_TABLE,
     NODE_IP,
     NODE_NAME,
     PAUSE_IMAGE,
@@ -29,23 +33,29 @@ from e2e.cluster.node_config import (
     containerd_config,
     kube_proxy_config,
     kubelet_config,
+    network_policies_args,
 )
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd")
+NODE_PROCESSES = ("network-policies", "kube-proxy", "kubelet", "containerd")  # stop order
 READY_TIMEOUT_S = 30.0
 
 
-def build_binaries() -> tuple[Path, Path]:
-    """Runs build_node.sh (cached, progress on stderr); returns the binaries' and CNI folders."""
-    out = subprocess.run(["bash", str(HERE / "build_node.sh")], check=False,
-                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+def _build(script: str) -> Path:
+    """Runs one of the node's build scripts (cached, progress on stderr); returns its cache."""
+    out = subprocess.run(["bash", str(HERE / script)], check=False, stdout=subprocess.PIPE,
+                         text=True)  # fmt: skip
     if out.returncode != 0:
-        raise ClusterError(f"e2e/cluster/build_node.sh failed (exit {out.returncode})")
-    cache = Path(out.stdout.strip().splitlines()[-1])
-    return cache / "bin", cache / "cni"
+        raise ClusterError(f"e2e/cluster/{script} failed (exit {out.returncode})")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def build_binaries() -> tuple[Path, Path, Path]:
+    """The binaries' folder, the CNI plugins' folder and loom-netpol."""
+    cache = _build("build_node.sh")
+    return cache / "bin", cache / "cni", _build("build_netpol.sh") / "bin" / "loom-netpol"
 
 
 def images_root() -> Path:
@@ -56,7 +66,7 @@ def images_root() -> Path:
 
 
 def layout_of(root: Path, kubelet_port: int = 0) -> NodeLayout:
-    bin_dir, cni = (Path(p) for p in json.loads((root / "node" / "bins.json").read_text()))
+    bin_dir, cni = (Path(p) for p in json.loads((root / "node" / "bins.json").read_text())[:2])
     state = ClusterState.load(root)
     assert state is not None
     return NodeLayout(root / "node", bin_dir, cni, Path(state.kubeconfig),
@@ -110,10 +120,12 @@ def prepare_host(root: Path) -> None:
 
 
 def up(root: Path, images: list[str]) -> NodeLayout:
-    """Starts containerd, loads `images` (from the Docker engine) and the pause image, then the
-    kubelet and kube-proxy; the caller waits for the node to be Ready (providers.wait_usable)."""
-    bin_dir, cni = build_binaries()
-    (root / "node" / "bins.json").write_text(json.dumps([str(bin_dir), str(cni)]))
+    """Starts containerd, loads `images` (from the Docker engine) and the pause image, then
+    CoreDNS, the kubelet, kube-proxy and loom-netpol, and waits until loom-netpol enforces (its
+    nftables table in place, its queue bound); the caller waits for the node to be Ready
+    (providers.wait_usable)."""
+    bin_dir, cni, netpol = build_binaries()
+    (root / "node" / "bins.json").write_text(json.dumps([str(bin_dir), str(cni), str(netpol)]))
     layout = layout_of(root, kubelet_port=free_port())
     state = ClusterState.load(root)
     assert state is not None
@@ -133,6 +145,13 @@ def up(root: Path, images: list[str]) -> NodeLayout:
     _write(layout.kube_proxy_config, kube_proxy_config(layout, free_port(), free_port()))
     proxy = [str(bin_dir / "loom-node"), "kube-proxy", f"--config={layout.kube_proxy_config}"]
     state.add(processes.start("kube-proxy", proxy, logs, env=_env(layout)))
+    enforce = network_policies_args(layout, netpol, free_port())
+    state.add(processes.start("network-policies", enforce, logs, env=_env(layout)))
+    # The table first (a kernel without the queue rule it needs refuses the whole table), then
+    # the queue it sends connections' first packets to.
+    _wait("NetworkPolicy enforcement (its nftables table and NFQUEUE)",
+          lambda: NETPOL_TABLE in _tables() and NETPOL_QUEUE in _queues(),
+          READY_TIMEOUT_S, logs / "network-policies.log")  # fmt: skip
     return layout
 
 
@@ -188,6 +207,8 @@ def down(root: Path) -> None:
     if state is None and before is None:
         return
     children = {c.name: c for c in state.child_handles()} if state else {}
+    if "network-policies" in children:  # on SIGTERM it deletes its nftables table
+        processes.stop(children["network-policies"])
     if "kube-proxy" in children:
         processes.stop(children["kube-proxy"])
     cluster_dns.stop(node, children)
@@ -225,9 +246,17 @@ def _remove_containers(layout: NodeLayout) -> None:
 
 def _kill_pods_and_shims(layout: NodeLayout) -> None:
     """SIGKILLs whatever still runs in the node's cgroups, and the shims of its containerd."""
+    socket = str(layout.containerd_socket)
+    cgroups = host_state.cgroup_dirs()
+    _kill_until_gone(
+        lambda: host_state.pids_in(cgroups) | set(processes.pids_with_argument(socket))
+    )
+
+
+def _kill_until_gone(find: Callable[[], set[int]]) -> None:
+    """SIGKILLs what `find` returns until it returns nothing (5 s at most)."""
     for _ in range(50):
-        pids = host_state.pids_in(host_state.cgroup_dirs())
-        pids |= set(processes.pids_with_argument(str(layout.containerd_socket)))
+        pids = find()
         if not pids:
             return
         for pid in pids:
@@ -244,17 +273,39 @@ def _unmount_below(roots: list[Path]) -> None:
 
 
 def scrub_network() -> None:
-    """Removes the node's iptables chains (kube-proxy's, the kubelet's, the CNI plugins') and its
-    bridge (the pods' veths went with their namespaces); Docker's rules are left alone."""
+    """Removes the node's iptables chains (kube-proxy's, the kubelet's, the CNI plugins'), the
+    NetworkPolicy enforcement's nftables table and its bridge (the pods' veths went with their
+    namespaces); Docker's rules are left alone. An enforcement a killed agent left running is
+    stopped first: its queue bound with no table is harmless, a table with no queue drops pods'
+    traffic."""
+    flag = f"--hostname-override={NODE_NAME}"
+    _kill_until_gone(lambda: set(processes.pids_with_argument(flag, program="loom-netpol")))
     for tool in ("iptables", "ip6tables"):
         save = subprocess.run([f"{tool}-save"], capture_output=True, text=True)
         for args in host_state.chain_cleanup(save.stdout):
             subprocess.run([tool, "-w", *args], capture_output=True)
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
+    for args in host_state.table_cleanup(tables.stdout, (NETPOL_TABLE,)):
+        subprocess.run(["nft", *args], capture_output=True)
+    if NETPOL_QUEUE in _queues():
+        logger.warning("NFQUEUE %d is still bound after the node stopped", NETPOL_QUEUE)
     if _bridge_exists():
         subprocess.run(["ip", "link", "del", BRIDGE], check=False)
     results = Path("/var/lib/cni/results")
     for cached in results.glob("loom-e2e-*") if results.exists() else ():
         cached.unlink()
+
+
+def _tables() -> set[tuple[str, str]]:
+    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
+    return host_state.nft_tables(out.stdout)
+
+
+def _queues() -> set[int]:
+    try:
+        return host_state.queues_bound(Path("/proc/net/netfilter/nfnetlink_queue").read_text())
+    except OSError:  # nfnetlink_queue not loaded: nothing is bound
+        return set()
 
 
 def _bridge_exists() -> bool:

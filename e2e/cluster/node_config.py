@@ -229,3 +229,24 @@ def kube_proxy_config(layout: NodeLayout, metrics_port: int, healthz_port: int) 
         },
     }
     return json.dumps(config, indent=2)
+
+
+# NetworkPolicy enforcement (loom-netpol, kube-network-policies): the queue connections' first
+# packets go to, and the nftables table it keeps its rules in (upstream's default name).
+NETPOL_QUEUE = 100
+NETPOL_TABLE = ("inet", "kube-network-policies")
+
+
+def network_policies_args(layout: NodeLayout, binary: Path, metrics_port: int) -> list[str]:
+    """loom-netpol's command line: the admin kubeconfig (a host process has no ServiceAccount
+    files), this node's name (it enforces policies on this node's pods only), its queue, metrics
+    on loopback, and no DNS workaround (kernels from 6.12 on do not need it)."""
+    return [
+        str(binary),
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--hostname-override={NODE_NAME}",
+        f"--nfqueue-id={NETPOL_QUEUE}",
+        f"--metrics-bind-address=127.0.0.1:{metrics_port}",
+        "--netfilter-bug-1766-fix=false",
+        "--v=2",
+    ]

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,19 +30,6 @@ pytestmark = pytest.mark.timeout(600)
 RUNTIME_IMAGE = LOOM_IMAGES[1]
 MODEL_CARD = next(d for d in yaml.safe_load_all((REPO / "examples" / "tiny-pd.yaml").read_text())
                   if d["kind"] == "ModelCard")  # fmt: skip
-
-
-@pytest.fixture
-def namespace(node_cluster: Cluster) -> Iterator[str]:
-    name = f"node-{uuid.uuid4().hex[:6]}"
-    node_cluster.kubectl("create", "namespace", name)
-    account = ("get", "serviceaccount", "default", "-n", name)
-    wait_for(lambda: node_cluster.kubectl(*account, check=False).returncode == 0, 60,
-             "the namespace's ServiceAccount")  # fmt: skip
-    try:
-        yield name
-    finally:
-        node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def test_the_node_is_ready_with_its_real_kubelet_and_container_runtime(

@@ -1,5 +1,6 @@
 """The real node's configuration: the settings a kubelet, kube-proxy and containerd need on these
-machines (cgroup v1, no negative OOM scores, Docker's FORWARD policy), rendered from one layout."""
+machines (cgroup v1, no negative OOM scores, Docker's FORWARD policy) and the NetworkPolicy
+enforcement's command line, rendered from one layout."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 from e2e.cluster.node_config import (
     BRIDGE,
+    NETPOL_QUEUE,
     NODE_IP,
+    NODE_NAME,
     PAUSE_IMAGE,
     POD_CIDR,
     NodeLayout,
@@ -19,6 +22,7 @@ from e2e.cluster.node_config import (
     corefile_path,
     kube_proxy_config,
     kubelet_config,
+    network_policies_args,
 )
 
 LAYOUT = NodeLayout(Path("/r/node"), Path("/c/bin"), Path("/c/cni"), Path("/r/kubeconfig"),
@@ -113,3 +117,14 @@ def test_the_kubelet_gives_pods_coredns_and_the_cluster_domain() -> None:
 
 def test_the_corefile_lives_under_the_node_root_where_down_finds_its_coredns() -> None:
     assert LAYOUT.corefile == corefile_path(LAYOUT.root) == Path("/r/node/coredns/Corefile")
+
+
+def test_network_policy_enforcement_runs_as_this_node_with_the_admin_kubeconfig() -> None:
+    argv = network_policies_args(LAYOUT, Path("/c/netpol/loom-netpol"), 41003)
+    assert argv[0] == "/c/netpol/loom-netpol"
+    flags = dict(a.removeprefix("--").split("=", 1) for a in argv[1:])
+    assert flags["kubeconfig"] == "/r/kubeconfig"  # no in-cluster ServiceAccount on the host
+    assert flags["hostname-override"] == NODE_NAME  # only this node's pods are enforced
+    assert flags["nfqueue-id"] == str(NETPOL_QUEUE)
+    assert flags["metrics-bind-address"] == "127.0.0.1:41003"
+    assert flags["netfilter-bug-1766-fix"] == "false"
