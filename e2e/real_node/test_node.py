@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -71,9 +73,27 @@ def completion(base: str) -> dict[str, Any]:
     body = json.dumps({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8}).encode()
     req = urllib.request.Request(f"{base}/v1/completions", body,
                                  {"Content-Type": "application/json"})  # fmt: skip
-    with urllib.request.urlopen(req, timeout=60) as r:
-        out: dict[str, Any] = json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out: dict[str, Any] = json.loads(r.read())
+    except urllib.error.HTTPError as e:  # say who answered what
+        raise AssertionError(f"{base}: HTTP {e.code} {e.read()[:500]!r} {dict(e.headers)}") from e
     return out
+
+
+def through_service(base: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """A completion through a Service just made: kube-proxy writes its rules after the pod is
+    Ready, not with it, so until then an attempt may fail; every failure is kept and shown."""
+    failures: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return completion(base)
+        except (AssertionError, urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            failures.append(str(exc))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{base} never answered: {failures}") from exc
+            time.sleep(1.0)
 
 
 def lookup_in_pod(cluster: Cluster, namespace: str, pod: str, name: str) -> dict[str, Any]:
@@ -113,7 +133,7 @@ def test_a_runtime_image_pod_serves_a_completion_through_a_service_by_ip_and_by_
 
     pod = wait_for(ready, 300, "the runtime pod Ready (it generates the tiny checkpoint)")
     service = node_cluster.kube.get(f"/api/v1/namespaces/{namespace}/services/tiny")
-    out = completion(f"http://{service['spec']['clusterIP']}:80")  # through kube-proxy
+    out = through_service(f"http://{service['spec']['clusterIP']}:80")  # kube-proxy
     assert out["usage"]["completion_tokens"] == 8
     assert out["choices"][0]["text"]
     slices = node_cluster.kube.get(
