@@ -26,6 +26,7 @@ from e2e.conftest import wait_for
 from e2e.fleet_helpers import SETTLE_S, condition, invalid, pods, ready, settled
 from e2e.providers import REPO, Cluster
 from e2e.real_node.claim import CLAIM, claim_manifests, claim_weights, volume_name
+from loom_operator.k8s.kube import KubeError
 from loom_operator.k8s.render.security import USER
 from loom_operator.testing.load import StreamingLoad, check_streams
 from loom_operator.testing.weights import Weights
@@ -116,7 +117,14 @@ def restarted(cluster: Cluster, namespace: str, name: str) -> bool:
 
 
 def replaced(cluster: Cluster, namespace: str, name: str, old_uid: str) -> bool:
-    pod = cluster.kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    """A new pod of that name is ready; between the old one's end and the StatefulSet's next
+    there is none (404: not yet)."""
+    try:
+        pod = cluster.kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    except KubeError as exc:
+        if exc.status == 404:
+            return False
+        raise
     statuses = pod["status"].get("containerStatuses") or [{}]
     return pod["metadata"]["uid"] != old_uid and bool(statuses[0].get("ready"))
 
