@@ -12,7 +12,10 @@ off the event loop). Target: pick p99 < 1 ms at 100 endpoints.
 Proxy overhead: requests/s through the real router process versus straight to the worker, with
 a stub worker (a test double that answers at once with canned bodies, so what is measured is
 the router's cost alone: parsing, picking, relaying, and for streams re-encoding each chunk),
-non-streamed and streamed (16 chunks), at concurrency 1 (added latency) and 16 (throughput).
+non-streamed and streamed (16 chunks), at concurrency 1 (added latency) and 16 (throughput),
+plus the router process's CPU time per request (user + system, from /proc: steadier than
+requests/s on a shared 2-core machine). `--router-tree DIR` runs the router from another
+checkout (e.g. a worktree of an older commit) for before/after comparisons of the proxy.
 Usage:
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/router_overhead.py \
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import statistics
@@ -240,6 +244,12 @@ def serve_stub(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _wait_up(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -282,8 +292,9 @@ async def _drive(url: str, stream: bool, requests: int, concurrency: int) -> dic
     return {"requests_per_s": requests / wall, "p50_ms": statistics.median(latencies) * 1e3}
 
 
-def bench_proxy(requests: int) -> list[dict[str, Any]]:
-    """Router vs direct against the stub worker, in requests/s and latency p50."""
+def bench_proxy(requests: int, router_tree: Path = ROOT) -> list[dict[str, Any]]:
+    """Router vs direct against the stub worker, in requests/s, latency p50 and the router's
+    CPU time per request; the router runs from `router_tree`'s sources."""
     from loom_runtime.testing.processes import free_ports
 
     stub_port, port, admin = free_ports(3)
@@ -306,6 +317,8 @@ def bench_proxy(requests: int) -> list[dict[str, Any]]:
             )
         )
         stub = subprocess.Popen([sys.executable, __file__, "--serve-stub", str(stub_port)])
+        paths = [router_tree / part for part in ("runtime", "operator", "router", ".")]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)))
         router = subprocess.Popen(
             [
                 sys.executable,
@@ -321,7 +334,8 @@ def bench_proxy(requests: int) -> list[dict[str, Any]]:
                 "bench",
                 "--log-level",
                 "WARNING",
-            ]
+            ],
+            env=env,
         )
         try:
             _wait_up(stub_url + "/health", stub)
@@ -333,7 +347,9 @@ def bench_proxy(requests: int) -> list[dict[str, Any]]:
                     asyncio.run(_drive(stub_url, stream, 50, concurrency))  # warm up
                     asyncio.run(_drive(router_url, stream, 50, concurrency))
                     direct = asyncio.run(_drive(stub_url, stream, n, concurrency))
+                    cpu_before = _cpu_seconds(router.pid)
                     routed = asyncio.run(_drive(router_url, stream, n, concurrency))
+                    router_cpu = _cpu_seconds(router.pid) - cpu_before
                     rows.append(
                         {
                             "stream": stream,
@@ -345,6 +361,7 @@ def bench_proxy(requests: int) -> list[dict[str, Any]]:
                             "direct_p50_ms": direct["p50_ms"],
                             "router_p50_ms": routed["p50_ms"],
                             "added_p50_ms": routed["p50_ms"] - direct["p50_ms"],
+                            "router_cpu_us_per_request": router_cpu / n * 1e6,
                         }
                     )
             return rows
@@ -365,9 +382,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--proxy-requests", type=int, default=2000, help="0 skips the proxy part")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/router_overhead.json")
+    parser.add_argument(
+        "--router-tree",
+        type=Path,
+        default=ROOT,
+        help="run the proxy part's router from this checkout (before/after comparisons)",
+    )
     args = parser.parse_args()
     rows = []
-    for n in (int(s) for s in args.sizes.split(",")):
+    for n in (int(s) for s in args.sizes.split(",") if s):
         rows.append(bench_fleet(n, args.picks, args.seed, args.max_entries))
         print(f"  {n} endpoints done", file=sys.stderr)
     hashing = bench_hashing(20)
@@ -408,16 +431,16 @@ def main() -> int:
         "hashing": hashing,
     }
     if args.proxy_requests > 0:
-        proxy = bench_proxy(args.proxy_requests)
+        proxy = bench_proxy(args.proxy_requests, args.router_tree.resolve())
         print(
             f"{'stream':>6} {'conc':>4} {'direct rps':>10} {'router rps':>10} {'ratio':>6} "
-            f"{'added p50':>9}"
+            f"{'added p50':>9} {'router CPU/req':>14}"
         )
         for r in proxy:
             print(
                 f"{r['stream']!s:>6} {r['concurrency']:>4} {r['direct_rps']:>10.0f} "
                 f"{r['router_rps']:>10.0f} {r['router_vs_direct']:>6.2f} "
-                f"{r['added_p50_ms']:>7.2f}ms"
+                f"{r['added_p50_ms']:>7.2f}ms {r['router_cpu_us_per_request']:>12.0f}µs"
             )
         result["proxy"] = proxy
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,4 +35,5 @@ if [ ! -d "$CACHE/kwok-stages" ]; then
   done
   mv "$CACHE/kwok-stages.tmp" "$CACHE/kwok-stages"
 fi
+prune_older 'v[0-9]*' "$CACHE"
 echo "$CACHE"

@@ -18,4 +18,5 @@ if [ ! -x "$CACHE/bin/coredns" ]; then
   mv "$CACHE/tmp/coredns" "$CACHE/bin/coredns"
   rm -rf "$CACHE/tmp"
 fi
+prune_older 'coredns-*' "$CACHE"
 echo "$CACHE"

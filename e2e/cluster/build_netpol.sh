@@ -37,4 +37,5 @@ command -v nft >/dev/null 2>&1 || {  # down lists and deletes the controller's t
   log "installing Debian's nftables"
   bash "$here/../../images/apt-install.sh" nftables
 }
+prune_older 'netpol-*' "$CACHE"
 echo "$CACHE"

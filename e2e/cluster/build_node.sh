@@ -42,4 +42,5 @@ command -v runc >/dev/null 2>&1 || {
   log "installing Debian's runc"
   bash "$here/../../images/apt-install.sh" runc
 }
+prune_older 'node-*' "$CACHE"
 echo "$CACHE"
