@@ -5,6 +5,7 @@ enforcement's command line, rendered from one layout."""
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from pathlib import Path
 
@@ -106,6 +107,23 @@ def test_coredns_answers_nxdomain_for_any_other_name_and_forwards_nothing() -> N
     assert f"bind {NODE_IP}" in other
     assert other[other.index("template ANY ANY {") + 1] == "rcode NXDOMAIN"
     assert "forward" not in text  # nothing outside this machine is reachable from a pod
+
+
+def test_the_corefile_uses_only_plugins_the_node_s_coredns_is_built_with() -> None:
+    """build_coredns.sh builds e2e/cluster/coredns, which registers a few plugins: a directive
+    the Corefile adds without one there stops CoreDNS at start ("Unknown directive")."""
+    main_go = (Path(__file__).parents[3] / "e2e/cluster/coredns/main.go").read_text()
+    listed = re.search(r"dnsserver\.Directives = \[\]string\{([^}]*)\}", main_go)
+    assert listed is not None
+    built = set(re.findall(r'"([a-z_0-9]+)"', listed.group(1)))
+    for plugin in built:
+        assert f'"github.com/coredns/coredns/plugin/{plugin}"' in main_go
+    used = {
+        line.split()[0]
+        for line in corefile(LAYOUT, 41005).splitlines()
+        if line.startswith("    ") and not line.startswith("        ") and line.strip() != "}"
+    }
+    assert used == built
 
 
 def test_the_kubelet_gives_pods_coredns_and_the_cluster_domain() -> None:
