@@ -127,7 +127,8 @@ clean:
 	  "~/.cache/loom/e2e and local fleet state in .loom/."
 
 # The operator and CPU runtime images from a Debian root filesystem and PyPI (images/; starts
-# Debian's dockerd where no engine answers). IMAGES="runtime-cuda" builds the vLLM image too.
+# Debian's dockerd where no engine answers). IMAGES=runtime-cuda builds only the CUDA image (vLLM,
+# 16.6 GB; not in CI); IMAGES="operator runtime-cpu runtime-cuda" builds all three.
 images:
 	images/build.sh
 
