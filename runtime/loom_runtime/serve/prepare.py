@@ -84,6 +84,7 @@ def _sampling(
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         logprobs=logprobs,
+        logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
     )
 
 
@@ -139,7 +140,7 @@ def prepare_chat(
 ) -> EngineRequest:
     check_model(req.model, limits)
     messages = [template_message(m.role, m.content, m.name) for m in req.messages]
-    ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=True))
+    ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=req.add_generation_prompt))
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")

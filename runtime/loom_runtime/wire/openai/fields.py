@@ -17,6 +17,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.long, as vLLM bounds `seed`
 INT_MAX = 2**31 - 1  # ceiling of every count and token-id field (the vocabulary comes later)
 
 NO_MESSAGES = "at least one message is required"
+MAX_BIAS = 100.0  # |logit_bias| ceiling, as OpenAI
 
 
 def required(param: str) -> str:
@@ -70,3 +71,14 @@ def stop_value(value: object) -> tuple[str, ...]:
 def message_content(value: object) -> str:
     """Message content: a string, or a list of text parts that is joined into one."""
     return join_text_parts(value)
+
+
+def logit_bias_value(value: dict[str, float]) -> dict[str, float]:
+    """`logit_bias`: token ids written in decimal, each with a bias in [-100, 100] (OpenAI's
+    rules; the vocabulary is checked at the engine's door)."""
+    for key, bias in value.items():
+        if not key.isdecimal() or str(int(key)) != key or int(key) > INT_MAX:
+            raise ValueError(f"keys must be token ids written in decimal, got {shown(key)}")
+        if not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias}")
+    return value

@@ -73,12 +73,14 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, top_p=0), "top_p", "greater than"),
     (CompletionRequest, _body(COMPLETION, top_p=1.5), "top_p", "less than"),
     (CompletionRequest, _body(COMPLETION, top_k=-2), "top_k", "greater than"),
-    (CompletionRequest, _body(COMPLETION, n=2), "n", "only n=1"),
+    (CompletionRequest, _body(COMPLETION, n=2), "n", "send n requests"),
     (CompletionRequest, _body(COMPLETION, best_of=3), "best_of", "not supported"),
     (CompletionRequest, _body(COMPLETION, echo=True), "echo", "not supported"),
     (CompletionRequest, _body(COMPLETION, logprobs=21), "logprobs", "less than"),
     (CompletionRequest, _body(COMPLETION, presence_penalty=0.5), "presence_penalty", "penalties"),
-    (CompletionRequest, _body(COMPLETION, logit_bias={"1": 5}), "logit_bias", "not supported"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"x": 5}), "logit_bias", "decimal"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"1": -101}), "logit_bias", "[-100, 100]"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"1": "5"}), "logit_bias.1", "number"),
     (CompletionRequest, _body(COMPLETION, stop=[""]), "stop", "non-empty"),
     (CompletionRequest, _body(COMPLETION, stream_options={}), "stream_options", "stream is true"),
     (CompletionRequest, _body(COMPLETION, seed=99999999999999999999999), "seed", "less than"),
@@ -114,6 +116,8 @@ BAD = [
     (ChatCompletionRequest, _body(CHAT, tools=[{"type": "function"}]), "tools", "not supported"),
     (ChatCompletionRequest, _body(CHAT, response_format={"type": "json_object"}),
      "response_format", "text"),
+    (ChatCompletionRequest, _body(CHAT, add_generation_prompt=1), "add_generation_prompt",
+     "boolean"),
 ]  # fmt: skip
 
 
@@ -184,3 +188,8 @@ def test_strict_fields_refuses_unknown_fields(body: bytes, param: str) -> None:
         parse_request(CompletionRequest, body, strict_fields=True)
     assert info.value.param == param
     assert "unsupported field" in str(info.value)
+
+
+def test_logit_bias_is_read_as_token_id_strings_with_float_biases() -> None:
+    req = parse_request(CompletionRequest, _body(COMPLETION, logit_bias={"7": 100, "0": -100}))
+    assert req.logit_bias == {"7": 100.0, "0": -100.0}
