@@ -44,7 +44,15 @@ logger = logging.getLogger(__name__)
 
 
 class ServingTokenizer(PromptTokenizer, Protocol):
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> Sequence[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]: ...
 
 
 class ServingEngine(RequestSink, Protocol):

@@ -41,24 +41,24 @@ Stop = Annotated[tuple[str, ...], PlainValidator(stop_value)]
 Content = Annotated[str, PlainValidator(message_content)]
 
 
-class _Strict(BaseModel):
+class StrictBody(BaseModel):
     """Strict types; fields this schema does not define are kept aside (`unknown_fields`)."""
 
     model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictBody):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictBody):
     role: Literal["system", "developer", "user", "assistant"]
     content: Content
     name: str | None = None
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(StrictBody):
     """Fields shared by completions and chat. Defaults are OpenAI's."""
 
     model: str
