@@ -88,3 +88,39 @@ def test_a_meaningless_field_is_accepted_and_not_named_as_ignored(worker: Any) -
         "user": "u1", "store": False, "metadata": {"k": "v"}, "frobnicate": 1})  # fmt: skip
     assert status == 200
     assert headers["x-loom-ignored-fields"] == "frobnicate"
+
+
+PROMPTS = ["The quick brown fox", [11, 12, 13, 14, 15], "Once upon a time"]
+
+
+def _alone(client: openai.OpenAI, model: str, prompt: Any) -> openai.types.Completion:
+    return client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0,
+                                      logprobs=1, extra_body={"ignore_eos": True})  # fmt: skip
+
+
+def test_a_list_of_prompts_is_one_choice_each_in_order(worker: Any, client: openai.OpenAI) -> None:
+    alone = [_alone(client, worker.model, p) for p in PROMPTS]
+    done = client.completions.create(model=worker.model, prompt=PROMPTS, max_tokens=5,  # type: ignore[arg-type]
+                                     temperature=0, logprobs=1, extra_body={"ignore_eos": True})  # fmt: skip
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert [c.text for c in done.choices] == [a.choices[0].text for a in alone]
+    assert [c.logprobs.tokens for c in done.choices] == [a.choices[0].logprobs.tokens for a in alone]  # type: ignore[union-attr]
+    assert done.usage is not None and done.usage.completion_tokens == 15
+    assert done.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)  # type: ignore[union-attr]
+
+
+def test_a_list_of_prompts_streams_each_choice_under_its_index(
+    worker: Any, client: openai.OpenAI
+) -> None:
+    alone = [_alone(client, worker.model, p).choices[0] for p in PROMPTS]
+    stream = client.completions.create(model=worker.model, prompt=PROMPTS, max_tokens=5,  # type: ignore[arg-type]
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                       stream_options={"include_usage": True})  # fmt: skip
+    texts, reasons, usage = ["", "", ""], [None, None, None], None
+    for event in stream:
+        for c in event.choices:
+            texts[c.index] += c.text
+            reasons[c.index] = c.finish_reason or reasons[c.index]
+        usage = event.usage or usage
+    assert texts == [a.text for a in alone] and reasons == ["length"] * 3
+    assert usage is not None and usage.completion_tokens == 15

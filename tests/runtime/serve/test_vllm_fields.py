@@ -154,7 +154,6 @@ REFUSED = [
     ("/v1/chat/completions", {**CHAT, "messages": [5]}, 400, "messages[0]", "object"),
     ("/v1/completions", {**COMP, "prompt": 5}, 400, "prompt", "string or a list"),
     ("/v1/completions", {**COMP, "prompt": [-5]}, 400, "prompt", "non-negative"),
-    ("/v1/completions", {**COMP, "prompt": [[1, 2], [3]]}, 400, "prompt", "batched"),
     ("/v1/completions", {**COMP, "priority": 3}, 400, "priority", "first come, first served"),
     ("/v1/completions", {**COMP, "max_tokens": 2, "min_tokens": 3}, 400, "min_tokens",
      "min_tokens must be in 0..max_tokens (2)"),

@@ -36,7 +36,7 @@ from loom_runtime.wire.openai.fields import (
     stop_value,
 )
 
-Prompt = Annotated[str | tuple[int, ...], PlainValidator(prompt_value)]
+Prompts = Annotated[tuple[str | tuple[int, ...], ...], PlainValidator(prompt_value)]
 Stop = Annotated[tuple[str, ...], PlainValidator(stop_value)]
 Content = Annotated[str, PlainValidator(message_content)]
 
@@ -111,7 +111,7 @@ class _SamplingRequest(StrictBody):
 
 class CompletionRequest(_SamplingRequest):
     ENDPOINT: ClassVar[Endpoint] = "completion"
-    prompt: Prompt
+    prompt: Prompts  # one or more prompts: one choice each, `index` in this order
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = 16, as OpenAI
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

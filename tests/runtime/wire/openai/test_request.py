@@ -22,11 +22,13 @@ def _body(base: dict[str, object], **changes: object) -> bytes:
     return json.dumps({**base, **changes}).encode()
 
 
-def test_completion_accepts_string_or_token_prompt_and_a_batch_of_one() -> None:
-    assert parse_request(CompletionRequest, _body(COMPLETION)).prompt == "hi"
-    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[1, 2])).prompt == (1, 2)
-    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=["x"])).prompt == "x"
-    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[[3]])).prompt == (3,)
+def test_completion_accepts_string_or_token_prompts_and_lists_of_them() -> None:
+    assert parse_request(CompletionRequest, _body(COMPLETION)).prompt == ("hi",)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[1, 2])).prompt == ((1, 2),)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=["x"])).prompt == ("x",)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[[3]])).prompt == ((3,),)
+    both = parse_request(CompletionRequest, _body(COMPLETION, prompt=["a", [4, 5]])).prompt
+    assert both == ("a", (4, 5))
 
 
 def test_stop_string_becomes_a_tuple_and_stream_options_are_read() -> None:
@@ -64,7 +66,7 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, prompt=""), "prompt", "empty"),
     (CompletionRequest, _body(COMPLETION, prompt=[]), "prompt", "empty"),
     (CompletionRequest, _body(COMPLETION, prompt=[1, -2]), "prompt", "non-negative"),
-    (CompletionRequest, _body(COMPLETION, prompt=["a", "b"]), "prompt", "batched"),
+    (CompletionRequest, _body(COMPLETION, prompt=["a", ""]), "prompt", "empty (prompt 1)"),
     (CompletionRequest, _body(COMPLETION, max_tokens=-1), "max_tokens", "greater than"),
     (CompletionRequest, _body(COMPLETION, max_tokens=0), "max_tokens", "greater than"),
     (CompletionRequest, _body(COMPLETION, max_tokens="9"), "max_tokens", "integer"),
@@ -89,7 +91,7 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, prompt=[-5]), "prompt", "item 0"),
     (CompletionRequest, _body(COMPLETION, prompt=[1, True]), "prompt", "item 1"),
     (CompletionRequest, _body(COMPLETION, prompt=[2**40]), "prompt", "item 0"),
-    (CompletionRequest, _body(COMPLETION, prompt=[[1], [2]]), "prompt", "batched"),
+    (CompletionRequest, _body(COMPLETION, prompt=[[1], [-2]]), "prompt", "(prompt 1)"),
     (CompletionRequest, _body(COMPLETION, max_tokens=2**40), "max_tokens", "less than"),
     (CompletionRequest, _body(COMPLETION, stop_token_ids=[-1]), "stop_token_ids[0]", "greater"),
     (CompletionRequest, _body(COMPLETION, min_tokens=-1), "min_tokens", "greater than"),
