@@ -28,7 +28,7 @@ def _ids(client: openai.OpenAI, model: str, **more: Any) -> list[int]:
         model=model, prompt="The quick brown fox", max_tokens=6, temperature=0,
         extra_body={"return_token_ids": True, "ignore_eos": True}, **more,
     )  # fmt: skip
-    return list(done.choices[0].token_ids)  # type: ignore[attr-defined]
+    return list(done.choices[0].token_ids)
 
 
 def test_logit_bias_forces_and_bans_tokens_through_the_sdk(
@@ -90,7 +90,7 @@ def test_a_meaningless_field_is_accepted_and_not_named_as_ignored(worker: Any) -
     assert headers["x-loom-ignored-fields"] == "frobnicate"
 
 
-PROMPTS = ["The quick brown fox", [11, 12, 13, 14, 15], "Once upon a time"]
+PROMPTS: list[Any] = ["The quick brown fox", [11, 12, 13, 14, 15], "Once upon a time"]
 
 
 def _alone(client: openai.OpenAI, model: str, prompt: Any) -> openai.types.Completion:
@@ -98,25 +98,43 @@ def _alone(client: openai.OpenAI, model: str, prompt: Any) -> openai.types.Compl
                                       logprobs=1, extra_body={"ignore_eos": True})  # fmt: skip
 
 
+def _tokens(choice: Any) -> list[str]:
+    assert choice.logprobs is not None
+    return list(choice.logprobs.tokens)
+
+
 def test_a_list_of_prompts_is_one_choice_each_in_order(worker: Any, client: openai.OpenAI) -> None:
     alone = [_alone(client, worker.model, p) for p in PROMPTS]
-    done = client.completions.create(model=worker.model, prompt=PROMPTS, max_tokens=5,  # type: ignore[arg-type]
-                                     temperature=0, logprobs=1, extra_body={"ignore_eos": True})  # fmt: skip
+    done = client.completions.create(
+        model=worker.model,
+        prompt=PROMPTS,
+        max_tokens=5,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True},
+    )
     assert [c.index for c in done.choices] == [0, 1, 2]
     assert [c.text for c in done.choices] == [a.choices[0].text for a in alone]
-    assert [c.logprobs.tokens for c in done.choices] == [a.choices[0].logprobs.tokens for a in alone]  # type: ignore[union-attr]
+    assert [_tokens(c) for c in done.choices] == [_tokens(a.choices[0]) for a in alone]
     assert done.usage is not None and done.usage.completion_tokens == 15
-    assert done.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)  # type: ignore[union-attr]
+    assert done.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone if a.usage)
 
 
 def test_a_list_of_prompts_streams_each_choice_under_its_index(
     worker: Any, client: openai.OpenAI
 ) -> None:
     alone = [_alone(client, worker.model, p).choices[0] for p in PROMPTS]
-    stream = client.completions.create(model=worker.model, prompt=PROMPTS, max_tokens=5,  # type: ignore[arg-type]
-                                       temperature=0, stream=True, extra_body={"ignore_eos": True},
-                                       stream_options={"include_usage": True})  # fmt: skip
-    texts, reasons, usage = ["", "", ""], [None, None, None], None
+    stream = client.completions.create(
+        model=worker.model,
+        prompt=PROMPTS,
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True},
+    )
+    texts, usage = ["", "", ""], None
+    reasons: list[str | None] = [None, None, None]
     for event in stream:
         for c in event.choices:
             texts[c.index] += c.text
