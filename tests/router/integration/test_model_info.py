@@ -4,7 +4,6 @@ and the request fields of issue #36's first slice pass through (openai SDK)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -14,18 +13,6 @@ from loom_runtime.testing.processes import post
 
 MODEL = "tiny-router"
 MAX_MODEL_LEN = 2048  # the integration workers' --max-model-len
-
-
-@pytest.fixture(scope="module")
-def worker(launch_worker: Any) -> Iterator[Any]:
-    with launch_worker("w0") as w:
-        yield w
-
-
-@pytest.fixture(scope="module")
-def router(worker: Any, launch_router: Any) -> Iterator[Any]:
-    with launch_router([worker]) as r:
-        yield r
 
 
 def test_models_lists_the_fleets_max_model_len(router: Any) -> None:

@@ -3,11 +3,9 @@ in order, whole and streamed, equal to the worker's own answer; the first prompt
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
-import pytest
 
 from loom_runtime.testing.processes import post
 
@@ -18,18 +16,6 @@ PROMPTS: list[Any] = ["Once upon a time", [21, 22, 23, 24], "The quick brown fox
 def body(**more: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": PROMPTS, "max_tokens": 4, "temperature": 0,
             "ignore_eos": True, **more}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def worker(launch_worker: Any) -> Iterator[Any]:
-    with launch_worker("w0") as w:
-        yield w
-
-
-@pytest.fixture(scope="module")
-def router(worker: Any, launch_router: Any) -> Iterator[Any]:
-    with launch_router([worker]) as r:
-        yield r
 
 
 def test_a_list_of_prompts_through_the_router_is_the_workers_answer(

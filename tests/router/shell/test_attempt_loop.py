@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -58,6 +60,29 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://{host}:{port}"
 
 
+@asynccontextmanager
+async def _router(source: StaticEndpoints, migration_limit: int) -> AsyncIterator[str]:
+    """A router app over `source` (no tokenizer), served on a free port: its URL."""
+    state = RouterState(RoutingSettings(migration_limit=migration_limit, session_affinity=False))
+    state.on_endpoints(source.snapshot())
+    upstream = Upstream(UpstreamTimeouts())
+    await upstream.start()
+    metrics = RouterMetrics()
+    prober = Prober(source, upstream, metrics)
+    picking = Picking(source=source, state=state, upstream=upstream, metrics=metrics)
+    dispatcher = Dispatcher(
+        state=state, picking=picking, upstream=upstream,
+        transport=Transport(upstream, prober, metrics, state.load), metrics=metrics,
+        prober=prober, tokenizer=None,
+    )  # fmt: skip
+    runner, url = await _serve(ProxyApp(dispatcher, metrics, "m").app())
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
+        await upstream.close()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_that_runs_out_of_migrations_gets_the_routers_own_502(stream: bool) -> None:
     """Every worker answers 503 (paused): after failover.migrationLimit moves, streamed and
@@ -75,28 +100,16 @@ def test_a_request_that_runs_out_of_migrations_gets_the_routers_own_502(stream: 
         worker.router.add_post("/v1/completions", paused)
         worker_runner, url = await _serve(worker)
         source = StaticEndpoints([Endpoint(i, url, "aggregated", "v1") for i in ("a", "b", "c")])
-        state = RouterState(RoutingSettings(migration_limit=1, session_affinity=False))
-        state.on_endpoints(source.snapshot())
-        upstream = Upstream(UpstreamTimeouts())
-        await upstream.start()
-        metrics = RouterMetrics()
-        prober = Prober(source, upstream, metrics)
-        picking = Picking(source=source, state=state, upstream=upstream, metrics=metrics)
-        dispatcher = Dispatcher(
-            state=state, picking=picking, upstream=upstream,
-            transport=Transport(upstream, prober, metrics, state.load), metrics=metrics,
-            prober=prober, tokenizer=None,
-        )  # fmt: skip
-        router_runner, router_url = await _serve(ProxyApp(dispatcher, metrics, "m").app())
         try:
-            async with aiohttp.ClientSession() as client:
+            async with (
+                _router(source, migration_limit=1) as router_url,
+                aiohttp.ClientSession() as client,
+            ):
                 body = {"model": "m", "prompt": "hello", "max_tokens": 4, "stream": stream}
                 async with client.post(router_url + "/v1/completions", json=body) as resp:
                     return resp.status, await resp.json(), tried
         finally:
-            await router_runner.cleanup()
             await worker_runner.cleanup()
-            await upstream.close()
 
     status, answer, tried = asyncio.run(scenario())
     assert status == 502
@@ -137,30 +150,18 @@ def _stream_through_router(broken: set[str]) -> tuple[int, list[dict[str, Any]],
         worker.router.add_post("/{me}/v1/completions", worker_handler)
         worker_runner, url = await _serve(worker)
         source = StaticEndpoints([Endpoint(i, f"{url}/{i}", "aggregated", "v1") for i in "ab"])
-        state = RouterState(RoutingSettings(migration_limit=2, session_affinity=False))
-        state.on_endpoints(source.snapshot())
-        upstream = Upstream(UpstreamTimeouts())
-        await upstream.start()
-        metrics = RouterMetrics()
-        prober = Prober(source, upstream, metrics)
-        picking = Picking(source=source, state=state, upstream=upstream, metrics=metrics)
-        dispatcher = Dispatcher(
-            state=state, picking=picking, upstream=upstream,
-            transport=Transport(upstream, prober, metrics, state.load), metrics=metrics,
-            prober=prober, tokenizer=None,
-        )  # fmt: skip
-        router_runner, router_url = await _serve(ProxyApp(dispatcher, metrics, "m").app())
         try:
-            async with aiohttp.ClientSession() as client:
+            async with (
+                _router(source, migration_limit=2) as router_url,
+                aiohttp.ClientSession() as client,
+            ):
                 body = {"model": "m", "prompt": ["x", "y"], "max_tokens": 4, "stream": True}
                 async with client.post(router_url + "/v1/completions", json=body) as resp:
                     events = [json.loads(line[6:]) async for line in resp.content
                               if line.startswith(b"data: {")]  # fmt: skip
                     return resp.status, events, tried
         finally:
-            await router_runner.cleanup()
             await worker_runner.cleanup()
-            await upstream.close()
 
     return asyncio.run(scenario())
 

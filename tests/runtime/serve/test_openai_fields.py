@@ -16,13 +16,6 @@ def worker(launch: Any, tiny_v1: Any) -> Iterator[Any]:
         yield w
 
 
-@pytest.fixture
-def client(worker: Any) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=worker.api, api_key="unused", max_retries=0)
-    yield c
-    c.close()
-
-
 def _ids(client: openai.OpenAI, model: str, **more: Any) -> list[int]:
     done = client.completions.create(
         model=model, prompt="The quick brown fox", max_tokens=6, temperature=0,

@@ -125,7 +125,7 @@ SHARED: Mapping[str, FieldRule] = {
 
 COMPLETION: Mapping[str, FieldRule] = {
     **SHARED,
-    "prompt": _h("a string or token ids; a list of them is refused for now"),
+    "prompt": _h("a string or token ids, or a list of them: one choice each, index in order"),
     "logprobs": _h("0..20 top alternatives per token"),
     "echo": _r(f"echo (the prompt repeated in the output) is not implemented yet {_LATER}", False),
     "best_of": _r(f"best_of is not implemented yet {_LATER}: send separate requests", 1),

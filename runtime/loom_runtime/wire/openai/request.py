@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -56,6 +57,18 @@ class ChatMessage(StrictBody):
     role: Literal["system", "developer", "user", "assistant"]
     content: Content
     name: str | None = None
+
+
+def _some_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    if not messages:
+        raise ValueError(NO_MESSAGES)
+    return messages
+
+
+Messages = Annotated[
+    list[ChatMessage], Field(max_length=MAX_MESSAGES), AfterValidator(_some_messages)
+]
+"""A chat's messages: at least one, at most MAX_MESSAGES."""
 
 
 class _SamplingRequest(StrictBody):
@@ -118,19 +131,12 @@ class CompletionRequest(_SamplingRequest):
 
 class ChatCompletionRequest(_SamplingRequest):
     ENDPOINT: ClassVar[Endpoint] = "chat"
-    messages: list[ChatMessage] = Field(max_length=MAX_MESSAGES)
+    messages: Messages
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = the rest of the context
     max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # wins over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
-
-    @field_validator("messages")
-    @classmethod
-    def _some_messages(cls, v: list[ChatMessage]) -> list[ChatMessage]:
-        if not v:
-            raise ValueError(NO_MESSAGES)
-        return v
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.wire.openai.fields import INT_MAX, MAX_MESSAGES, NO_MESSAGES
-from loom_runtime.wire.openai.request import ChatMessage, StrictBody
+from loom_runtime.wire.openai.fields import INT_MAX
+from loom_runtime.wire.openai.request import Messages, StrictBody
 
 
 class TokenizeCompletionRequest(StrictBody):
@@ -24,7 +24,7 @@ class TokenizeCompletionRequest(StrictBody):
 
 class TokenizeChatRequest(StrictBody):
     model: str | None = None
-    messages: list[ChatMessage] = Field(max_length=MAX_MESSAGES)
+    messages: Messages
     add_generation_prompt: bool = True
     return_token_strs: bool | None = False
     add_special_tokens: bool = False  # on top of the ones the template writes
@@ -34,13 +34,6 @@ class TokenizeChatRequest(StrictBody):
     tools: list[Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None  # meaningless: the messages are text only
     mm_processor_kwargs: dict[str, Any] | None = None  # meaningless, as media_io_kwargs
-
-    @field_validator("messages")
-    @classmethod
-    def _some_messages(cls, v: list[ChatMessage]) -> list[ChatMessage]:
-        if not v:
-            raise ValueError(NO_MESSAGES)
-        return v
 
     @model_validator(mode="after")
     def _refused(self) -> TokenizeChatRequest:

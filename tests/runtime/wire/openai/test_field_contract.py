@@ -95,10 +95,7 @@ def test_the_schema_types_exactly_the_honoured_fields_and_some_meaningless_ones(
 
 def test_the_generated_doc_is_up_to_date() -> None:
     page = (ROOT / "docs" / "openai-fields.md").read_text(encoding="utf-8")
-    assert page == render(), (
-        "docs/openai-fields.md is stale: run "
-        "`python -m loom_runtime.wire.openai.field_doc docs/openai-fields.md`"
-    )
+    assert page == render(), "docs/openai-fields.md is stale: run `make openai-fields`"
 
 
 def _rows(status: str) -> list[tuple[str, str, FieldRule]]:
