@@ -7,7 +7,7 @@ CACHE     := .cache
 CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
-.PHONY: venv run test lint typecheck imports unit crds bench clean proto tools e2e-build e2e-cluster e2e-down e2e
+.PHONY: venv run test lint typecheck imports unit crds openai-fields bench clean proto tools e2e-build e2e-cluster e2e-down e2e
 .PHONY: e2e-node-build e2e-dns-build
 .PHONY: status fuzz images kernels
 .PHONY: dashboards prometheus
@@ -108,6 +108,9 @@ test: lint typecheck imports unit
 
 crds: venv
 	$(BIN)/loom crds --out crds --docs docs/cards.md --chart charts/loom
+
+openai-fields: venv
+	$(BIN)/python -m loom_runtime.wire.openai.field_doc docs/openai-fields.md
 
 # The Grafana dashboards, built in code (operator/loom_operator/dashboards), as the chart ships them.
 dashboards: venv

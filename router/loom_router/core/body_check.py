@@ -71,6 +71,17 @@ def check_body(kind: ResponseKind, body: Mapping[str, Any]) -> None:
         _check_messages(body.get("messages"), "messages" in body)
 
 
+def several_prompts(body: Mapping[str, Any]) -> bool:
+    """A /v1/completions body with a list of more than one prompt (one choice each): it is
+    prefilled where it is decoded, and its stream cannot resume elsewhere once started."""
+    prompt = body.get("prompt")
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 1
+        and all(isinstance(p, str | list) for p in prompt)
+    )
+
+
 def _check_prompt(prompt: object, present: bool) -> None:
     """The worker's prompt rule (loom_runtime.wire.openai.fields), as a 400 on `prompt`."""
     if not present:

@@ -1,6 +1,7 @@
 """THE attempt loop: one client request sent to a worker, and moved to another when the worker
 dies, breaks its answer, is paused, or an admin migrates it away; streamed and whole answers
-alike, bounded by failover.migrationLimit.
+alike (a stream of several prompts only until its first chunk), bounded by
+failover.migrationLimit.
 
 Owns retry and migration: when to move, where to (a re-pick without the failed workers, on the
 weights version the client already has), and what the client hears about it; never opens a
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from loom_router.core.body_check import several_prompts
 from loom_router.core.endpoints import Endpoint
 from loom_router.core.migration import Attempt, StreamTracker, first_attempt
 from loom_router.core.request import RequestFeatures
@@ -73,10 +75,13 @@ class AttemptLoop:
     ) -> web.StreamResponse:
         """The client's response for `trip`, first sent to `endpoint` with `body`."""
         client = ClientReply(request, trip, self.metrics)
-        course: Course = (
-            Streamed(trip, client, body) if trip.body.get("stream") is True
-            else Whole(trip, client, body)
-        )  # fmt: skip
+        course: Course
+        if trip.body.get("stream") is not True:
+            course = Whole(trip, client, body)
+        elif several_prompts(trip.body):
+            course = Relayed(trip, client, body)
+        else:
+            course = Streamed(trip, client, body)
         exclude: set[str] = set()
         moves = 0
         while True:
@@ -90,9 +95,9 @@ class AttemptLoop:
                     return done
                 try:
                     new = self._replacement(trip, client, course, endpoint, failure, moves, exclude)
+                    outcome = await course.move(endpoint, new, self.picking)
                 except MigrationFailedError as exc:
                     return await client.fail(exc)
-                outcome = await course.move(endpoint, new, self.picking)
                 self.metrics.inc("migrations", outcome)
                 logger.warning("migrating a request", extra={
                     "request_id": trip.request_id, "from_endpoint": endpoint.id,
@@ -207,6 +212,51 @@ class Whole:
 
     async def move(self, failed: Endpoint, new: Endpoint, picking: Picking) -> str:
         self.body = decode_body(self.trip.body, None)
+        return "restarted"
+
+
+class Relayed:
+    """A stream of several prompts (one choice each, interleaved by `index`): relayed as the
+    worker sends it. It moves to another worker only before the client has a chunk; after, it
+    ends with an error saying so (the stream tracker resumes one choice, not several)."""
+
+    def __init__(self, trip: Trip, client: ClientReply, body: Mapping[str, Any]) -> None:
+        self.trip = trip
+        self.client = client
+        self.body = body
+
+    async def attempt(self, transport: Transport, endpoint: Endpoint) -> web.StreamResponse:
+        client = self.client
+        async with transport.attempt(endpoint, self.trip.path, self.body,
+                                     self.trip.headers_up) as up:  # fmt: skip
+            if up.status != 200 or not up.is_sse:
+                return await client.passthrough(up.status, await up.read_all(), up.headers)
+            client.upstream(endpoint, up.headers)
+            async for events in up.batches():
+                batch: list[Mapping[str, Any]] = list(events)
+                for i, event in enumerate(batch):
+                    if "error" in event:
+                        await client.send_many(batch[:i])
+                        if _movable(event) and not client.started:
+                            raise AttemptFailed(f"error event {event['error'].get('code')}")
+                        await client.send(event)
+                        return await client.finish()
+                await client.send_many(batch)
+            return await client.finish()
+
+    async def salvage(self) -> web.StreamResponse | None:
+        return None
+
+    def progress(self) -> str:
+        return " mid-stream" if self.client.started else ""
+
+    async def move(self, failed: Endpoint, new: Endpoint, picking: Picking) -> str:
+        if self.client.started:
+            raise MigrationFailedError(
+                f"worker {failed.id} failed mid-stream; a stream of several prompts cannot "
+                "resume on another worker: send the prompts again (or one per request, which "
+                "resumes)"
+            )
         return "restarted"
 
 

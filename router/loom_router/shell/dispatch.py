@@ -22,6 +22,7 @@ from loom_router.core.body_check import (
     check_context,
     check_rewritten_fields,
     parse_body,
+    several_prompts,
 )
 from loom_router.core.request import RequestFeatures, features_from_text, features_from_tokens
 from loom_router.core.state import RouterState
@@ -76,6 +77,8 @@ class Dispatcher:
         else:
             features, ids = await asyncio.to_thread(self.features, request_id, kind, body, session)
         choice = await self.picking.pick_waiting(features)
+        if choice.prefill is not None and kind == "completion" and several_prompts(body):
+            choice = replace(choice, prefill=None)  # one lease per request: the decode prefills
         self.metrics.overhead.observe(time.perf_counter() - started)
         up_headers = {REQUEST_ID_HEADER: request_id}
         if choice.prefill is not None:  # a client's error is decided here, not as a P/D fault

@@ -1,6 +1,7 @@
 """The router's OpenAI-facing HTTP app: /v1/completions and /v1/chat/completions (or, for a
-diffusion fleet, the image and video routes of media_proxy.py), /v1/models, /health, /ready and
-/metrics, with request ids and optional API keys.
+diffusion fleet, the image and video routes of media_proxy.py), /v1/models, /tokenize and
+/detokenize (model_info.py), /health, /ready and /metrics, with request ids and optional API
+keys.
 
 Owns the routes and the middlewares (request id, API key, the one place errors become
 statuses); never picks endpoints (dispatch.py) and never holds routing state.
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
@@ -22,6 +22,7 @@ from loom_router.shell.config import RouterFlags
 from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.media_proxy import MediaProxy
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
+from loom_router.shell.model_info import ModelInfo
 from loom_runtime.wire.headers import REQUEST_ID_HEADER
 from loom_runtime.wire.openai.request_id import router_request_id
 
@@ -31,7 +32,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID = web.RequestKey("request_id", str)
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _ROUTE_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
-                 "/v1/models": "models", "/v1/images/generations": "images"}  # fmt: skip
+                 "/v1/models": "models", "/v1/images/generations": "images",
+                 "/tokenize": "tokenize", "/detokenize": "detokenize"}  # fmt: skip
 
 
 def request_id_of(request: web.Request) -> str:
@@ -61,7 +63,6 @@ class ProxyApp:
         self.metrics = metrics
         self.model_name = model_name
         self._keys = tuple(k.encode() for k in api_keys if k)
-        self._created = int(time.time())
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -72,7 +73,9 @@ class ProxyApp:
         else:
             app.router.add_post("/v1/completions", self.completions)
             app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_get("/v1/models", self.models)
+        info = ModelInfo(self.dispatcher.picking, self.dispatcher.upstream, self.model_name,
+                         REQUEST_ID)  # fmt: skip
+        info.add_routes(app, tokenize=self.media is None)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/metrics", self.render_metrics)
@@ -133,11 +136,6 @@ class ProxyApp:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self.dispatcher.handle(request, "chat", request[REQUEST_ID])
-
-    async def models(self, _: web.Request) -> web.Response:
-        card = {"id": self.model_name, "object": "model", "created": self._created,
-                "owned_by": "loom", "root": self.model_name}  # fmt: skip
-        return web.json_response({"object": "list", "data": [card]})
 
     async def health(self, _: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -1,5 +1,5 @@
-"""Token sampling over logits rows: repetition penalty, min_tokens, greedy, temperature,
-min-p/top-k/top-p, seeded draws and logprobs.
+"""Token sampling over logits rows: repetition penalty, logit_bias, min_tokens, greedy,
+temperature, min-p/top-k/top-p, seeded draws and logprobs.
 
 Owns the arithmetic only; every random draw uses the row's own generator and every look back
 reads the row's own TokenHistory (both held in the request's loop state), never global state,
@@ -103,19 +103,21 @@ def adjusted_logits(
     row: torch.Tensor, params: SamplingParams, history: TokenHistory | None
 ) -> torch.Tensor:
     """The row greedy and sampling both read: vLLM's repetition penalty over every id seen so
-    far (prompt and output), and under min_tokens the stop ids masked. `row` itself (not a
-    copy) when neither applies, so the defaults change nothing."""
-    if history is None:
-        return row
-    penalty = params.repetition_penalty
-    masked = min_tokens_masked(params, history, row.shape[0])
-    if penalty == 1.0 and not masked:
+    far (prompt and output), the request's logit_bias added, and under min_tokens the stop ids
+    masked. `row` itself (not a copy) when none applies, so the defaults change nothing."""
+    penalty = 1.0 if history is None else params.repetition_penalty
+    masked = [] if history is None else min_tokens_masked(params, history, row.shape[0])
+    if penalty == 1.0 and not masked and not params.logit_bias:
         return row
     x = row.clone()
-    if penalty != 1.0 and history.token_ids:
+    if penalty != 1.0 and history is not None and history.token_ids:
         seen = torch.tensor(sorted(set(history.token_ids)), dtype=torch.long, device=row.device)
         values = x[seen]
         x[seen] = torch.where(values > 0, values / penalty, values * penalty)
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        at = torch.tensor(ids, dtype=torch.long, device=row.device)
+        x[at] += torch.tensor(biases, dtype=x.dtype, device=row.device)
     if masked:
         x[torch.tensor(masked, dtype=torch.long, device=row.device)] = float("-inf")
     return x

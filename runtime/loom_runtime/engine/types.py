@@ -33,6 +33,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False  # keep the matched stop string (or stop token's text)
     skip_special_tokens: bool = True  # False: the text keeps special tokens
     logprobs: int | None = None  # number of top alternatives to report per token, None = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
 
 
 @dataclass(frozen=True)

@@ -63,5 +63,12 @@ def validate_request(req: EngineRequest, max_model_len: int, vocab_size: int) ->
         raise InvalidRequestError(
             f"logprobs must be in 0..{MAX_LOGPROBS}, got {p.logprobs}", param="logprobs"
         )
+    out_of_vocab = [t for t, _ in p.logit_bias if not 0 <= t < vocab_size]
+    if out_of_vocab:
+        raise InvalidRequestError(
+            f"request {rid!r}: logit_bias names token {out_of_vocab[0]}, outside the vocabulary "
+            f"0..{vocab_size - 1}",
+            param="logit_bias",
+        )
     if any(not s for s in p.stop):
         raise InvalidRequestError("stop strings must be non-empty", param="stop")

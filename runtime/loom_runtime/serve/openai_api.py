@@ -1,4 +1,5 @@
-"""The OpenAI routes: /v1/completions, /v1/chat/completions (JSON or SSE) and /v1/models.
+"""The OpenAI routes: /v1/completions (one prompt or a list of them, one choice each),
+/v1/chat/completions (JSON or SSE) and /v1/models.
 
 Owns turning one HTTP request into one engine request and back; never maps errors to statuses
 itself (errors.py does) and never blocks the event loop.
@@ -6,9 +7,11 @@ itself (errors.py does) and never blocks the event loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,12 +42,21 @@ from loom_runtime.wire.openai.request_id import worker_request_id
 from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, chunk, usage_chunk
 from loom_runtime.wire.openai.sse import DONE
 from loom_runtime.wire.openai.sse import encode as _sse
+from loom_runtime.wire.openai.usage import usage
 
 logger = logging.getLogger(__name__)
 
 
 class ServingTokenizer(PromptTokenizer, Protocol):
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> Sequence[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]: ...
 
 
 class ServingEngine(RequestSink, Protocol):
@@ -136,11 +148,18 @@ async def _collect(run: _Run, outputs: OutputStream, first: RequestOutput) -> No
         out = await outputs.next(run.ctx.stall_timeout_s)
 
 
+@dataclass
+class _Flight:
+    """One engine request of a response: its run, its outputs and the first of them."""
+
+    run: _Run
+    outputs: OutputStream
+    first: RequestOutput
+
+
 async def _stream(
     request: web.Request,
-    run: _Run,
-    outputs: OutputStream,
-    first: RequestOutput,
+    flights: Sequence[_Flight],
     meta: ResponseMeta,
     usage: UsageMode,
     headers: dict[str, str],
@@ -150,47 +169,70 @@ async def _stream(
     )
     await resp.prepare(request)
     try:
-        await _write_events(resp, run, outputs, first, meta, usage)
+        await _write_events(resp, flights, meta, usage)
     except ConnectionResetError:  # the caller's `submitted` block aborts the request
         logger.info("client left mid-stream", extra={"request_id": meta.id})
     return resp
 
 
-async def _write_events(
-    resp: web.StreamResponse,
-    run: _Run,
-    outputs: OutputStream,
-    first: RequestOutput,
-    meta: ResponseMeta,
-    usage: UsageMode,
-) -> None:
+async def _events(
+    flight: _Flight, meta: ResponseMeta, usage: UsageMode
+) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of one engine request's stream, as they come (no usage-only chunk)."""
+    run, out = flight.run, flight.first
     ids = run.prompt_ids is not None
     prompt_ids = run.prompt_ids  # sent once, on the first chunk
     if run.kind == "chat":
-        start = Accumulated(prompt_tokens=first.num_prompt_tokens).usage()
-        head = chunk("chat", meta.chunk_head("chat"), "", None, None, usage.final, True, None,
-                     prompt_ids, start if usage.every_chunk else None)  # fmt: skip
-        await resp.write(_sse(head))
+        start = Accumulated(prompt_tokens=out.num_prompt_tokens).usage()
+        yield chunk("chat", meta.chunk_head("chat"), "", None, None, usage.final, True, None,
+                    prompt_ids, start if usage.every_chunk else None)  # fmt: skip
         prompt_ids = None
-    out = first
-    try:
-        while True:
-            run.take(out)
-            if out.new_text or out.logprobs or out.finished or (ids and out.new_token_ids):
-                lp = run.logprobs(out)
-                reason = run.acc.finish_reason if out.finished else None
-                tokens = out.new_token_ids if ids else None
-                so_far = run.acc.usage() if usage.every_chunk else None
-                body = chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
-                             usage.final, False, tokens, prompt_ids, so_far)  # fmt: skip
+    while True:
+        run.take(out)
+        if out.new_text or out.logprobs or out.finished or (ids and out.new_token_ids):
+            lp = run.logprobs(out)
+            reason = run.acc.finish_reason if out.finished else None
+            tokens = out.new_token_ids if ids else None
+            so_far = run.acc.usage() if usage.every_chunk else None
+            yield chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
+                        usage.final, False, tokens, prompt_ids, so_far)  # fmt: skip
+            prompt_ids = None
+            run.text_len += len(out.new_text)
+        if out.finished:
+            return
+        out = await flight.outputs.next(run.ctx.stall_timeout_s)
+
+
+async def _relay(
+    resp: web.StreamResponse, flights: Sequence[_Flight], meta: ResponseMeta, usage: UsageMode
+) -> None:
+    """Every flight's chunks to the client as they come, each choice under its `index`."""
+    lock = asyncio.Lock()
+
+    async def one(index: int, flight: _Flight) -> None:
+        async for body in _events(flight, meta, usage):
+            body["choices"][0]["index"] = index
+            async with lock:
                 await resp.write(_sse(body))
-                prompt_ids = None
-                run.text_len += len(out.new_text)
-            if out.finished:
-                break
-            out = await outputs.next(run.ctx.stall_timeout_s)
+
+    if len(flights) == 1:
+        return await one(0, flights[0])
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, flight in enumerate(flights):
+                group.create_task(one(index, flight))
+    except BaseExceptionGroup as failed:  # the first failure, as one request's would be
+        raise failed.exceptions[0] from None
+
+
+async def _write_events(
+    resp: web.StreamResponse, flights: Sequence[_Flight], meta: ResponseMeta, usage: UsageMode
+) -> None:
+    kind = flights[0].run.kind
+    try:
+        await _relay(resp, flights, meta, usage)
         if usage.final:
-            await resp.write(_sse(usage_chunk(meta.chunk_head(run.kind), run.acc.usage())))
+            await resp.write(_sse(usage_chunk(meta.chunk_head(kind), _usage(flights))))
     except LoomError as exc:  # headers are sent: the error travels as an SSE event
         logger.warning("stream ended by error: %s", exc, extra={"request_id": meta.id})
         await resp.write(_sse(classify(exc, meta.id).body()))
@@ -198,35 +240,62 @@ async def _write_events(
     await resp.write_eof()
 
 
+def _usage(flights: Sequence[_Flight]) -> dict[str, Any]:
+    """The response's usage: every prompt's, summed."""
+    accs = [f.run.acc for f in flights]
+    return usage(sum(a.prompt_tokens for a in accs), sum(a.completion_tokens for a in accs),
+                 sum(a.cached_tokens for a in accs))  # fmt: skip
+
+
+def _body(flights: Sequence[_Flight], meta: ResponseMeta) -> dict[str, Any]:
+    """The whole answer: one choice per engine request, `index` in order, usage summed."""
+    choices = []
+    for index, f in enumerate(flights):
+        body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids)
+        choices.append(body["choices"][0] | {"index": index})
+    body["choices"] = choices
+    body["usage"] = _usage(flights)
+    kv_params = flights[0].run.kv_transfer_params
+    if kv_params is not None:
+        body[KV_TRANSFER_FIELD] = kv_params
+    return body
+
+
 async def _serve(
     request: web.Request,
     kind: ResponseKind,
     parsed: CompletionRequest | ChatCompletionRequest,
-    ereq: EngineRequest,
+    ereqs: Sequence[EngineRequest],
+    rid: str,
     ignored: tuple[str, ...],
 ) -> web.StreamResponse:
+    """Run `ereqs` (one per prompt) as one response, `rid`."""
     ctx = request.app[API_CONTEXT]
-    prompt_ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-    run = _Run(ctx, kind, ereq.sampling.logprobs, prompt_ids)
-    async with submitted(ctx.engine, ereq, ctx.mailbox) as outputs:
+    async with contextlib.AsyncExitStack() as stack:
+        streams = [await stack.enter_async_context(submitted(ctx.engine, e, ctx.mailbox))
+                   for e in ereqs]  # fmt: skip
         try:
-            first = await outputs.next(ctx.stall_timeout_s)
-            if first.finished and first.finish_reason == "abort":
-                run.take(first)  # raises RequestAbortedError before any header is sent
-            meta = ResponseMeta(ereq.request_id, int(time.time()), ctx.limits.model_name,
-                                first.weights_version)  # fmt: skip
+            flights = []
+            for ereq, outputs in zip(ereqs, streams, strict=True):
+                ids = ereq.prompt_token_ids if parsed.return_token_ids else None
+                run = _Run(ctx, kind, ereq.sampling.logprobs, ids)
+                first = await outputs.next(ctx.stall_timeout_s)
+                if first.finished and first.finish_reason == "abort":
+                    run.take(first)  # raises RequestAbortedError before any header is sent
+                flights.append(_Flight(run, outputs, first))
+            meta = ResponseMeta(rid, int(time.time()), ctx.limits.model_name,
+                                flights[0].first.weights_version)  # fmt: skip
             headers = _headers(meta, ignored)
             if parsed.stream:
-                usage = UsageMode(parsed.include_usage_chunk, parsed.continuous_usage)
-                return await _stream(request, run, outputs, first, meta, usage, headers)
-            await _collect(run, outputs, first)
+                usage_mode = UsageMode(parsed.include_usage_chunk, parsed.continuous_usage)
+                return await _stream(request, flights, meta, usage_mode, headers)
+            for f in flights:
+                await _collect(f.run, f.outputs, f.first)
         finally:
-            if not outputs.finished:  # the client left or the engine stalled: counted as aborted
-                ctx.metrics.observe_finished("abort", None)
-    body = run.acc.body(kind, meta, run.logprobs(None), run.prompt_ids)
-    if run.kv_transfer_params is not None:
-        body[KV_TRANSFER_FIELD] = run.kv_transfer_params
-    return web.json_response(body, headers=headers)
+            for outputs in streams:  # the client left or the engine stalled: counted as aborted
+                if not outputs.finished:
+                    ctx.metrics.observe_finished("abort", None)
+    return web.json_response(_body(flights, meta), headers=headers)
 
 
 def _headers(meta: ResponseMeta, ignored: tuple[str, ...]) -> dict[str, str]:
@@ -251,8 +320,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[API_CONTEXT]
     parsed = parse_request(CompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "cmpl")
-    ereq = prepare_completion(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
-    return await _serve(request, "completion", parsed, ereq, _ignored(parsed, rid))
+    ereqs = prepare_completion(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    return await _serve(request, "completion", parsed, ereqs, rid, _ignored(parsed, rid))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -261,7 +330,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_request(ChatCompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "chatcmpl")
     ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
-    return await _serve(request, "chat", parsed, ereq, _ignored(parsed, rid))
+    return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid))
 
 
 def model_card(ctx: ApiContext) -> dict[str, Any]:

@@ -84,6 +84,7 @@ def _sampling(
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         logprobs=logprobs,
+        logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
     )
 
 
@@ -108,26 +109,39 @@ def prepare_completion(
     limits: ModelLimits,
     request_id: str,
     arrival: float,
-) -> EngineRequest:
-    """`arrival` is time.monotonic() when the HTTP request came in."""
+) -> tuple[EngineRequest, ...]:
+    """One engine request per prompt, in order (`request_id`, or `request_id-i` for a list of
+    prompts, as vLLM names them). `arrival` is time.monotonic() when the HTTP request came in."""
     check_model(req.model, limits)
-    if isinstance(req.prompt, str):
-        ids = tuple(tokenizer.encode(req.prompt))
+    transfer = _transfer(req)
+    if len(req.prompt) > 1 and req.kv_transfer_params is not None:
+        raise InvalidRequestError(
+            f"{FIELD} takes one prompt: a list of prompts is prefilled where it is decoded",
+            param=FIELD,
+        )
+    out = []
+    for i, prompt in enumerate(req.prompt):
+        ids = _prompt_ids(prompt, tokenizer, limits)
+        max_tokens = resolve_max_tokens(
+            req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
+        )
+        rid = request_id if len(req.prompt) == 1 else f"{request_id}-{i}"
+        sampling = _sampling(req, max_tokens, req.logprobs)
+        out.append(EngineRequest(rid, ids, sampling, arrival_time=arrival, kv_transfer=transfer))
+    return tuple(out)
+
+
+def _prompt_ids(
+    prompt: str | tuple[int, ...], tokenizer: PromptTokenizer, limits: ModelLimits
+) -> tuple[int, ...]:
+    if isinstance(prompt, str):
+        ids = tuple(tokenizer.encode(prompt))
     else:
-        ids = req.prompt
+        ids = prompt
         _check_token_ids(ids, limits)
     if not ids:
         raise InvalidRequestError("the prompt encodes to no tokens", param="prompt")
-    max_tokens = resolve_max_tokens(
-        req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
-    )
-    return EngineRequest(
-        request_id,
-        ids,
-        _sampling(req, max_tokens, req.logprobs),
-        arrival_time=arrival,
-        kv_transfer=_transfer(req),
-    )
+    return ids
 
 
 def prepare_chat(
@@ -139,7 +153,7 @@ def prepare_chat(
 ) -> EngineRequest:
     check_model(req.model, limits)
     messages = [template_message(m.role, m.content, m.name) for m in req.messages]
-    ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=True))
+    ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=req.add_generation_prompt))
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")

@@ -54,6 +54,10 @@ class ChatTemplate:
             raise CheckpointError(f"chat template does not compile: {exc}") from exc
         self.source = source
         self._special = dict(special_tokens)
+        # OpenAI's `developer` role is its newer name for `system`; a template that never
+        # mentions it would refuse it or drop it, so it is rendered as `system` there (vLLM's
+        # templates see it as given, and the ones that know it handle it).
+        self.knows_developer = "developer" in source
 
     def render(
         self,
@@ -63,6 +67,8 @@ class ChatTemplate:
     ) -> str:
         """The prompt text; InvalidRequestError if a message is bad or the template rejects it."""
         plain = normalise_messages(messages)
+        if not self.knows_developer:
+            plain = [m | {"role": "system"} if m["role"] == "developer" else m for m in plain]
         context = {
             **self._special,
             "messages": plain,

@@ -42,8 +42,9 @@ def template_message(role: str, content: str, name: str | None) -> dict[str, Any
 
 def completion_ids(tokenizer: Tokenizer, prompt: Any) -> list[int] | None:
     """A /v1/completions prompt's ids: token ids as given, text encoded with special tokens;
-    None when the prompt is not one the worker would accept."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+    of a list of prompts, the first's (its prefix routes the request); None when the prompt is
+    not one the worker would accept."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         prompt = prompt[0]
     if isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
         return list(prompt)

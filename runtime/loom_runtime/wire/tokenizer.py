@@ -76,6 +76,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each id's vocabulary string (HF's convert_ids_to_tokens), "" for an unknown id."""
+        return [self._backend.id_to_token(i) or "" for i in ids]
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

@@ -12,6 +12,7 @@ from loom_router.core.body_check import (
     check_context,
     check_rewritten_fields,
     parse_body,
+    several_prompts,
 )
 from loom_router.errors import BadRequestError, classify
 
@@ -25,8 +26,8 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("completion", {"prompt": [2**63]}, "prompt", "item 0"),
     ("completion", {"prompt": [[-1]]}, "prompt", "item 0"),
     ("completion", {"prompt": [["a"]]}, "prompt", "item 0"),
-    ("completion", {"prompt": [[1], [2]]}, "prompt", "batched"),
-    ("completion", {"prompt": ["a", "b"]}, "prompt", "batched"),
+    ("completion", {"prompt": [[1], [-2]]}, "prompt", "(prompt 1)"),
+    ("completion", {"prompt": ["a", ""]}, "prompt", "empty (prompt 1)"),
     ("completion", {"prompt": ""}, "prompt", "empty"),
     ("completion", {"prompt": [[]]}, "prompt", "empty"),
     ("completion", {"prompt": None}, "prompt", "string or a list"),
@@ -61,6 +62,7 @@ def test_unroutable_bodies_get_a_400_naming_the_field(
         ("completion", {"prompt": [1, 2, 3]}),
         ("completion", {"prompt": ["hi"]}),
         ("completion", {"prompt": [[1, 2]]}),
+        ("completion", {"prompt": ["a", [1, 2]]}),
         ("chat", {"messages": [{"role": "user", "content": "hi"}]}),
         ("chat", {"messages": [{"role": "robot", "content": [{"type": "text", "text": "a"}]}]}),
     ],
@@ -145,3 +147,9 @@ def test_good_rewritten_fields_pass() -> None:
         {"stream": True, "max_tokens": 5, "max_completion_tokens": None, "return_token_ids": False,
          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     )  # fmt: skip
+
+
+def test_several_prompts_are_a_list_of_more_than_one() -> None:
+    assert several_prompts({"prompt": ["a", "b"]}) and several_prompts({"prompt": [[1], [2]]})
+    assert not several_prompts({"prompt": ["a"]}) and not several_prompts({"prompt": [1, 2]})
+    assert not several_prompts({"prompt": "ab"}) and not several_prompts({"messages": []})

@@ -278,3 +278,17 @@ def launch_router(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Launc
             yield Router(proc, f"http://127.0.0.1:{admin}", log)
 
     return start
+
+
+@pytest.fixture(scope="module")
+def worker(launch_worker: Any) -> Iterator[Worker]:
+    """One aggregated worker, "w0" (a module that needs others makes its own)."""
+    with launch_worker("w0") as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def router(worker: Worker, launch_router: LaunchRouter) -> Iterator[Router]:
+    """A router over `worker` alone."""
+    with launch_router([worker]) as r:
+        yield r

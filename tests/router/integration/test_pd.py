@@ -130,3 +130,37 @@ def test_an_over_length_prompt_is_refused_before_the_prefill_hop(
         assert router.metric("loom_router:pd_fallbacks_total", reason="status") == 0
         assert router.metric("loom_router:pd_total", mode="remote-prefill") == 0
     assert fleet["prefill"].proc.pool_whole()  # no lease waits for a decode that never came
+
+
+def test_logit_bias_through_pd_is_the_aggregated_answer(
+    fleet: dict[str, Any], launch_router: Any
+) -> None:
+    """The decode samples every token the client sees, with the client's logit_bias."""
+    ids, bias = prompt(5, 300), {"logit_bias": {"42": 100}}
+    status, want, _ = post(fleet["reference"].url + "/v1/completions", body(ids, **bias))
+    assert status == 200, want
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/completions", body(ids, **bias))
+    assert status == 200 and headers["x-loom-pd"] == "remote-prefill", answer
+    assert answer["choices"][0]["text"] == want["choices"][0]["text"]
+    assert answer["choices"][0]["logprobs"]["tokens"] == want["choices"][0]["logprobs"]["tokens"]
+    assert len(set(want["choices"][0]["logprobs"]["tokens"])) == 1  # token 42, eight times
+
+
+def test_a_list_of_prompts_through_pd_is_prefilled_by_the_decode(
+    fleet: dict[str, Any], launch_router: Any
+) -> None:
+    """One KV lease answers one prompt: a list (one choice each) is prefilled where it is
+    decoded, and says so."""
+    prompts = [prompt(6, 300), prompt(7, 200)]
+    status, want, _ = post(fleet["reference"].url + "/v1/completions", body(prompts))  # type: ignore[arg-type]
+    assert status == 200, want
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/completions", body(prompts))  # type: ignore[arg-type]
+        assert router.metric("loom_router:pd_total", mode="remote-prefill") == 0
+    assert status == 200 and headers["x-loom-pd"] == "local-prefill", answer
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    got = [c["logprobs"]["tokens"] for c in answer["choices"]]
+    assert got == [c["logprobs"]["tokens"] for c in want["choices"]]

@@ -168,3 +168,20 @@ def test_special_tokens_and_a_stop_tokens_text_are_kept_when_asked(
         assert got.finish_reason == "stop" and len(got.output_token_ids) == 3
         assert got.output_token_ids[-1] == eos and eos not in got.output_token_ids[:2]
         assert got.text == tiny64.tokenizer.decode(got.output_token_ids[:2]) + tail
+
+
+def test_logit_bias_forces_a_token_bans_another_and_leaves_batch_mates_alone(
+    engine: Engine, prompt: Prompt, greedy: Greedy
+) -> None:
+    p = prompt(10, 4)
+    plain_out = engine.generate(p, greedy(8)).output_token_ids
+    forced = 7 if plain_out[0] != 7 else 8
+    banned = plain_out[0]
+    biased = [
+        greedy(8, logit_bias=((forced, 100.0),)),
+        greedy(8, logit_bias=((banned, -100.0),)),
+    ]
+    a, b, c, d = together(engine, p, [greedy(8), biased[0], greedy(8), biased[1]])
+    assert b == (forced,) * 8  # +100 wins every greedy step
+    assert banned not in d and d != plain_out  # -100 bans it
+    assert a == c == plain_out  # the requests without a bias are token-identical to alone

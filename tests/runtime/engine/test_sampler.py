@@ -164,3 +164,18 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_top_prob_after_temperature()
 def test_histories_must_match_the_rows() -> None:
     with pytest.raises(ValueError, match="histories"):
         sample(rows(2), [SamplingParams(temperature=0.0)] * 2, [None] * 2, [None])
+
+
+def test_logit_bias_is_added_to_its_row_only_and_logprobs_stay_raw() -> None:
+    logits = rows(2, vocab=6, seed=3)
+    bias = SamplingParams(temperature=0.0, logprobs=0, logit_bias=((5, 100.0), (0, -100.0)))
+    plain = SamplingParams(temperature=0.0, logprobs=0)
+    got = sample(logits, [bias, plain], [None, None])
+    assert got[0].token_id == 5 and got[1].token_id == int(logits[1].argmax())
+    adjusted = adjusted_logits(logits[0], bias, None)
+    assert adjusted[5] == logits[0][5] + 100 and adjusted[0] == logits[0][0] - 100
+    assert adjusted[1:5].tolist() == logits[0][1:5].tolist()
+    raw = torch.log_softmax(logits[0], -1)[5].item()
+    assert got[0].logprob is not None and got[0].logprob.logprob == pytest.approx(raw)
+    second = logits[1]
+    assert adjusted_logits(second, plain, None) is second  # no bias: no copy

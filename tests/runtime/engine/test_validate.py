@@ -38,6 +38,7 @@ def req(prompt: tuple[int, ...] = (1, 2, 3), rid: str = "r", **sampling: object)
         (req(repetition_penalty=float("inf")), "repetition_penalty"),
         (req(min_tokens=-1), "min_tokens"),
         (req(max_tokens=4, min_tokens=5), "min_tokens"),
+        (req(logit_bias=((VOCAB, 1.0),)), "logit_bias"),
         (req(rid=""), "request_id"),
     ],
 )

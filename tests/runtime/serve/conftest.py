@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from loom_runtime.models.tiny import init_tiny
@@ -60,6 +61,14 @@ class Worker:
 def wait_until() -> Callable[[Callable[[], bool], float, str], None]:
     """wait_until(check, timeout_s, what): poll until check() holds, fail naming `what`."""
     return lambda check, timeout, what: poll(check, timeout, what)
+
+
+@pytest.fixture
+def client(worker: Any) -> Iterator[openai.OpenAI]:
+    """The official openai client on the test module's `worker`."""
+    c = openai.OpenAI(base_url=worker.api, api_key="unused", max_retries=0)
+    yield c
+    c.close()
 
 
 @pytest.fixture(scope="session")

@@ -49,13 +49,6 @@ def auth(worker: Any) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {worker.token}")]
 
 
-@pytest.fixture
-def client(worker: Any) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=worker.api, api_key="unused", max_retries=0)
-    yield c
-    c.close()
-
-
 def _code(call: Any) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as info:
         call()

@@ -22,13 +22,6 @@ def worker(launch: Any, tiny_v1: Any) -> Iterator[Any]:
         yield w
 
 
-@pytest.fixture
-def client(worker: Any) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=worker.api, api_key="unused", max_retries=0)
-    yield c
-    c.close()
-
-
 def test_models_health_and_ready(worker: Any) -> None:
     status, body = worker.get_json("/v1/models")
     assert status == 200

@@ -82,7 +82,7 @@ VLLM_FIELDS = {"min_tokens": 3, "repetition_penalty": 1.3, "min_p": 0.05,
 def test_vllm_sampling_fields_reach_the_engine_request() -> None:
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 8, **VLLM_FIELDS}
     req = parse_request(CompletionRequest, json.dumps(body).encode())
-    sampling = prepare_completion(req, _Tokenizer(), LIMITS, "r", 0.0).sampling
+    sampling = prepare_completion(req, _Tokenizer(), LIMITS, "r", 0.0)[0].sampling
     assert {k: getattr(sampling, k) for k in VLLM_FIELDS} == VLLM_FIELDS
     chat_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **VLLM_FIELDS}
     chat = parse_request(ChatCompletionRequest, json.dumps(chat_body).encode())
@@ -90,7 +90,27 @@ def test_vllm_sampling_fields_reach_the_engine_request() -> None:
     assert {k: getattr(chat_sampling, k) for k in VLLM_FIELDS} == VLLM_FIELDS
     # left out, they are vLLM's defaults: the engine's own defaults, which change nothing
     plain = parse_request(CompletionRequest, b'{"model": "tiny", "prompt": "hi"}')
-    got = prepare_completion(plain, _Tokenizer(), LIMITS, "r", 0.0).sampling
+    got = prepare_completion(plain, _Tokenizer(), LIMITS, "r", 0.0)[0].sampling
     assert {k: getattr(got, k) for k in VLLM_FIELDS} == {
         k: getattr(SamplingParams(), k) for k in VLLM_FIELDS
     }
+
+
+def test_a_list_of_prompts_is_one_engine_request_each_in_order() -> None:
+    body = {"model": "tiny", "prompt": ["hi", [7, 8, 9, 10]], "max_tokens": 4,
+            "logit_bias": {"5": 1.5}}  # fmt: skip
+    req = parse_request(CompletionRequest, json.dumps(body).encode())
+    first, second = prepare_completion(req, _Tokenizer(), LIMITS, "cmpl-x", 0.0)
+    assert (first.request_id, second.request_id) == ("cmpl-x-0", "cmpl-x-1")
+    assert first.prompt_token_ids == (1, 2, 3) and second.prompt_token_ids == (7, 8, 9, 10)
+    assert first.sampling == second.sampling and first.sampling.logit_bias == ((5, 1.5),)
+    one = parse_request(CompletionRequest, b'{"model": "tiny", "prompt": ["hi"]}')
+    assert [r.request_id for r in prepare_completion(one, _Tokenizer(), LIMITS, "r", 0.0)] == ["r"]
+
+
+def test_a_list_of_prompts_cannot_be_disaggregated() -> None:
+    body = {"model": "tiny", "prompt": ["a", "b"], "kv_transfer_params": {"do_remote_decode": True}}
+    req = parse_request(CompletionRequest, json.dumps(body).encode())
+    with pytest.raises(InvalidRequestError) as err:
+        prepare_completion(req, _Tokenizer(), LIMITS, "r", 0.0)
+    assert err.value.param == "kv_transfer_params"

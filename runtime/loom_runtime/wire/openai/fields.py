@@ -13,10 +13,12 @@ MAX_LOGPROBS = 20  # top alternatives per token, as vLLM allows
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_TOKEN_IDS = 256
 MAX_MESSAGES = 4096
+MAX_PROMPTS = 256  # prompts in one /v1/completions request (one choice each)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # torch.long, as vLLM bounds `seed`
 INT_MAX = 2**31 - 1  # ceiling of every count and token-id field (the vocabulary comes later)
 
 NO_MESSAGES = "at least one message is required"
+MAX_BIAS = 100.0  # |logit_bias| ceiling, as OpenAI
 
 
 def required(param: str) -> str:
@@ -24,29 +26,32 @@ def required(param: str) -> str:
     return f"{param} is required"
 
 
-def prompt_value(value: object) -> str | tuple[int, ...]:
-    """A completion prompt: a string or token ids, or a batch of exactly one of them."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        value = value[0]
-    elif isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
-        raise ValueError(
-            f"batched prompts ({len(value)}) are not supported: send one request per prompt"
-        )
+def prompt_value(value: object) -> tuple[str | tuple[int, ...], ...]:
+    """A completion prompt: a string or token ids, or a list of them (one choice each)."""
+    if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
+        if len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts in one request, got {len(value)}")
+        return tuple(_one_prompt(v, f" (prompt {i})" if len(value) > 1 else "")
+                     for i, v in enumerate(value))  # fmt: skip
+    return (_one_prompt(value, ""),)
+
+
+def _one_prompt(value: object, where: str) -> str | tuple[int, ...]:
     if isinstance(value, str):
         if not value:
-            raise ValueError("prompt is empty")
+            raise ValueError(f"prompt is empty{where}")
         return value
     if isinstance(value, list):
         if not value:
-            raise ValueError("prompt is empty")
+            raise ValueError(f"prompt is empty{where}")
         for i, t in enumerate(value):
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= INT_MAX:
                 raise ValueError(
                     f"a token-id prompt must be a list of non-negative integers (item {i} is "
-                    f"{shown(t)})"
+                    f"{shown(t)}){where}"
                 )
         return tuple(value)
-    raise ValueError("prompt must be a string or a list of token ids")
+    raise ValueError("prompt must be a string or a list of token ids, or a list of them")
 
 
 def shown(value: object) -> str:
@@ -70,3 +75,14 @@ def stop_value(value: object) -> tuple[str, ...]:
 def message_content(value: object) -> str:
     """Message content: a string, or a list of text parts that is joined into one."""
     return join_text_parts(value)
+
+
+def logit_bias_value(value: dict[str, float]) -> dict[str, float]:
+    """`logit_bias`: token ids written in decimal, each with a bias in [-100, 100] (OpenAI's
+    rules; the vocabulary is checked at the engine's door)."""
+    for key, bias in value.items():
+        if not key.isdecimal() or str(int(key)) != key or int(key) > INT_MAX:
+            raise ValueError(f"keys must be token ids written in decimal, got {shown(key)}")
+        if not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise ValueError(f"the bias of token {key} must be in [-100, 100], got {bias}")
+    return value

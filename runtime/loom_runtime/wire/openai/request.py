@@ -1,15 +1,16 @@
 """OpenAI request bodies (completions, chat, and vLLM's extension fields) as pydantic models,
 parsed into typed errors; fields neither defines are ignored and named, or refused when strict.
 
-Owns field names, ranges and what Loom refuses to pretend to support (the value rules are
-fields.py's); never touches the engine.
+Owns the types and ranges of the honoured fields (the value rules are fields.py's; which fields
+are honoured, refused or meaningless is field_contract.py's); never touches the engine.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,6 +21,7 @@ from pydantic import (
 )
 
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire.openai.field_contract import CONTRACTS, Endpoint, refused_field
 from loom_runtime.wire.openai.fields import (
     INT_MAX,
     MAX_LOGPROBS,
@@ -28,35 +30,48 @@ from loom_runtime.wire.openai.fields import (
     NO_MESSAGES,
     SEED_MAX,
     SEED_MIN,
+    logit_bias_value,
     message_content,
     prompt_value,
     required,
     stop_value,
 )
 
-Prompt = Annotated[str | tuple[int, ...], PlainValidator(prompt_value)]
+Prompts = Annotated[tuple[str | tuple[int, ...], ...], PlainValidator(prompt_value)]
 Stop = Annotated[tuple[str, ...], PlainValidator(stop_value)]
 Content = Annotated[str, PlainValidator(message_content)]
 
 
-class _Strict(BaseModel):
+class StrictBody(BaseModel):
     """Strict types; fields this schema does not define are kept aside (`unknown_fields`)."""
 
     model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictBody):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
 
 
-class ChatMessage(_Strict):
+class ChatMessage(StrictBody):
     role: Literal["system", "developer", "user", "assistant"]
     content: Content
     name: str | None = None
 
 
-class _SamplingRequest(_Strict):
+def _some_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    if not messages:
+        raise ValueError(NO_MESSAGES)
+    return messages
+
+
+Messages = Annotated[
+    list[ChatMessage], Field(max_length=MAX_MESSAGES), AfterValidator(_some_messages)
+]
+"""A chat's messages: at least one, at most MAX_MESSAGES."""
+
+
+class _SamplingRequest(StrictBody):
     """Fields shared by completions and chat. Defaults are OpenAI's."""
 
     model: str
@@ -64,7 +79,6 @@ class _SamplingRequest(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, le=INT_MAX)  # vLLM extension; 0 or -1 = off
     min_p: float = Field(0.0, ge=0.0, le=1.0)  # vLLM extension; 0 = off
-    n: int = 1
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: Stop = ()
     stop_token_ids: tuple[Annotated[int, Field(ge=0, le=INT_MAX)], ...] = Field(
@@ -78,33 +92,15 @@ class _SamplingRequest(_Strict):
     include_stop_str_in_output: bool = False  # vLLM extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id -> bias in [-100, 100]
     user: str | None = None  # accepted and ignored, as OpenAI does for abuse tracking
     kv_transfer_params: dict[str, Any] | None = None  # P/D (vLLM NixlConnector's object)
     return_token_ids: bool = False  # vLLM extension: prompt_token_ids + token_ids answered
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"only n=1 is supported (got {n}): send separate requests instead")
-        return n
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v: float) -> float:
-        if v != 0.0:
-            raise ValueError("penalties are not supported by this server yet; leave them at 0")
-        return v
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        if v:
-            raise ValueError("logit_bias is not supported by this server")
-        return v
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        return None if v is None else logit_bias_value(v)
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingRequest:
@@ -127,65 +123,20 @@ class _SamplingRequest(_Strict):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: Prompt
+    ENDPOINT: ClassVar[Endpoint] = "completion"
+    prompt: Prompts  # one or more prompts: one choice each, `index` in this order
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = 16, as OpenAI
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("echo is not supported: the prompt is not repeated in the output")
-        return v
-
-    @field_validator("best_of")
-    @classmethod
-    def _no_best_of(cls, v: int | None) -> int | None:
-        if v not in (None, 1):
-            raise ValueError(f"best_of={v} is not supported: send separate requests instead")
-        return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v: str | None) -> str | None:
-        if v:
-            raise ValueError("suffix (insertion) is not supported")
-        return v
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    messages: list[ChatMessage] = Field(max_length=MAX_MESSAGES)
+    ENDPOINT: ClassVar[Endpoint] = "chat"
+    messages: Messages
     max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = the rest of the context
     max_completion_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # wins over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none"] | None = None
-    response_format: dict[str, Any] | None = None
-
-    @field_validator("messages")
-    @classmethod
-    def _some_messages(cls, v: list[ChatMessage]) -> list[ChatMessage]:
-        if not v:
-            raise ValueError(NO_MESSAGES)
-        return v
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if v:
-            raise ValueError("tool calling is not supported by this server")
-        return v
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type") != "text":
-            raise ValueError("only response_format {'type': 'text'} is supported")
-        return v
+    add_generation_prompt: bool = True
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -229,9 +180,12 @@ def _message(err: Any, param: str | None) -> str:
 
 
 def unknown_fields(model: BaseModel, prefix: str = "") -> tuple[str, ...]:
-    """Paths of every field in `model` (nested models included) that the schema does not
-    define, in body order: ('frobnicate', 'stream_options.x', 'messages[0].tool_calls')."""
-    found = [f"{prefix}{key}" for key in (model.model_extra or {})]
+    """Paths of every field in `model` (nested models included) that neither the schema nor
+    the endpoint's field contract defines, in body order: ('frobnicate', 'stream_options.x',
+    'messages[0].tool_calls')."""
+    endpoint: Endpoint | None = getattr(type(model), "ENDPOINT", None)
+    contract = {} if endpoint is None else CONTRACTS[endpoint]
+    found = [f"{prefix}{key}" for key in (model.model_extra or {}) if key not in contract]
     for name in type(model).model_fields:
         value = getattr(model, name)
         items = value if isinstance(value, list | tuple) else [value]
@@ -245,8 +199,9 @@ def unknown_fields(model: BaseModel, prefix: str = "") -> tuple[str, ...]:
 def parse_request(cls: type[R], body: bytes, strict_fields: bool = False) -> R:
     """Parse a JSON body, or raise InvalidRequestError naming the first bad field.
 
-    Fields the schema does not define are ignored (see `unknown_fields`), as vLLM does; with
-    `strict_fields` the first of them is refused instead.
+    A field the endpoint's contract refuses (field_contract.py) is an error naming it. Fields
+    neither defines are ignored (see `unknown_fields`), as vLLM does; with `strict_fields` the
+    first of them is refused instead.
     """
     try:
         body.decode("utf-8")
@@ -266,6 +221,10 @@ def parse_request(cls: type[R], body: bytes, strict_fields: bool = False) -> R:
             raise InvalidRequestError("the request body must be a JSON object", None) from None
         param = _param(tuple(err["loc"]))
         raise InvalidRequestError(_message(err, param), param=param) from None
+    endpoint: Endpoint | None = getattr(cls, "ENDPOINT", None)
+    refused = None if endpoint is None else refused_field(endpoint, parsed.model_extra or {})
+    if refused is not None:
+        raise refused
     if strict_fields:
         unknown = unknown_fields(parsed)
         if unknown:

@@ -16,9 +16,17 @@ from loom_runtime.wire.openai.fields import (
 
 @pytest.mark.parametrize(
     ("value", "parsed"),
-    [("hi", "hi"), ([1, 2], (1, 2)), (["x"], "x"), ([[3]], (3,)), ([0, INT_MAX], (0, INT_MAX))],
+    [
+        ("hi", ("hi",)),
+        ([1, 2], ((1, 2),)),
+        (["x"], ("x",)),
+        ([[3]], ((3,),)),
+        ([0, INT_MAX], ((0, INT_MAX),)),
+        (["a", "b"], ("a", "b")),
+        ([[1], "b", [2, 3]], ((1,), "b", (2, 3))),
+    ],
 )
-def test_prompt_accepts_text_ids_and_a_batch_of_one(value: object, parsed: object) -> None:
+def test_prompt_accepts_text_ids_and_lists_of_them(value: object, parsed: object) -> None:
     assert prompt_value(value) == parsed
 
 
@@ -27,11 +35,14 @@ def test_prompt_accepts_text_ids_and_a_batch_of_one(value: object, parsed: objec
     [
         ("", "prompt is empty"),
         ([], "prompt is empty"),
-        (["a", "b"], "batched prompts (2)"),
+        (["a", ""], "prompt is empty (prompt 1)"),
+        ([[1], [-1]], "item 0 is -1) (prompt 1)"),
+        (["a"] * 257, "at most 256 prompts"),
         ([-1], "item 0 is -1"),
         ([1, True], "item 1 is True"),
         ([INT_MAX + 1], f"item 0 is {INT_MAX + 1}"),
         (None, "prompt must be a string or a list of token ids"),
+        ([1, "a"], "item 1 is 'a'"),
         (5, "prompt must be a string or a list of token ids"),
     ],
 )

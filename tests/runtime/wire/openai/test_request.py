@@ -22,11 +22,13 @@ def _body(base: dict[str, object], **changes: object) -> bytes:
     return json.dumps({**base, **changes}).encode()
 
 
-def test_completion_accepts_string_or_token_prompt_and_a_batch_of_one() -> None:
-    assert parse_request(CompletionRequest, _body(COMPLETION)).prompt == "hi"
-    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[1, 2])).prompt == (1, 2)
-    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=["x"])).prompt == "x"
-    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[[3]])).prompt == (3,)
+def test_completion_accepts_string_or_token_prompts_and_lists_of_them() -> None:
+    assert parse_request(CompletionRequest, _body(COMPLETION)).prompt == ("hi",)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[1, 2])).prompt == ((1, 2),)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=["x"])).prompt == ("x",)
+    assert parse_request(CompletionRequest, _body(COMPLETION, prompt=[[3]])).prompt == ((3,),)
+    both = parse_request(CompletionRequest, _body(COMPLETION, prompt=["a", [4, 5]])).prompt
+    assert both == ("a", (4, 5))
 
 
 def test_stop_string_becomes_a_tuple_and_stream_options_are_read() -> None:
@@ -64,7 +66,7 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, prompt=""), "prompt", "empty"),
     (CompletionRequest, _body(COMPLETION, prompt=[]), "prompt", "empty"),
     (CompletionRequest, _body(COMPLETION, prompt=[1, -2]), "prompt", "non-negative"),
-    (CompletionRequest, _body(COMPLETION, prompt=["a", "b"]), "prompt", "batched"),
+    (CompletionRequest, _body(COMPLETION, prompt=["a", ""]), "prompt", "empty (prompt 1)"),
     (CompletionRequest, _body(COMPLETION, max_tokens=-1), "max_tokens", "greater than"),
     (CompletionRequest, _body(COMPLETION, max_tokens=0), "max_tokens", "greater than"),
     (CompletionRequest, _body(COMPLETION, max_tokens="9"), "max_tokens", "integer"),
@@ -73,12 +75,14 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, top_p=0), "top_p", "greater than"),
     (CompletionRequest, _body(COMPLETION, top_p=1.5), "top_p", "less than"),
     (CompletionRequest, _body(COMPLETION, top_k=-2), "top_k", "greater than"),
-    (CompletionRequest, _body(COMPLETION, n=2), "n", "only n=1"),
+    (CompletionRequest, _body(COMPLETION, n=2), "n", "send n requests"),
     (CompletionRequest, _body(COMPLETION, best_of=3), "best_of", "not supported"),
     (CompletionRequest, _body(COMPLETION, echo=True), "echo", "not supported"),
     (CompletionRequest, _body(COMPLETION, logprobs=21), "logprobs", "less than"),
     (CompletionRequest, _body(COMPLETION, presence_penalty=0.5), "presence_penalty", "penalties"),
-    (CompletionRequest, _body(COMPLETION, logit_bias={"1": 5}), "logit_bias", "not supported"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"x": 5}), "logit_bias", "decimal"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"1": -101}), "logit_bias", "[-100, 100]"),
+    (CompletionRequest, _body(COMPLETION, logit_bias={"1": "5"}), "logit_bias.1", "number"),
     (CompletionRequest, _body(COMPLETION, stop=[""]), "stop", "non-empty"),
     (CompletionRequest, _body(COMPLETION, stream_options={}), "stream_options", "stream is true"),
     (CompletionRequest, _body(COMPLETION, seed=99999999999999999999999), "seed", "less than"),
@@ -87,7 +91,7 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, prompt=[-5]), "prompt", "item 0"),
     (CompletionRequest, _body(COMPLETION, prompt=[1, True]), "prompt", "item 1"),
     (CompletionRequest, _body(COMPLETION, prompt=[2**40]), "prompt", "item 0"),
-    (CompletionRequest, _body(COMPLETION, prompt=[[1], [2]]), "prompt", "batched"),
+    (CompletionRequest, _body(COMPLETION, prompt=[[1], [-2]]), "prompt", "(prompt 1)"),
     (CompletionRequest, _body(COMPLETION, max_tokens=2**40), "max_tokens", "less than"),
     (CompletionRequest, _body(COMPLETION, stop_token_ids=[-1]), "stop_token_ids[0]", "greater"),
     (CompletionRequest, _body(COMPLETION, min_tokens=-1), "min_tokens", "greater than"),
@@ -114,6 +118,8 @@ BAD = [
     (ChatCompletionRequest, _body(CHAT, tools=[{"type": "function"}]), "tools", "not supported"),
     (ChatCompletionRequest, _body(CHAT, response_format={"type": "json_object"}),
      "response_format", "text"),
+    (ChatCompletionRequest, _body(CHAT, add_generation_prompt=1), "add_generation_prompt",
+     "boolean"),
 ]  # fmt: skip
 
 
@@ -184,3 +190,8 @@ def test_strict_fields_refuses_unknown_fields(body: bytes, param: str) -> None:
         parse_request(CompletionRequest, body, strict_fields=True)
     assert info.value.param == param
     assert "unsupported field" in str(info.value)
+
+
+def test_logit_bias_is_read_as_token_id_strings_with_float_biases() -> None:
+    req = parse_request(CompletionRequest, _body(COMPLETION, logit_bias={"7": 100, "0": -100}))
+    assert req.logit_bias == {"7": 100.0, "0": -100.0}

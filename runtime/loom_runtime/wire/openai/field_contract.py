@@ -1,0 +1,196 @@
+"""What Loom does with every request field vLLM 0.33.0 or OpenAI defines for /v1/completions and
+/v1/chat/completions: honoured, refused (a 400 naming it) or accepted as meaningless, with why.
+
+Owns the one definition of that contract (request.py enforces it, docs/openai-fields.md is
+generated from it); never parses a body beyond the top-level keys it judges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from loom_runtime.errors import InvalidRequestError
+
+Status = Literal["honoured", "refused", "meaningless"]
+Endpoint = Literal["completion", "chat"]
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """One field's status and why. A refused field is still accepted at null or at one of
+    `off` (the values that ask for nothing); any other value is a 400 whose message is `why`,
+    which says what to do instead."""
+
+    status: Status
+    why: str
+    off: tuple[Any, ...] = ()
+
+    def refuses(self, value: Any) -> bool:
+        if self.status != "refused" or value is None:
+            return False
+        return not any(type(value) is type(o) and value == o for o in self.off)
+
+
+def _h(why: str) -> FieldRule:
+    return FieldRule("honoured", why)
+
+
+def _m(why: str) -> FieldRule:
+    return FieldRule("meaningless", why)
+
+
+def _r(why: str, *off: Any) -> FieldRule:
+    return FieldRule("refused", why, off)
+
+
+_LATER = "(planned: issue #36)"
+_PENALTY = _r(
+    "presence and frequency penalties are not implemented: leave it at 0 "
+    "(repetition_penalty is honoured)",
+    0,
+    0.0,
+)
+_MEDIA = _m("the routes take text only, so there is no media for it to act on")
+
+SHARED: Mapping[str, FieldRule] = {
+    "model": _h("must name the served model (GET /v1/models); another name is a 404"),
+    "temperature": _h("0 is greedy"),
+    "top_p": _h("nucleus filtering"),
+    "top_k": _h("vLLM extension; 0 or -1 is off"),
+    "min_p": _h("vLLM extension; 0 is off"),
+    "seed": _h("the request's own generator; same seed, same tokens"),
+    "stop": _h("up to 16 strings"),
+    "stop_token_ids": _h("vLLM extension"),
+    "ignore_eos": _h("vLLM extension"),
+    "min_tokens": _h("vLLM extension: EOS and stop ids are masked until this many tokens"),
+    "repetition_penalty": _h("vLLM extension; 1 is off"),
+    "skip_special_tokens": _h("vLLM extension"),
+    "include_stop_str_in_output": _h("vLLM extension"),
+    "logit_bias": _h("token id (as a string) -> bias in [-100, 100], added to the logits"),
+    "stream": _h("server-sent events"),
+    "stream_options": _h("include_usage, and vLLM's continuous_usage_stats"),
+    "max_tokens": _h("the output budget; checked against max_model_len"),
+    "logprobs": _h("the sampled token's log-prob and the top alternatives"),
+    "return_token_ids": _h("vLLM extension: prompt_token_ids and token_ids in the answer"),
+    "kv_transfer_params": _h("vLLM's P/D object (NixlConnector), set by the router"),
+    "user": _m("an end-user id for a provider's abuse monitoring; Loom keeps no per-user state"),
+    "spaces_between_special_tokens": _m(
+        "Loom detokenizes with the checkpoint's fast tokenizer, which has no such option "
+        "(as vLLM's fast detokenizer)"
+    ),
+    "session_id": _m("vLLM's session label; it does not change the output"),
+    "stream_interval": _m(
+        "only how many tokens a streamed chunk carries; Loom sends each step's tokens as they "
+        "come and the text is the same"
+    ),
+    "media_io_kwargs": _MEDIA,
+    "mm_processor_kwargs": _MEDIA,
+    "mm_payload": _m("shapes vLLM's /render answer, which Loom does not serve"),
+    "return_mm_kwargs": _m("shapes vLLM's /render answer, which Loom does not serve"),
+    "n": _r(f"one choice per request for now: send n requests instead {_LATER}", 1),
+    "frequency_penalty": _PENALTY,
+    "presence_penalty": _PENALTY,
+    "use_beam_search": _r("beam search is not implemented: sample instead", False),
+    "length_penalty": _r("beam search only, which is not implemented: leave it out", 1, 1.0),
+    "watermarking": _r("watermarking is not implemented: leave it out"),
+    "truncate_prompt_tokens": _r("prompt truncation is not implemented: shorten the prompt"),
+    "truncation_side": _r("prompt truncation is not implemented: leave it out"),
+    "prompt_logprobs": _r(f"prompt log-probs are not implemented yet {_LATER}"),
+    "logprob_token_ids": _r("log-probs of chosen ids are not implemented: use logprobs"),
+    "allowed_token_ids": _r("an allow-list of ids is not implemented: use logit_bias"),
+    "bad_words": _r("bad_words is not implemented: ban their ids with logit_bias -100", []),
+    "response_format": _r(
+        f"only {{'type': 'text'}} is supported; structured outputs come later {_LATER}",
+        {"type": "text"},
+    ),
+    "structured_outputs": _r(f"structured outputs are not implemented yet {_LATER}"),
+    "priority": _r("priority scheduling is not implemented (first come, first served)", 0),
+    "request_id": _r("send the request id as the X-Request-Id header instead"),
+    "return_tokens_as_token_ids": _r("not implemented: use return_token_ids", False),
+    "return_weight_versions": _r(
+        "per-token weight versions are not returned: the X-Loom-Weights-Version header names "
+        "the weights that answered",
+        False,
+    ),
+    "routed_experts_prompt_start": _r("routed-expert data is not returned: leave it out", 0),
+    "return_token_offsets": _r("token offsets are not returned: leave it out", False),
+    "cache_salt": _r("prefix-cache salting is not implemented: leave it out"),
+    "ec_transfer_params": _r("encoder-cache disaggregation is not implemented: leave it out"),
+    "vllm_xargs": _r("Loom has no custom extensions that read vllm_xargs: leave it out", {}),
+    "repetition_detection": _r("repetition detection is not implemented: leave it out"),
+    "thinking_token_budget": _r("reasoning budgets are not implemented: leave it out"),
+}
+
+COMPLETION: Mapping[str, FieldRule] = {
+    **SHARED,
+    "prompt": _h("a string or token ids, or a list of them: one choice each, index in order"),
+    "logprobs": _h("0..20 top alternatives per token"),
+    "echo": _r(f"echo (the prompt repeated in the output) is not implemented yet {_LATER}", False),
+    "best_of": _r(f"best_of is not implemented yet {_LATER}: send separate requests", 1),
+    "suffix": _r("suffix (insertion) is not implemented: leave it out", ""),
+    "add_special_tokens": _r(
+        "a text prompt is always encoded with the tokenizer's special tokens (e.g. BOS): "
+        "send token ids to control them",
+        True,
+    ),
+    "prompt_embeds": _r("prompt embeddings are not accepted: send text or token ids"),
+}
+
+CHAT: Mapping[str, FieldRule] = {
+    **SHARED,
+    "messages": _h(
+        "system, developer (rendered as system where the template has no such role), user "
+        "and assistant text messages"
+    ),
+    "logprobs": _h("true: the sampled token's log-prob (top_logprobs for alternatives)"),
+    "top_logprobs": _h("0..20 top alternatives per token; needs logprobs"),
+    "max_completion_tokens": _h("OpenAI's name for max_tokens; wins when both are given"),
+    "add_generation_prompt": _h("render the template's assistant header (default true)"),
+    "metadata": _m("tags for OpenAI's stored completions; Loom stores nothing"),
+    "store": _m("OpenAI's stored completions; Loom stores nothing and serves no such API"),
+    "service_tier": _m("OpenAI's processing tier; Loom has one"),
+    "safety_identifier": _m("an end-user id for a provider's abuse monitoring"),
+    "prompt_cache_key": _m("a cache-routing hint; Loom's router routes by the prompt's prefix"),
+    "prompt_cache_options": _m("OpenAI's cache breakpoints; Loom caches every full block"),
+    "prompt_cache_retention": _m("OpenAI's cache lifetime; Loom's cache evicts by use"),
+    "prediction": _m("a latency hint (predicted output); the output does not depend on it"),
+    "parallel_tool_calls": _m("only shapes tool calls, and tools are refused for now"),
+    "tools": _r(f"tool calling is not implemented yet {_LATER}"),
+    "tool_choice": _r(f"tool calling is not implemented yet {_LATER}", "none"),
+    "functions": _r(f"function calling is not implemented yet {_LATER}"),
+    "function_call": _r(f"function calling is not implemented yet {_LATER}", "none"),
+    "audio": _r("audio output is not supported: the model answers in text"),
+    "modalities": _r("only text output is supported", ["text"]),
+    "moderation": _r("moderation is not implemented: leave it out"),
+    "verbosity": _r("verbosity is not implemented: leave it out"),
+    "web_search_options": _r("web search is not implemented: leave it out"),
+    "reasoning_effort": _r("reasoning effort is not implemented: leave it out"),
+    "include_reasoning": _r(
+        "reasoning is not parsed out of the content, so it cannot be dropped", True
+    ),
+    "echo": _r("vLLM's chat echo (prepending the last message) is not implemented", False),
+    "continue_final_message": _r(
+        "continuing the final message is not implemented: leave it out", False
+    ),
+    "add_special_tokens": _r(
+        "the chat template adds the special tokens; extra ones are not implemented", False
+    ),
+    "documents": _r("RAG documents for the template are not implemented: leave it out"),
+    "chat_template": _r("the checkpoint's own chat template is used: leave it out"),
+    "chat_template_kwargs": _r("template arguments are not implemented: leave it out", {}),
+    "return_prompt_text": _r("the rendered prompt is not returned: leave it out", False),
+}
+
+CONTRACTS: Mapping[Endpoint, Mapping[str, FieldRule]] = {"completion": COMPLETION, "chat": CHAT}
+
+
+def refused_field(endpoint: Endpoint, body: Mapping[str, Any]) -> InvalidRequestError | None:
+    """The error for the first field of `body` (in body order) that `endpoint` refuses."""
+    rules = CONTRACTS[endpoint]
+    for key, value in body.items():
+        rule = rules.get(key)
+        if rule is not None and rule.refuses(value):
+            return InvalidRequestError(f"{key} is not supported: {rule.why}", param=key)
+    return None
