@@ -44,7 +44,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 typecheck: venv
-	$(BIN)/mypy runtime/loom_runtime operator/loom_operator router/loom_router e2e
+	$(BIN)/mypy runtime/loom_runtime operator/loom_operator router/loom_router trainer/loom_trainer e2e
 
 imports: venv
 	$(BIN)/lint-imports

@@ -84,3 +84,20 @@ class ControlClient:
     async def load_weights(self, source: str, version: str, timeout: float) -> WorkerStatus:
         request = pb.LoadWeightsRequest(source=source, version=version)
         return await self._call("LoadWeights", request, timeout)
+
+    async def receive_weights(
+        self,
+        update_id: str,
+        store: tuple[str, int],
+        rank: int,
+        world_size: int,
+        version: str,
+        timeout_s: float,
+        deadline_s: float,
+    ) -> WorkerStatus:
+        """Join a trainer's push and stage it; returns once staged (`deadline_s` bounds it)."""
+        request = pb.ReceiveWeightsRequest(
+            update_id=update_id, store_host=store[0], store_port=store[1], rank=rank,
+            world_size=world_size, version=version, timeout_seconds=timeout_s,
+        )  # fmt: skip
+        return await self._call("ReceiveWeights", request, deadline_s)

@@ -18,11 +18,14 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiohttp import web
+
 from loom_operator.control.probe import Observer
 from loom_operator.control.router_admin import RouterAdmin
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.controller import Reconciliation, reconcile
 from loom_operator.fleet.observed import FleetObservation
+from loom_operator.fleet.push import PushConflict, PushUpdate
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.fleet.store import load_record, save_record
 from loom_operator.local.cards import CardWatcher, FleetCards, LocalCardError, parse_fleet_cards
@@ -32,6 +35,8 @@ from loom_operator.local.executor import Executor, Round
 from loom_operator.local.launch import LaunchOptions, router_config
 from loom_operator.local.observe import worker_state
 from loom_operator.local.ports import free_ports, port_is_free
+from loom_operator.local.push import HOST, PushCoordinator
+from loom_operator.local.push_api import push_app, start_push_api
 from loom_operator.local.routing import RouterLink
 from loom_operator.local.snapshot import (
     FleetStatus,
@@ -76,6 +81,8 @@ class UpSettings:
     stop_grace_s: float = 10.0
     """SIGTERM to SIGKILL when stopping a process."""
     router_backoff_cap_s: float = 30.0
+    weights_port: int = 0
+    """The weight-push API's port (a trainer connects there); 0 picks a free one."""
     options: LaunchOptions = dataclasses.field(default_factory=LaunchOptions)
 
 
@@ -109,6 +116,8 @@ class LocalFleet:
         self._router_failures = 0
         self._origin_watch = CardWatcher(self._origin, cards.sha256)
         self._state_watch = CardWatcher(paths.card, cards.sha256)
+        self._observed: FleetObservation | None = None
+        self._push_api: web.AppRunner | None = None
 
     # -- start ----------------------------------------------------------------------------
 
@@ -141,10 +150,26 @@ class LocalFleet:
         await self._start_router(now, first=True)
         self.router = RouterLink(RouterAdmin(self._router_admin_url(), secrets.admin_token))
         self.executor = Executor(self.processes, self.observer, self.router, self._events)
+        self.pushes = PushCoordinator(
+            self.processes, self.observer, self._events, self.executor.wake.set
+        )
         await self._wait_router()
-        save_controller(self.paths, ControllerInfo(os.getpid(), now, self.endpoint))
+        port = self.settings.weights_port or free_ports(1, self.processes.table.ports())[0]
+        app = push_app(secrets.admin_token, self._open_push, lambda: self.pushes.update)
+        self._push_api = await start_push_api(app, HOST, port)
+        weights_url = f"http://{HOST}:{port}"
+        save_controller(self.paths, ControllerInfo(os.getpid(), now, self.endpoint, weights_url))
+
+    def _open_push(self, version: str, mode: str, timeout_s: float) -> PushUpdate:
+        if self._observed is None:
+            raise PushConflict("the controller has not observed the fleet yet; retry shortly")
+        return self.pushes.open(
+            version, mode, timeout_s, self.cards.desired, self._observed, self.record.sync
+        )
 
     async def _abort_start(self) -> None:
+        if self._push_api is not None:
+            await self._push_api.cleanup()
         processes: ProcessSet | None = getattr(self, "processes", None)
         if processes is not None and self._router_spawned:
             await processes.stop_router(self.settings.stop_grace_s)
@@ -241,11 +266,14 @@ class LocalFleet:
             self._events(FleetEvent("exited", msg, name, "warning"))
         await self._keep_router(now)
         observed = await self._observe(now)
-        rec = reconcile(self.cards.desired, observed, self.record)
+        self._observed = observed
+        desired = self.pushes.desired(self.cards.desired)
+        rec = reconcile(desired, observed, self.record)
         save_record(self.paths.record, rec.record)  # persist before acting
         self.record = rec.record
         self.last = rec
         await self.executor.execute(rec.actions, Round(self.cards, observed, now))
+        self.pushes.follow(self.cards.desired, observed, rec.record.sync)
         names = {w.name for w in self.processes.table.workers}
         if self.router.known:
             await self._quietly(self.router.remove_unknown(names))
@@ -348,14 +376,16 @@ class LocalFleet:
         status = FleetStatus(
             deployment=self.cards.name,
             endpoint=self.endpoint,
-            target_version=self.cards.desired.weights_version,
-            strategy=self.cards.desired.sync.strategy,
+            target_version=self.pushes.desired(self.cards.desired).weights_version,
+            strategy=self.pushes.desired(self.cards.desired).sync.strategy,
             controller_pid=os.getpid(),
             router_pid=router.pid if router is not None else 0,
             updated_at=now,
             workers=rows,
             conditions=condition_rows(rec.conditions),
-            weight_sync=weight_sync_row(rec.conditions, self.cards.desired.weights_version),
+            weight_sync=weight_sync_row(
+                rec.conditions, self.pushes.desired(self.cards.desired).weights_version
+            ),
         )
         self.status = status
         written = self._written
@@ -382,6 +412,9 @@ class LocalFleet:
                 )
                 save_status(self.paths, stopped)
         finally:
+            await self.pushes.close()
+            if self._push_api is not None:
+                await self._push_api.cleanup()
             await self.observer.close()
             await self.router.admin.close()
             with contextlib.suppress(FileNotFoundError):

@@ -308,6 +308,8 @@ class ControllerInfo:
     started_at: float
     endpoint: str
     """The router's OpenAI base URL (http://127.0.0.1:PORT/v1)."""
+    weights_url: str = ""
+    """The controller's weight-push API (http://127.0.0.1:PORT), where a trainer connects."""
 
 
 def save_controller(paths: StatePaths, info: ControllerInfo) -> None:

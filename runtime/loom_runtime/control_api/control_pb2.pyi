@@ -88,3 +88,21 @@ class LoadWeightsRequest(_message.Message):
     source: str
     version: str
     def __init__(self, source: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class ReceiveWeightsRequest(_message.Message):
+    __slots__ = ("update_id", "store_host", "store_port", "rank", "world_size", "version", "timeout_seconds")
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    store_host: str
+    store_port: int
+    rank: int
+    world_size: int
+    version: str
+    timeout_seconds: float
+    def __init__(self, update_id: _Optional[str] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., version: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...

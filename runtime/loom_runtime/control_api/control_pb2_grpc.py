@@ -59,6 +59,11 @@ class ControlStub:
                 request_serializer=loom__runtime_dot_control__api_dot_control__pb2.LoadWeightsRequest.SerializeToString,
                 response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
+        self.ReceiveWeights = channel.unary_unary(
+                '/loom.control.v1.Control/ReceiveWeights',
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.ReceiveWeightsRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -104,6 +109,17 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReceiveWeights(self, request, context):
+        """Join a trainer's weight push (one torch.distributed gloo group: the trainer is rank 0),
+        check the pushed names, shapes and dtypes against the model before any byte moves, and
+        stage the bytes on local disk one bucket at a time; serving goes on meanwhile. Returns
+        once the push is complete and staged; then LoadWeights(source="push://<update_id>")
+        swaps it in. A refused or broken push leaves nothing staged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +146,11 @@ def add_ControlServicer_to_server(servicer, server):
             'LoadWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.LoadWeights,
                     request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.LoadWeightsRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
+            ),
+            'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveWeights,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.ReceiveWeightsRequest.FromString,
                     response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
     }
@@ -267,6 +288,33 @@ class Control:
             target,
             '/loom.control.v1.Control/LoadWeights',
             loom__runtime_dot_control__api_dot_control__pb2.LoadWeightsRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loom.control.v1.Control/ReceiveWeights',
+            loom__runtime_dot_control__api_dot_control__pb2.ReceiveWeightsRequest.SerializeToString,
             loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,

@@ -23,6 +23,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
+from loom_runtime.engine.pushed_weights import model_specs, swap_in
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.check import check_ranks
 from loom_runtime.engine.ranks.start import start_engine_ranks
@@ -39,7 +40,7 @@ from loom_runtime.engine.types import (
     SamplingParams,
 )
 from loom_runtime.engine.validate import validate_request
-from loom_runtime.errors import AdmissionError, InvalidRequestError
+from loom_runtime.errors import AdmissionError, CheckpointError, InvalidRequestError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.loop.contract import LoopContext
@@ -49,8 +50,10 @@ from loom_runtime.models.loader import (
     read_weight_shapes,
     read_weights,
 )
+from loom_runtime.transfer.weight_push import StagedPush
 from loom_runtime.wire.kv_events import KVEventSink
 from loom_runtime.wire.prefix_hash import PrefixHasher
+from loom_trainer.protocol import TensorSpec
 
 logger = logging.getLogger(__name__)
 
@@ -296,10 +299,32 @@ class Engine:
                 self._model.load_state(tensors)
             else:
                 self._ranks.load_weights(path)
-            dropped = self._kv.reset_prefix_cache()
-            with self._lock:
-                self._weights_version = version
-                self._stats = self._snapshot()
+            self._bump(version)
+
+    def push_specs(self) -> dict[str, TensorSpec]:
+        """What a pushed version must send: every tensor of the model (name, shape, dtype)."""
+        if self._ranks is not None:
+            raise CheckpointError(
+                "pushing weights into a parallel (TP/EP/PCP/DCP) worker is not built yet; "
+                "sync it from a checkpoint (LoadWeights with a source) instead"
+            )
+        return model_specs(self._model)
+
+    def load_pushed(self, staged: StagedPush) -> None:
+        """Swap a staged push in at a step boundary, like load_weights (paused and drained)."""
+        self._require_drained(staged.version)
+        with self._step_lock:
+            self._require_drained(staged.version)
+            swap_in(self._model, staged)
+            self._bump(staged.version)
+
+    def _bump(self, version: str) -> None:
+        """The new weights are in: drop the prefix cache (keyed by the old weights), bump the
+        version. Called under the step lock."""
+        dropped = self._kv.reset_prefix_cache()
+        with self._lock:
+            self._weights_version = version
+            self._stats = self._snapshot()
         logger.info("weights loaded", extra={"version": version, "uncached_blocks": dropped})
 
     def _require_drained(self, version: str) -> None:

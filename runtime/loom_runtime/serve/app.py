@@ -181,7 +181,10 @@ async def start_control(
     """The gRPC control server of a worker's engine, or None without a control port."""
     if s.control_port is None:
         return None
-    settings = ControlSettings(model_name, s.role, s.drain_timeout_s, resolve_source, healthy)
+    push = engine if isinstance(engine, Engine) else None
+    settings = ControlSettings(
+        model_name, s.role, s.drain_timeout_s, resolve_source, healthy, push=push
+    )
     service = ControlService(engine, settings)
     server, _ = await start_control_server(service, s.host, s.control_port, s.control_token)
     return server

@@ -24,6 +24,7 @@ from loom_runtime.engine.types import EngineStats
 from loom_runtime.errors import InvalidRequestError, LoomError
 from loom_runtime.serve.errors import ControlStateError, UnauthenticatedError, classify
 from loom_runtime.serve.metrics import StatsSource
+from loom_runtime.serve.push_receiver import PushReceiver, PushTarget, is_push_source
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class ControlSettings:
     drain_timeout_s: float  # Pause(WAIT) default and upper bound
     resolve_source: Callable[[str], Path]  # LoadWeights source -> checkpoint dir
     healthy: Callable[[], bool]  # False once the engine thread has died
+    push: PushTarget | None = None  # the engine's side of a trainer's weight push, if it has one
 
 
 def watch_interval(requested: float) -> float:
@@ -90,6 +92,7 @@ class ControlService:
         self._settings = settings
         self._load_lock = asyncio.Lock()  # one LoadWeights or Resume at a time
         self._loading = False
+        self._pushes = PushReceiver(settings.push)
 
     async def snapshot(self) -> pb.WorkerStatus:
         stats, in_flight = await asyncio.to_thread(self._read)
@@ -156,16 +159,29 @@ class ControlService:
                     f"LoadWeights needs a paused, drained worker (admission_open="
                     f"{stats.admission_open}, in_flight={in_flight}); call Pause first"
                 )
-            path = self._settings.resolve_source(request.source)
             self._loading = True
             try:
-                await asyncio.to_thread(self._engine.load_weights, str(path), request.version)
+                if is_push_source(request.source):
+                    await self._pushes.swap(self._pushes.staged(request.source, request.version))
+                else:
+                    path = self._settings.resolve_source(request.source)
+                    await asyncio.to_thread(self._engine.load_weights, str(path), request.version)
             finally:
                 self._loading = False
         logger.info(
             "weights loaded",
             extra={"previous": stats.weights_version, "version": request.version},
         )
+        return await self.snapshot()
+
+    @_mapped
+    async def ReceiveWeights(
+        self, request: pb.ReceiveWeightsRequest, context: Any
+    ) -> pb.WorkerStatus:
+        if not self._settings.healthy():
+            raise ControlStateError("this worker's engine has failed; it cannot take a push")
+        staged = await self._pushes.receive(request)
+        logger.info("push staged", extra={"update_id": staged.update_id, "version": staged.version})
         return await self.snapshot()
 
 
@@ -224,6 +240,9 @@ def rpc_handler(service: ControlService) -> grpc.GenericRpcHandler:
         "Pause": unary(service.Pause, pb.PauseRequest.FromString, _serialize),
         "Resume": unary(service.Resume, pb.ResumeRequest.FromString, _serialize),
         "LoadWeights": unary(service.LoadWeights, pb.LoadWeightsRequest.FromString, _serialize),
+        "ReceiveWeights": unary(
+            service.ReceiveWeights, pb.ReceiveWeightsRequest.FromString, _serialize
+        ),
     }
     declared = {m.name for m in desc.methods}
     if declared != set(methods):

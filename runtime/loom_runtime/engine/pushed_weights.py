@@ -1,0 +1,32 @@
+"""Pushed weights and the model: what a push must send (every tensor's name, shape and dtype)
+and swapping a staged push in, one bucket at a time.
+
+Owns the model side of a push; never receives bytes (transfer/weight_push.py does) and never
+decides when to swap (the engine calls it at a step boundary, drained).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_runtime.errors import CheckpointError
+from loom_runtime.transfer.weight_push import StagedPush
+from loom_trainer.protocol import TensorSpec, spec_of
+
+
+def model_specs(model: Any) -> dict[str, TensorSpec]:
+    """Every tensor the model reads, by Hugging Face name (what a push must send)."""
+    targets = getattr(model, "targets", None)
+    if targets is None:
+        raise CheckpointError(
+            f"{type(model).__name__} does not list its tensors (targets()): pushing weights "
+            "into this model family is not built; load a checkpoint with LoadWeights instead"
+        )
+    return {name: spec_of(name, t) for name, t in targets().items()}
+
+
+def swap_in(model: Any, staged: StagedPush) -> None:
+    """Copy every staged bucket into the model in place (names, shapes and dtypes were checked
+    before the push moved a byte; one bucket is read from disk at a time)."""
+    for tensors in staged.tensors():
+        model.load_state(tensors, strict=False)

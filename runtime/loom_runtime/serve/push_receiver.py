@@ -1,0 +1,96 @@
+"""A worker's weight pushes as its control service sees them: receive one (in a thread, serving
+goes on), keep it staged, swap it in on LoadWeights(source="push://<update_id>").
+
+Owns the worker's one staged push (a newer push or a swap discards it); never swaps in a push
+without the drained-worker checks of LoadWeights (control_service.py runs them first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from loom_runtime.control_api import control_pb2 as pb
+from loom_runtime.errors import InvalidRequestError
+from loom_runtime.serve.errors import ControlStateError
+from loom_runtime.transfer.weight_push import StagedPush, receive_push
+from loom_trainer.group import Rendezvous
+from loom_trainer.protocol import TensorSpec
+
+PUSH_SCHEME = "push://"
+
+
+class PushTarget(Protocol):
+    """The engine's side of a push (the LLM Engine satisfies it)."""
+
+    def push_specs(self) -> dict[str, TensorSpec]: ...
+
+    def load_pushed(self, staged: StagedPush) -> None: ...
+
+
+def is_push_source(source: str) -> bool:
+    return source.startswith(PUSH_SCHEME)
+
+
+class PushReceiver:
+    """One worker's pushes: at most one receiving and one staged at a time."""
+
+    def __init__(self, target: PushTarget | None) -> None:
+        self._target = target
+        self._receiving: str | None = None
+        self._staged: StagedPush | None = None
+
+    @property
+    def receiving(self) -> bool:
+        return self._receiving is not None
+
+    async def receive(self, request: pb.ReceiveWeightsRequest) -> StagedPush:
+        """Join the push and stage it (CheckpointError: refused; TransferError: broken)."""
+        target = self._require_target()
+        if not request.update_id or not request.version:
+            raise InvalidRequestError("ReceiveWeights needs an update_id and a version")
+        if self._receiving is not None:
+            raise ControlStateError(
+                f"already receiving push {self._receiving}; one push at a time per worker"
+            )
+        self._receiving = request.update_id
+        try:
+            expected = await asyncio.to_thread(target.push_specs)
+            self.discard()
+            rv = Rendezvous(
+                request.store_host, request.store_port, request.rank, request.world_size,
+                request.timeout_seconds or 60.0, request.update_id,
+            )  # fmt: skip
+            staged = await asyncio.to_thread(receive_push, rv, request.version, expected, None)
+        finally:
+            self._receiving = None
+        self._staged = staged
+        return staged
+
+    def staged(self, source: str, version: str) -> StagedPush:
+        """The staged push `source` names, for `version`; ControlStateError if there is none."""
+        update_id = source.removeprefix(PUSH_SCHEME)
+        s = self._staged
+        if s is None or s.update_id != update_id or s.version != version:
+            have = f"push {s.update_id} ({s.version})" if s is not None else "nothing"
+            raise ControlStateError(
+                f"LoadWeights {source} as {version}: this worker has {have} staged; a push is "
+                "received (ReceiveWeights) before it is swapped in"
+            )
+        return s
+
+    async def swap(self, staged: StagedPush) -> None:
+        """Swap the staged push in (the worker is paused and drained), then drop the staging."""
+        target = self._require_target()
+        await asyncio.to_thread(target.load_pushed, staged)
+        self.discard()
+
+    def discard(self) -> None:
+        if self._staged is not None:
+            self._staged.discard()
+            self._staged = None
+
+    def _require_target(self) -> PushTarget:
+        if self._target is None:
+            raise ControlStateError("this worker's engine cannot take pushed weights")
+        return self._target

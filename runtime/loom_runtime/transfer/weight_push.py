@@ -1,0 +1,106 @@
+"""A worker's side of a trainer's weight push: join the push's gloo group, check the manifest
+against the model before any byte moves, then stage each bucket on local disk.
+
+Owns the staged copy of one push (one bucket in memory at a time, the rest on disk) and
+discarding it when the push breaks; never touches the model (the engine swaps a staged push in
+at a step boundary) and never keeps a half-received push.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from loom_runtime.errors import CheckpointError, TransferError
+from loom_trainer.group import Rendezvous, TransferGroup
+from loom_trainer.protocol import Bucket, TensorSpec, check_specs, checksum, decode_manifest, unpack
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StagedPush:
+    """A complete push on local disk: every bucket received and its checksum matched."""
+
+    update_id: str
+    version: str
+    directory: Path
+    buckets: tuple[Bucket, ...]
+    largest_bucket: int
+    """Bytes of the largest bucket: the most memory receiving (or swapping in) holds at once."""
+
+    def bucket_file(self, index: int) -> Path:
+        return self.directory / f"bucket-{index:05d}.bin"
+
+    def tensors(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Each bucket's tensors in turn (one bucket in memory at a time)."""
+        for b in self.buckets:
+            buf = torch.from_file(str(self.bucket_file(b.index)), size=b.nbytes, dtype=torch.uint8)
+            yield unpack(b, buf)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def receive_push(
+    rv: Rendezvous, version: str, expected: Mapping[str, TensorSpec], staging_root: Path | None
+) -> StagedPush:
+    """Take part in push `rv.update_id` as rank `rv.rank` and stage it.
+
+    CheckpointError (nothing moved) when the manifest does not fit `expected` here or on
+    another worker; TransferError when the group breaks (the trainer died, a timeout, a
+    checksum differs): then nothing stays staged.
+    """
+    try:
+        group = TransferGroup(rv)
+        buckets = decode_manifest(group.broadcast_bytes(None))
+        problems = check_specs([s for b in buckets for s in b.specs], expected)
+        if problems:
+            group.tell(f"problems/{rv.rank}", problems)
+        if not group.agree(not problems):
+            why = "; ".join(problems) if problems else "another worker refused it"
+            raise CheckpointError(f"push {rv.update_id} of {version} refused: {why}")
+    except RuntimeError as exc:
+        raise TransferError(f"push {rv.update_id}: the transfer group broke: {exc}") from exc
+    directory = Path(tempfile.mkdtemp(prefix=f"loom-push-{rv.update_id}-", dir=staging_root))
+    staged = StagedPush(
+        rv.update_id, version, directory, buckets, max((b.nbytes for b in buckets), default=0)
+    )
+    try:
+        _receive_buckets(group, staged)
+    except BaseException:
+        staged.discard()
+        raise
+    logger.info(
+        "push staged",
+        extra={"update_id": rv.update_id, "version": version, "buckets": len(buckets)},
+    )
+    return staged
+
+
+def _receive_buckets(group: TransferGroup, staged: StagedPush) -> None:
+    try:
+        for b in staged.buckets:
+            buf = torch.empty(b.nbytes, dtype=torch.uint8)
+            group.broadcast(buf)
+            expected = torch.zeros(1, dtype=torch.int64)
+            group.broadcast(expected)
+            ok = checksum(buf) == int(expected.item())
+            if ok:
+                buf.numpy().tofile(staged.bucket_file(b.index))
+            del buf
+            if not group.agree(ok):
+                raise TransferError(
+                    f"push {staged.update_id}: bucket {b.index}'s checksum differs on "
+                    f"{'this worker' if not ok else 'another worker'}"
+                )
+        if not group.agree(True):
+            raise TransferError(f"push {staged.update_id}: not every worker staged it")
+    except RuntimeError as exc:
+        raise TransferError(f"push {staged.update_id}: the transfer group broke: {exc}") from exc

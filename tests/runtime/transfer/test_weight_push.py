@@ -1,0 +1,123 @@
+"""A worker's side of a push against a real trainer side, in threads over a real gloo group:
+every worker stages the same bytes one bucket at a time, a manifest that does not fit is
+refused before any byte moves, and a trainer that stops mid-push leaves nothing staged."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from loom_operator.local.ports import free_ports
+from loom_runtime.errors import CheckpointError, TransferError
+from loom_runtime.transfer.weight_push import StagedPush, receive_push
+from loom_trainer.errors import PushRefused
+from loom_trainer.group import Rendezvous, TransferGroup
+from loom_trainer.protocol import TensorSpec, plan_buckets, spec_of
+from loom_trainer.sender import send_push
+
+WORKERS = ("w-a", "w-b")
+TIMEOUT_S = 20.0
+
+
+def model() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {f"layer.{i}.weight": torch.randn(64, 64, generator=g) for i in range(6)}
+
+
+def run_push(
+    tensors: Mapping[str, torch.Tensor],
+    expected: list[Mapping[str, TensorSpec]],
+    staging: Path,
+    bucket_bytes: int,
+    on_bucket: Callable[[int, int], None] | None = None,
+) -> tuple[BaseException | None, list[StagedPush | BaseException]]:
+    """The trainer (rank 0) and one worker per `expected` entry, each in a thread."""
+    port = free_ports(1)[0]
+    world = len(expected) + 1
+    results: list[StagedPush | BaseException] = [RuntimeError("not run")] * len(expected)
+    trainer_error: list[BaseException | None] = [None]
+
+    def worker(i: int) -> None:
+        rv = Rendezvous("127.0.0.1", port, i + 1, world, TIMEOUT_S, "u1")
+        try:
+            results[i] = receive_push(rv, "v2", expected[i], staging)
+        except BaseException as exc:
+            results[i] = exc
+
+    def trainer() -> None:
+        try:
+            group = TransferGroup(Rendezvous("127.0.0.1", port, 0, world, TIMEOUT_S, "u1"))
+            specs = [spec_of(n, t) for n, t in tensors.items()]
+            send_push(group, WORKERS[: len(expected)], plan_buckets(specs, bucket_bytes),
+                      tensors, on_bucket)  # fmt: skip
+        except BaseException as exc:
+            trainer_error[0] = exc
+
+    threads = [threading.Thread(target=trainer)]
+    threads += [threading.Thread(target=worker, args=(i,)) for i in range(len(expected))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=4 * TIMEOUT_S)
+    return trainer_error[0], results
+
+
+def test_every_worker_stages_the_same_bytes_one_bucket_at_a_time(tmp_path: Path) -> None:
+    tensors = model()
+    expected = {n: spec_of(n, t) for n, t in tensors.items()}
+    bucket = 3 * 64 * 64 * 4  # three tensors a bucket: two buckets
+    err, results = run_push(tensors, [expected, expected], tmp_path, bucket)
+    assert err is None
+    for staged in results:
+        assert isinstance(staged, StagedPush), staged
+        assert len(staged.buckets) == 2 and staged.largest_bucket == bucket
+        got = {n: t.clone() for part in staged.tensors() for n, t in part.items()}
+        assert got.keys() == tensors.keys()
+        assert all(torch.equal(got[n], tensors[n]) for n in tensors)
+        staged.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_manifest_that_does_not_fit_one_worker_is_refused_everywhere_before_bytes_move(
+    tmp_path: Path,
+) -> None:
+    tensors = model()
+    good = {n: spec_of(n, t) for n, t in tensors.items()}
+    bad = dict(good, **{"layer.0.weight": TensorSpec("layer.0.weight", (64, 32), "float32")})
+    sent: list[int] = []
+    err, results = run_push(tensors, [good, bad], tmp_path, 1 << 20, lambda i, n: sent.append(i))
+    assert isinstance(err, PushRefused)
+    assert err.problems == {"w-b": ["shape: layer.0.weight (64, 64) != (64, 32)"]}
+    assert all(isinstance(r, CheckpointError) for r in results), results
+    assert sent == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_trainer_that_stops_after_the_first_bucket_leaves_nothing_staged(
+    tmp_path: Path,
+) -> None:
+    tensors = model()
+    expected = {n: spec_of(n, t) for n, t in tensors.items()}
+
+    def die(index: int, count: int) -> None:
+        raise KeyboardInterrupt("the trainer stops")
+
+    err, results = run_push(tensors, [expected, expected], tmp_path, 64 * 64 * 4, die)
+    assert isinstance(err, KeyboardInterrupt)
+    assert all(isinstance(r, TransferError) for r in results), results
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bucket_bytes", [64 * 64 * 4, 1 << 20])
+def test_the_extra_memory_of_a_push_is_one_bucket(tmp_path: Path, bucket_bytes: int) -> None:
+    tensors = model()
+    expected = {n: spec_of(n, t) for n, t in tensors.items()}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    err, results = run_push(tensors, [expected], tmp_path, bucket_bytes)
+    (staged,) = results
+    assert err is None and isinstance(staged, StagedPush)
+    assert staged.largest_bucket == min(bucket_bytes, total)
+    staged.discard()

@@ -1,0 +1,79 @@
+"""The weight-push wire format: buckets stay within their bound and keep every tensor, bytes
+survive packing, and a manifest that does not fit the model is described name by name."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loom_trainer.protocol import (
+    Bucket,
+    TensorSpec,
+    check_specs,
+    checksum,
+    decode_manifest,
+    encode_manifest,
+    pack,
+    plan_buckets,
+    spec_of,
+    unpack,
+)
+
+
+@given(
+    st.lists(st.integers(min_value=1, max_value=300), min_size=0, max_size=30),
+    st.integers(min_value=1, max_value=2000),
+)
+def test_buckets_keep_order_and_stay_within_the_bound(sizes: list[int], bound: int) -> None:
+    specs = [TensorSpec(f"t{i}", (n,), "float32") for i, n in enumerate(sizes)]
+    buckets = plan_buckets(specs, bound)
+    assert [s for b in buckets for s in b.specs] == specs
+    largest = max((s.nbytes for s in specs), default=0)
+    assert all(b.nbytes <= max(bound, largest) for b in buckets)
+    assert all(off % 16 == 0 for b in buckets for off in b.offsets)
+    assert [b.index for b in buckets] == list(range(len(buckets)))
+
+
+def test_packed_bytes_unpack_to_equal_tensors_of_every_dtype() -> None:
+    tensors = {
+        "a": torch.randn(3, 4, dtype=torch.float64),
+        "b": torch.randn(5).to(torch.bfloat16),
+        "c": torch.arange(6, dtype=torch.int32).reshape(2, 3).t(),  # not contiguous
+        "d": torch.tensor(2.5),  # a scalar
+    }
+    bucket = Bucket(0, tuple(spec_of(n, t) for n, t in tensors.items()))
+    buf = torch.empty(bucket.nbytes, dtype=torch.uint8)
+    pack(bucket, tensors, buf)
+    out = unpack(bucket, buf)
+    for name, t in tensors.items():
+        assert out[name].dtype == t.dtype and torch.equal(out[name], t)
+    assert decode_manifest(encode_manifest([bucket])) == (bucket,)
+
+
+def test_checksum_changes_with_one_byte() -> None:
+    buf = torch.zeros(1000, dtype=torch.uint8)
+    before = checksum(buf)
+    buf[500] = 1
+    assert checksum(buf) != before
+
+
+def test_check_names_every_unknown_missing_and_wrong_tensor() -> None:
+    expected = {
+        "w": TensorSpec("w", (4, 4), "float32"),
+        "b": TensorSpec("b", (4,), "float32"),
+        "n": TensorSpec("n", (4,), "float32"),
+    }
+    pushed = [
+        TensorSpec("w", (4, 5), "float32"),
+        TensorSpec("b", (4,), "float64"),
+        TensorSpec("extra", (1,), "float32"),
+    ]
+    problems = check_specs(pushed, expected)
+    assert problems == [
+        "unknown: extra",
+        "missing: n",
+        "shape: w (4, 5) != (4, 4)",
+        "dtype: b float64 != float32",
+    ]
+    assert check_specs(list(expected.values()), expected) == []

@@ -1,0 +1,234 @@
+"""A trainer pushes weights into a real `loom up` P/D fleet of the tiny model (a prefill and a
+decode worker, fp64): the fleet then answers exactly like a fresh fleet started from a
+checkpoint of the pushed weights; a push that does not fit, a trainer killed mid-push, a second
+trainer and a worker that is not ready change nothing; a Barrier push under streaming load
+fails no request and no response mixes versions."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from loom_operator.local.state import load_controller, load_or_create_secrets
+from loom_operator.testing.cards import card_text
+from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
+from loom_operator.testing.load import StreamingLoad, check_streams, reference_streams
+from loom_trainer import PushRefused, WeightSync
+
+MODEL = "tiny"
+PROMPTS = ["Once upon a time", "The weights of a model", "A fleet of workers", "Hello"]
+MAX_TOKENS = 8
+BUCKET = 16 << 20  # the tiny model in fp64 is ~101 MB: seven buckets
+ROLES = {"prefill": 1, "decode": 1}
+
+
+def weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors as the fp64 fleet holds them (what a trainer would push)."""
+    return {
+        n: t.to(torch.float64) for n, t in load_file(str(checkpoint / "model.safetensors")).items()
+    }
+
+
+def save_checkpoint(tensors: dict[str, torch.Tensor], like: Path, out: Path) -> Path:
+    """`tensors` as a checkpoint directory (config and tokenizer copied from `like`)."""
+    shutil.copytree(like, out)
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def connect(fleet: FleetProcess) -> WeightSync:
+    info = load_controller(fleet.state)
+    assert info is not None and info.weights_url
+    return WeightSync.connect(info.weights_url, load_or_create_secrets(fleet.state).admin_token)
+
+
+def current_version(fleet: FleetProcess) -> str:
+    (version,) = {w.version for w in fleet.wait_settled(120).workers}
+    assert version is not None
+    return version
+
+
+def next_version(fleet: FleetProcess) -> str:
+    return f"v{int(current_version(fleet).removeprefix('v')) + 1}"
+
+
+def served_version(fleet: FleetProcess) -> str:
+    """The x-loom-weights-version header of one completion through the router."""
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0})
+    req = urllib.request.Request(
+        fleet.endpoint + "/completions", data=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=60) as r:
+        header = r.headers["x-loom-weights-version"]
+        assert json.loads(r.read())["system_fingerprint"] == header
+        return str(header)
+
+
+def outputs(fleet: FleetProcess) -> list[tuple[str, ...]]:
+    return reference_streams(fleet.endpoint, MODEL, PROMPTS, MAX_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoints: tuple[Path, Path],
+    child_env: dict[str, str],
+) -> Iterator[FleetProcess]:
+    root = tmp_path_factory.mktemp("push")
+    card = root / "card.yaml"
+    card.write_text(card_text(f"file://{checkpoints[0]}", roles=ROLES, name="push", drain=10,
+                              health_timeout=60.0))  # fmt: skip
+    with run_fleet(card, root / "state", child_env) as f:
+        yield f
+
+
+def test_a_push_while_a_worker_is_not_ready_is_refused_naming_it(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    version = current_version(fleet)
+    decode = next(w for w in fleet.wait_settled(120).workers if w.role == "decode")
+    os.kill(decode.pid, signal.SIGSTOP)
+    try:
+        fleet.wait(lambda s: any(w.name == decode.name and not w.ready for w in s.workers), 60,
+                   "the stopped decode worker to show as not ready")  # fmt: skip
+        with pytest.raises(PushRefused, match=f"not ready: {decode.name}"):
+            connect(fleet).push(weights_of(checkpoints[0]), "v-unready", bucket_bytes=BUCKET)
+    finally:
+        os.kill(decode.pid, signal.SIGCONT)
+    fleet.wait_settled(180)
+    assert current_version(fleet) == version
+
+
+def test_a_pushed_version_answers_like_a_fleet_started_from_its_checkpoint(
+    fleet: FleetProcess,
+    checkpoints: tuple[Path, Path],
+    child_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    pushed = weights_of(checkpoints[1])
+    before = outputs(fleet)
+    version = next_version(fleet)
+    result = connect(fleet).push(pushed, version, mode="barrier", bucket_bytes=BUCKET)
+    assert result.version == version and result.buckets == 7
+    assert result.largest_bucket <= BUCKET
+    fleet.wait_settled(120, version)
+    assert served_version(fleet) == version
+    got = outputs(fleet)
+    assert got != before  # the push changed the weights
+    ckpt = save_checkpoint(pushed, checkpoints[0], tmp_path / "pushed")
+    card = tmp_path / "fresh.yaml"
+    card.write_text(card_text(f"file://{ckpt}", version=version, roles=ROLES, name="fresh"))
+    with run_fleet(card, tmp_path / "fresh-state", child_env) as fresh:
+        assert outputs(fresh) == got
+
+
+def test_a_push_that_does_not_fit_is_refused_whole_and_nothing_changes(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    version, before = current_version(fleet), outputs(fleet)
+    bad = weights_of(checkpoints[0])
+    bad["model.layers.1.mlp.up_proj.weight"] = bad["model.layers.1.mlp.up_proj.weight"][:, :-1]
+    with pytest.raises(PushRefused) as refused:
+        connect(fleet).push(bad, next_version(fleet), bucket_bytes=BUCKET)
+    name = "model.layers.1.mlp.up_proj.weight"
+    wrong, right = tuple(bad[name].shape), (bad[name].shape[0], bad[name].shape[1] + 1)
+    assert refused.value.problems == {
+        "push-prefill-0": [f"shape: {name} {wrong} != {right}"],
+        "push-decode-0": [f"shape: {name} {wrong} != {right}"],
+    }
+    assert current_version(fleet) == version and served_version(fleet) == version
+    assert outputs(fleet) == before
+
+
+TRAINER = """
+import sys, time, torch
+from safetensors.torch import load_file
+from loom_trainer import WeightSync
+url, token, ckpt, version = sys.argv[1:5]
+tensors = {n: t.to(torch.float64) for n, t in load_file(ckpt).items()}
+def stall(index, count):
+    print(f"sent bucket {index} of {count}", flush=True)
+    time.sleep(3600)
+WeightSync.connect(url, token).push(tensors, version, bucket_bytes=8 << 20, timeout_s=15,
+                                    on_bucket=stall)
+"""
+
+
+def test_a_trainer_killed_mid_push_leaves_the_last_version_and_the_next_push_lands(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path], child_env: dict[str, str], tmp_path: Path
+) -> None:
+    version, before = current_version(fleet), outputs(fleet)
+    sync = connect(fleet)
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    info = load_controller(fleet.state)
+    assert info is not None
+    argv = [sys.executable, str(script), info.weights_url,
+            load_or_create_secrets(fleet.state).admin_token,
+            str(checkpoints[1] / "model.safetensors"), next_version(fleet)]  # fmt: skip
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=child_env)
+    try:
+        assert trainer.stdout is not None
+        line = trainer.stdout.readline()
+        assert line.startswith("sent bucket 0 of "), line
+        os.kill(trainer.pid, signal.SIGKILL)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=30)
+
+    def failed() -> bool:
+        doc = sync.latest()
+        return doc is not None and doc["state"] == "failed"
+
+    wait_for(failed, 120, "the killed trainer's push to fail")
+    assert current_version(fleet) == version and served_version(fleet) == version
+    assert outputs(fleet) == before
+    after = next_version(fleet)
+    sync.push(weights_of(checkpoints[0]), after, mode="rolling", bucket_bytes=BUCKET)
+    fleet.wait_settled(120, after)
+    assert served_version(fleet) == after
+
+
+def test_a_second_trainer_is_refused_while_a_push_is_open(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    version = current_version(fleet)
+    sync = connect(fleet)
+    first = sync._request(  # a trainer that opened a push and has not connected yet
+        "POST", "/v1/weights/updates",
+        {"version": next_version(fleet), "mode": "barrier", "timeout_seconds": 5},
+    )  # fmt: skip
+    with pytest.raises(PushRefused, match=f"push {first['update_id']} .* one trainer pushes"):
+        connect(fleet).push(weights_of(checkpoints[0]), "v-second", bucket_bytes=BUCKET)
+    wait_for(lambda: sync.update(str(first["update_id"]))["state"] == "failed", 120,
+             "the unattended push to time out")  # fmt: skip
+    assert current_version(fleet) == version and served_version(fleet) == version
+
+
+def test_a_barrier_push_under_streaming_load_fails_nothing_and_mixes_no_versions(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    version, before = current_version(fleet), outputs(fleet)
+    after = next_version(fleet)
+    pushed = weights_of(checkpoints[1])
+    with StreamingLoad(fleet.endpoint, MODEL, PROMPTS, MAX_TOKENS, clients=3) as load:
+        load.wait_completed(3, 120)
+        connect(fleet).push(pushed, after, mode="barrier", bucket_bytes=BUCKET)
+        load.wait_completed(6, 120)
+        streams = load.stop()
+    fleet.wait_settled(120, after)
+    expected = {version: before, after: outputs(fleet)}
+    assert check_streams(streams, expected) == []
+    assert {v for s in streams for v in s.versions} == {version, after}

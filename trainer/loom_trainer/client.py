@@ -1,0 +1,163 @@
+"""`WeightSync`: a trainer pushes its weights into a running Loom fleet.
+
+Owns the trainer's side of one push (open it with the fleet controller, send the manifest and
+the buckets, wait for the swap); never holds more than one bucket of packed bytes beyond the
+trainer's own tensors, and never imports Loom's runtime, operator or router.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from loom_trainer.errors import PushFailed, PushRefused
+from loom_trainer.group import Rendezvous, TransferGroup
+from loom_trainer.protocol import DEFAULT_BUCKET_BYTES, plan_buckets, spec_of
+from loom_trainer.sender import send_push
+
+Mode = Literal["barrier", "rolling"]
+MODES: tuple[Mode, ...] = ("barrier", "rolling")
+POLL_S = 0.1
+HTTP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What the controller answers when it opens an update."""
+
+    update_id: str
+    host: str
+    port: int
+    workers: tuple[str, ...]
+    """Worker names; worker i is rank i + 1."""
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """A completed push: the fleet serves `version` on every worker."""
+
+    version: str
+    update_id: str
+    workers: tuple[str, ...]
+    buckets: int
+    bytes_sent: int
+    largest_bucket: int
+    """Bytes of the largest bucket: the extra memory a push costs a worker (and the trainer)."""
+    transfer_s: float
+    total_s: float
+
+
+class WeightSync:
+    """A connection to one fleet controller (`loom up`'s weight API)."""
+
+    def __init__(self, fleet_url: str, token: str) -> None:
+        self.url = fleet_url.rstrip("/")
+        self._token = token
+
+    @classmethod
+    def connect(cls, fleet_url: str, token: str) -> WeightSync:
+        """Check that the controller answers and accepts `token`; PushRefused if not."""
+        sync = cls(fleet_url, token)
+        sync._request("GET", "/v1/weights/updates")
+        return sync
+
+    def push(
+        self,
+        named_tensors: Mapping[str, torch.Tensor],
+        version: str,
+        mode: Mode = "barrier",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        timeout_s: float = 60.0,
+        swap_timeout_s: float = 600.0,
+        on_bucket: Callable[[int, int], None] | None = None,
+    ) -> PushResult:
+        """Make `named_tensors` the fleet's weights, as `version`.
+
+        barrier: every worker switches together (no request sees two versions); rolling: the
+        fleet's drain-correct rolling order. `timeout_s` bounds the rendezvous and every
+        collective; `on_bucket(index, count)` runs after each bucket is sent. Raises
+        PushRefused (nothing moved) or PushFailed (the fleet keeps its last complete version).
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        started = time.monotonic()
+        specs = [spec_of(n, t) for n, t in named_tensors.items()]
+        buckets = plan_buckets(specs, bucket_bytes)
+        opened = self._open(version, mode, timeout_s)
+        rv = Rendezvous(
+            opened.host, opened.port, 0, len(opened.workers) + 1, timeout_s, opened.update_id
+        )
+        try:
+            group = TransferGroup(rv)
+            send_push(group, opened.workers, buckets, named_tensors, on_bucket)
+        except RuntimeError as exc:  # a collective failed or timed out (a worker died)
+            raise PushFailed(f"push {opened.update_id} of {version} broke: {exc}") from exc
+        transfer_s = time.monotonic() - started
+        self._wait_done(opened.update_id, swap_timeout_s)
+        return PushResult(
+            version, opened.update_id, opened.workers, len(buckets),
+            sum(b.nbytes for b in buckets), max((b.nbytes for b in buckets), default=0),
+            transfer_s, time.monotonic() - started,
+        )  # fmt: skip
+
+    def latest(self) -> dict[str, object] | None:
+        """The controller's latest update (None before the first push)."""
+        doc = self._request("GET", "/v1/weights/updates")["update"]
+        return doc if isinstance(doc, dict) else None
+
+    def update(self, update_id: str) -> dict[str, object]:
+        """The controller's record of one update (state, version, workers, error)."""
+        return self._request("GET", f"/v1/weights/updates/{update_id}")
+
+    def _open(self, version: str, mode: Mode, timeout_s: float) -> Opened:
+        body = {"version": version, "mode": mode, "timeout_seconds": timeout_s}
+        doc = self._request("POST", "/v1/weights/updates", body)
+        workers = doc["workers"]
+        assert isinstance(workers, list)
+        return Opened(
+            str(doc["update_id"]), str(doc["store_host"]), int(str(doc["store_port"])),
+            tuple(str(w) for w in workers),
+        )  # fmt: skip
+
+    def _wait_done(self, update_id: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            doc = self.update(update_id)
+            if doc["state"] == "done":
+                return
+            if doc["state"] == "failed":
+                raise PushFailed(f"push {update_id}: {doc.get('error', 'failed')}")
+            if time.monotonic() > deadline:
+                raise PushFailed(
+                    f"push {update_id} did not finish its swap within {timeout_s:g}s "
+                    f"(state {doc['state']})"
+                )
+            time.sleep(POLL_S)
+
+    def _request(
+        self, method: str, path: str, body: Mapping[str, object] | None = None
+    ) -> dict[str, object]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self._token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
+                doc = json.loads(r.read().decode())
+        except urllib.error.HTTPError as exc:
+            try:
+                message = str(json.loads(exc.read().decode())["error"])
+            except (ValueError, KeyError):
+                message = f"HTTP {exc.code}"
+            raise PushRefused(f"{method} {path}: {message}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise PushRefused(f"cannot reach the fleet controller at {self.url}: {exc}") from None
+        assert isinstance(doc, dict)
+        return doc
