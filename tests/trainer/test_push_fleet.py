@@ -232,3 +232,12 @@ def test_a_barrier_push_under_streaming_load_fails_nothing_and_mixes_no_versions
     expected = {version: before, after: outputs(fleet)}
     assert check_streams(streams, expected) == []
     assert {v for s in streams for v in s.versions} == {version, after}
+
+
+def test_a_restarted_controller_keeps_serving_the_pushed_version(fleet: FleetProcess) -> None:
+    version, before = current_version(fleet), outputs(fleet)
+    assert version != "v1"  # a pushed version (the card says v1)
+    fleet.kill_controller()
+    fleet.start()
+    fleet.wait_settled(120, version)
+    assert served_version(fleet) == version and outputs(fleet) == before

@@ -10,11 +10,22 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore, Work
+from torch.distributed.distributed_c10d import PrefixStore, Store
 
 PREFIX = "loom-push"
+
+
+class _Collectives(Protocol):
+    """The two collectives a push runs (gloo's backend has them; torch's stubs do not say)."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions) -> Work: ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +46,7 @@ class TransferGroup:
     def __init__(self, rv: Rendezvous) -> None:
         self.rv = rv
         timeout = datetime.timedelta(seconds=rv.timeout_s)
-        self.store = dist.TCPStore(
+        self.store: Store = TCPStore(
             rv.host,
             rv.port,
             world_size=rv.world_size,
@@ -43,8 +54,9 @@ class TransferGroup:
             timeout=timeout,
             wait_for_workers=False,
         )
-        prefixed = dist.PrefixStore(f"{PREFIX}/{rv.update_id}", self.store)
-        self._pg = dist.ProcessGroupGloo(prefixed, rv.rank, rv.world_size, timeout)
+        prefixed = PrefixStore(f"{PREFIX}/{rv.update_id}", self.store)
+        gloo = dist.ProcessGroupGloo(prefixed, rv.rank, rv.world_size, timeout)
+        self._pg = cast(_Collectives, gloo)
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every rank's `tensor` (same shape and dtype everywhere)."""
@@ -81,4 +93,5 @@ class TransferGroup:
         full = f"{PREFIX}/{self.rv.update_id}/note/{key}"
         if not self.store.check([full]):
             return None
-        return json.loads(self.store.get(full).decode())
+        note: object = json.loads(self.store.get(full).decode())
+        return note

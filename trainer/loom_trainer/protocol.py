@@ -165,4 +165,4 @@ def unpack(bucket: Bucket, buf: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def checksum(buf: torch.Tensor) -> int:
     """CRC-32 of a uint8 CPU tensor's bytes (read in place, no copy)."""
-    return zlib.crc32(memoryview(buf.numpy()))
+    return zlib.crc32(buf.numpy().data)

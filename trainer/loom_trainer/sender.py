@@ -37,12 +37,12 @@ def send_push(
                 problems[name] = [str(p) for p in note]
         lines = "; ".join(f"{w}: {', '.join(p)}" for w, p in problems.items())
         raise PushRefused(f"the pushed weights do not fit the fleet's model: {lines}", problems)
+    whole = torch.empty(max((b.nbytes for b in buckets), default=0), dtype=torch.uint8)
     for b in buckets:
-        buf = torch.empty(b.nbytes, dtype=torch.uint8)
+        buf = whole[: b.nbytes]
         pack(b, tensors, buf)
         group.broadcast(buf)
         group.broadcast(torch.tensor([checksum(buf)], dtype=torch.int64))
-        del buf
         if not group.agree(True):
             raise PushFailed(f"bucket {b.index}: a worker's checksum differs from the trainer's")
         if on_bucket is not None:

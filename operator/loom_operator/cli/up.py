@@ -280,4 +280,11 @@ def _print_endpoint(console: Console, fleet: LocalFleet, commands: _Commands) ->
              *commands.lines(), "")  # fmt: skip
     for line in lines:
         console.print(line, soft_wrap=True, markup=False)
+    secrets = fleet.paths.secrets
+    console.print(
+        f"Trainers push weights to {fleet.weights_url} with the admin_token in {secrets} "
+        "(docs/rl.md)",
+        soft_wrap=True,
+        markup=False,
+    )
     sys.stdout.flush()

@@ -8,7 +8,7 @@ moves a byte or calls a worker (the substrate's shell does), and never reads a c
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 from loom_operator.fleet.desired import DesiredFleet, Strategy
 from loom_operator.fleet.observed import FleetObservation
@@ -18,6 +18,7 @@ PushMode = Literal["barrier", "rolling"]
 MODE_STRATEGY: dict[str, Strategy] = {"barrier": "Barrier", "rolling": "Rolling"}
 """A push's mode -> the weight-sync strategy that swaps it in (the existing lifecycle)."""
 PushState = Literal["receiving", "swapping", "done", "failed"]
+PUSH_STATES: tuple[PushState, ...] = ("receiving", "swapping", "done", "failed")
 PUSH_SCHEME = "push://"
 
 
@@ -57,7 +58,27 @@ class PushUpdate:
             "workers": list(self.workers), "store_host": self.store_host,
             "store_port": self.store_port, "timeout_seconds": self.timeout_s,
             "state": self.state, "error": self.error, "staged": sorted(self.staged),
+            "base_version": self.base_version,
         }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> PushUpdate:
+        """The inverse of as_json (a persisted push); ValueError when a field is wrong."""
+        mode, state = doc.get("mode"), doc.get("state")
+        workers, staged = doc.get("workers"), doc.get("staged")
+        if mode not in MODE_STRATEGY or state not in PUSH_STATES:
+            raise ValueError(f"not a persisted push: mode {mode!r}, state {state!r}")
+        if not isinstance(workers, list) or not isinstance(staged, list):
+            raise ValueError("not a persisted push: workers and staged must be lists")
+        try:
+            return cls(
+                str(doc["update_id"]), str(doc["version"]), cast(PushMode, mode),
+                tuple(map(str, workers)), str(doc["store_host"]), int(str(doc["store_port"])),
+                float(str(doc["timeout_seconds"])), str(doc["base_version"]),
+                state, str(doc["error"]), frozenset(map(str, staged)),
+            )  # fmt: skip
+        except KeyError as exc:
+            raise ValueError(f"not a persisted push: no {exc}") from exc
 
 
 def refuse_push(

@@ -118,6 +118,8 @@ class LocalFleet:
         self._state_watch = CardWatcher(paths.card, cards.sha256)
         self._observed: FleetObservation | None = None
         self._push_api: web.AppRunner | None = None
+        self.weights_url = ""
+        """The weight-push API a trainer connects to (docs/rl.md), once started."""
 
     # -- start ----------------------------------------------------------------------------
 
@@ -151,14 +153,19 @@ class LocalFleet:
         self.router = RouterLink(RouterAdmin(self._router_admin_url(), secrets.admin_token))
         self.executor = Executor(self.processes, self.observer, self.router, self._events)
         self.pushes = PushCoordinator(
-            self.processes, self.observer, self._events, self.executor.wake.set
+            self.processes,
+            self.observer,
+            self._events,
+            self.executor.wake.set,
+            self.paths.root / "push.json",
         )
         await self._wait_router()
         port = self.settings.weights_port or free_ports(1, self.processes.table.ports())[0]
         app = push_app(secrets.admin_token, self._open_push, lambda: self.pushes.update)
         self._push_api = await start_push_api(app, HOST, port)
-        weights_url = f"http://{HOST}:{port}"
-        save_controller(self.paths, ControllerInfo(os.getpid(), now, self.endpoint, weights_url))
+        self.weights_url = f"http://{HOST}:{port}"
+        info = ControllerInfo(os.getpid(), now, self.endpoint, self.weights_url)
+        save_controller(self.paths, info)
 
     def _open_push(self, version: str, mode: str, timeout_s: float) -> PushUpdate:
         if self._observed is None:

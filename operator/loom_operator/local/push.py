@@ -8,9 +8,12 @@ itself (the fleet's weight sync does, with source push://<update_id>) and never 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from loom_operator.control.client import ControlError
 from loom_operator.control.probe import Observer
@@ -27,7 +30,10 @@ from loom_operator.fleet.push import (
 from loom_operator.fleet.record import SyncRecord
 from loom_operator.local.events import EventSink, FleetEvent
 from loom_operator.local.ports import free_ports
+from loom_operator.local.state import write_atomic
 from loom_operator.local.workers import ProcessSet
+
+logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 DEADLINE_MARGIN_S = 30.0  # a ReceiveWeights call may run this much past the push's timeout
@@ -42,14 +48,17 @@ class PushCoordinator:
         observer: Observer,
         events: EventSink,
         wake: Callable[[], None],
+        path: Path,
     ) -> None:
         self._processes = processes
+        self._path = path
         self._wake = wake
         self._observer = observer
         self._events = events
         self.update: PushUpdate | None = None
-        self._serving: PushUpdate | None = None
-        """The latest push every worker staged: what the fleet serves unless the card moved."""
+        self._serving: PushUpdate | None = load_serving(path)
+        """The latest push every worker staged: what the fleet serves unless the card moved
+        (persisted, so that a restarted controller does not sync the fleet back to the card)."""
         self._calls: dict[str, asyncio.Task[None]] = {}
         self._failures: list[str] = []
 
@@ -115,8 +124,12 @@ class PushCoordinator:
             self._events(FleetEvent("push", msg, level="warning"))
             return
         self.update = replace(u, state="swapping")
-        self._serving = self.update
+        self._serve(self.update)
         self._events(FleetEvent("push", f"push {u.update_id}: every worker staged {u.version}"))
+
+    def _serve(self, update: PushUpdate) -> None:
+        self._serving = update
+        write_atomic(self._path, json.dumps(update.as_json()))
 
     def desired(self, card: DesiredFleet) -> DesiredFleet:
         """What the fleet serves: the card's version, or the latest push staged everywhere."""
@@ -134,9 +147,20 @@ class PushCoordinator:
             self.update = replace(u, state="failed", error="the card's weightsVersion changed")
         elif swap_done(desired, observed, sync):
             self.update = replace(u, state="done")
-            self._serving = self.update
+            self._serve(self.update)
             self._events(FleetEvent("push", f"push {u.update_id}: every worker serves {u.version}"))
 
     async def close(self) -> None:
         for task in list(self._calls.values()):
             task.cancel()
+
+
+def load_serving(path: Path) -> PushUpdate | None:
+    """The push the fleet served when the controller last ran (None: none, or unreadable)."""
+    try:
+        return PushUpdate.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("%s: ignored (%s); the fleet serves the card's version", path, exc)
+        return None

@@ -27,6 +27,11 @@ def checkpoint_path(uri: str, card_path: str | Path | None = None) -> Path:
         if not path.is_absolute() and card_path is not None:
             path = Path(card_path).parent / path
         return path.resolve()
+    if uri.startswith("push://"):
+        raise CheckpointError(
+            f"{uri} is a version a trainer pushed (docs/rl.md): only the workers that received "
+            "that push hold it; start this worker from a checkpoint, or push again"
+        )
     try:
         source = Source(uri=uri)
     except ValidationError as exc:

@@ -39,9 +39,14 @@ class StagedPush:
         return self.directory / f"bucket-{index:05d}.bin"
 
     def tensors(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Each bucket's tensors in turn (one bucket in memory at a time)."""
+        """Each bucket's tensors in turn, as views into one reused buffer of the largest
+        bucket's size (valid until the next bucket is read)."""
+        whole = torch.empty(self.largest_bucket, dtype=torch.uint8)
         for b in self.buckets:
-            buf = torch.from_file(str(self.bucket_file(b.index)), size=b.nbytes, dtype=torch.uint8)
+            buf = whole[: b.nbytes]
+            with self.bucket_file(b.index).open("rb") as f:
+                if f.readinto(buf.numpy().data) != b.nbytes:
+                    raise TransferError(f"{self.bucket_file(b.index)}: staged bucket is short")
             yield unpack(b, buf)
 
     def discard(self) -> None:
@@ -85,16 +90,16 @@ def receive_push(
 
 
 def _receive_buckets(group: TransferGroup, staged: StagedPush) -> None:
+    whole = torch.empty(staged.largest_bucket, dtype=torch.uint8)  # one buffer for every bucket
     try:
         for b in staged.buckets:
-            buf = torch.empty(b.nbytes, dtype=torch.uint8)
+            buf = whole[: b.nbytes]
             group.broadcast(buf)
             expected = torch.zeros(1, dtype=torch.int64)
             group.broadcast(expected)
             ok = checksum(buf) == int(expected.item())
             if ok:
                 buf.numpy().tofile(staged.bucket_file(b.index))
-            del buf
             if not group.agree(ok):
                 raise TransferError(
                     f"push {staged.update_id}: bucket {b.index}'s checksum differs on "

@@ -35,7 +35,7 @@ def test_stubs_import_with_the_installed_protobuf() -> None:
     service = control_pb2.DESCRIPTOR.services_by_name["Control"]
     assert service.full_name == "loom.control.v1.Control"
     assert {m.name for m in service.methods} == {
-        "Status", "WatchStatus", "Pause", "Resume", "LoadWeights",
+        "Status", "WatchStatus", "Pause", "Resume", "LoadWeights", "ReceiveWeights",
     }  # fmt: skip
 
 

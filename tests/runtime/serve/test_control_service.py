@@ -320,3 +320,23 @@ def test_pause_abort_ends_streams_with_a_retryable_error_and_frees_the_pool(
     finally:
         stub.Resume(pb.ResumeRequest(), metadata=auth)
     assert stub.Status(pb.StatusRequest(), metadata=auth).state == pb.WORKER_STATE_SERVING
+
+
+def test_a_push_that_was_not_received_cannot_be_swapped_in(
+    worker: Any, stub: pb_grpc.ControlStub, auth: Any
+) -> None:
+    before = stub.Status(pb.StatusRequest(), metadata=auth).weights_version
+    bad = pb.ReceiveWeightsRequest(store_host="127.0.0.1", store_port=1, rank=1, world_size=2)
+    assert _code(lambda: stub.ReceiveWeights(bad, metadata=auth)) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    stub.Pause(pb.PauseRequest(mode=pb.PAUSE_MODE_WAIT, timeout_seconds=10), metadata=auth)
+    try:
+        load = pb.LoadWeightsRequest(source="push://never-received", version="v-pushed")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.LoadWeights(load, metadata=auth)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "nothing staged" in (info.value.details() or "")
+    finally:
+        stub.Resume(pb.ResumeRequest(), metadata=auth)
+    assert stub.Status(pb.StatusRequest(), metadata=auth).weights_version == before

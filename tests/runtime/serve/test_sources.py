@@ -37,6 +37,7 @@ def test_loom_tiny_resolves_into_the_loom_cache(
         ("loom://huge", "loom://"),
         ("pvc://store/v1", "not mounted at /var/lib/loom/models/store"),  # no claim here
         ("ftp://x/y", "unsupported"),
+        ("push://0a1b", "a trainer pushed .* start this worker from a checkpoint"),
     ],
 )
 def test_other_sources_are_refused_with_what_to_do(uri: str, words: str) -> None:
