@@ -98,7 +98,7 @@ class WeightSync:
             group = TransferGroup(rv)
             send_push(group, opened.workers, buckets, named_tensors, on_bucket)
         except RuntimeError as exc:  # a collective failed or timed out (a worker died)
-            raise PushFailed(f"push {opened.update_id} of {version} broke: {exc}") from exc
+            raise PushFailed(self._broken(opened.update_id, version, exc)) from exc
         transfer_s = time.monotonic() - started
         self._wait_done(opened.update_id, swap_timeout_s)
         return PushResult(
@@ -125,6 +125,17 @@ class WeightSync:
             str(doc["update_id"]), str(doc["store_host"]), int(str(doc["store_port"])),
             tuple(str(w) for w in workers),
         )  # fmt: skip
+
+    def _broken(self, update_id: str, version: str, exc: RuntimeError) -> str:
+        """What to tell when the group broke: the workers' reasons if the controller has them."""
+        why = f"push {update_id} of {version} broke: {exc}"
+        try:
+            error = self.update(update_id).get("error")
+        except PushRefused:
+            error = None
+        if error:
+            return f"{why}; the workers said: {error}"
+        return f"{why}; GET {self.url}/v1/weights/updates/{update_id} says what the workers saw"
 
     def _wait_done(self, update_id: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -11,7 +11,7 @@ import asyncio
 from typing import Protocol
 
 from loom_runtime.control_api import control_pb2 as pb
-from loom_runtime.errors import InvalidRequestError
+from loom_runtime.errors import CheckpointError, InvalidRequestError
 from loom_runtime.serve.errors import ControlStateError
 from loom_runtime.transfer.weight_push import StagedPush, receive_push
 from loom_trainer.group import Rendezvous
@@ -55,13 +55,18 @@ class PushReceiver:
             )
         self._receiving = request.update_id
         try:
-            expected = await asyncio.to_thread(target.push_specs)
+            try:
+                expected, refusal = await asyncio.to_thread(target.push_specs), ""
+            except CheckpointError as exc:  # joins anyway, to tell the trainer why at once
+                expected, refusal = {}, str(exc)
             self.discard()
             rv = Rendezvous(
                 request.store_host, request.store_port, request.rank, request.world_size,
                 request.timeout_seconds or 60.0, request.update_id,
             )  # fmt: skip
-            staged = await asyncio.to_thread(receive_push, rv, request.version, expected, None)
+            staged = await asyncio.to_thread(
+                receive_push, rv, request.version, expected, None, refusal
+            )
         finally:
             self._receiving = None
         self._staged = staged

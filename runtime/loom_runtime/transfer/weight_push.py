@@ -54,18 +54,25 @@ class StagedPush:
 
 
 def receive_push(
-    rv: Rendezvous, version: str, expected: Mapping[str, TensorSpec], staging_root: Path | None
+    rv: Rendezvous,
+    version: str,
+    expected: Mapping[str, TensorSpec],
+    staging_root: Path | None,
+    refusal: str = "",
 ) -> StagedPush:
     """Take part in push `rv.update_id` as rank `rv.rank` and stage it.
 
     CheckpointError (nothing moved) when the manifest does not fit `expected` here or on
-    another worker; TransferError when the group breaks (the trainer died, a timeout, a
-    checksum differs): then nothing stays staged.
+    another worker, or when this worker refuses any push (`refusal`, told to the trainer);
+    TransferError when the group breaks (the trainer died, a timeout, a checksum differs):
+    then nothing stays staged.
     """
     try:
         group = TransferGroup(rv)
         buckets = decode_manifest(group.broadcast_bytes(None))
-        problems = check_specs([s for b in buckets for s in b.specs], expected)
+        problems = (
+            [refusal] if refusal else check_specs([s for b in buckets for s in b.specs], expected)
+        )
         if problems:
             group.tell(f"problems/{rv.rank}", problems)
         if not group.agree(not problems):

@@ -34,6 +34,7 @@ def run_push(
     staging: Path,
     bucket_bytes: int,
     on_bucket: Callable[[int, int], None] | None = None,
+    refusals: tuple[str, ...] = (),
 ) -> tuple[BaseException | None, list[StagedPush | BaseException]]:
     """The trainer (rank 0) and one worker per `expected` entry, each in a thread."""
     port = free_ports(1)[0]
@@ -44,7 +45,8 @@ def run_push(
     def worker(i: int) -> None:
         rv = Rendezvous("127.0.0.1", port, i + 1, world, TIMEOUT_S, "u1")
         try:
-            results[i] = receive_push(rv, "v2", expected[i], staging)
+            refusal = refusals[i] if i < len(refusals) else ""
+            results[i] = receive_push(rv, "v2", expected[i], staging, refusal)
         except BaseException as exc:
             results[i] = exc
 
@@ -94,6 +96,18 @@ def test_a_manifest_that_does_not_fit_one_worker_is_refused_everywhere_before_by
     assert err.problems == {"w-b": ["shape: layer.0.weight (64, 64) != (64, 32)"]}
     assert all(isinstance(r, CheckpointError) for r in results), results
     assert sent == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_that_takes_no_push_tells_the_trainer_why_before_bytes_move(
+    tmp_path: Path,
+) -> None:
+    tensors = model()
+    good = {n: spec_of(n, t) for n, t in tensors.items()}
+    why = "pushing weights into a parallel (TP/EP/PCP/DCP) worker is not built yet"
+    err, results = run_push(tensors, [good, {}], tmp_path, 1 << 20, refusals=("", why))
+    assert isinstance(err, PushRefused) and err.problems == {"w-b": [why]}
+    assert all(isinstance(r, CheckpointError) for r in results), results
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_trainer_that_stops_after_the_first_bucket_leaves_nothing_staged(
