@@ -1,8 +1,9 @@
 """A trainer pushes weights into a real `loom up` P/D fleet of the tiny model (a prefill and a
 decode worker, fp64): the fleet then answers exactly like a fresh fleet started from a
-checkpoint of the pushed weights; a push that does not fit, a trainer killed mid-push, a second
-trainer and a worker that is not ready change nothing; a Barrier push under streaming load
-fails no request and no response mixes versions."""
+checkpoint of the pushed weights; a push that does not fit, a trainer or a worker killed
+mid-push, a second trainer and a worker that is not ready change nothing; a Barrier push under
+streaming load fails no request and no response mixes versions; a restarted controller keeps
+the pushed version."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from loom_operator.local.snapshot import FleetStatus
 from loom_operator.local.state import load_controller, load_or_create_secrets
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
 from loom_operator.testing.load import StreamingLoad, check_streams, reference_streams
-from loom_trainer import PushRefused, WeightSync
+from loom_trainer import PushFailed, PushRefused, WeightSync
 
 MODEL = "tiny"
 PROMPTS = ["Once upon a time", "The weights of a model", "A fleet of workers", "Hello"]
@@ -241,3 +243,34 @@ def test_a_restarted_controller_keeps_serving_the_pushed_version(fleet: FleetPro
     fleet.start()
     fleet.wait_settled(120, version)
     assert served_version(fleet) == version and outputs(fleet) == before
+
+
+def test_a_worker_killed_mid_push_fails_the_push_and_the_fleet_keeps_its_version(
+    checkpoints: tuple[Path, Path], child_env: dict[str, str], tmp_path: Path
+) -> None:
+    card = tmp_path / "card.yaml"
+    card.write_text(card_text(f"file://{checkpoints[0]}", roles=ROLES, name="killed"))
+    with run_fleet(card, tmp_path / "state", child_env) as fleet:
+        before = outputs(fleet)
+        decode = next(w for w in fleet.wait_settled(120).workers if w.role == "decode")
+
+        def kill_decode(index: int, count: int) -> None:
+            if index == 0:
+                os.kill(decode.pid, signal.SIGKILL)
+
+        sync = connect(fleet)
+        with pytest.raises(PushFailed):
+            sync.push(weights_of(checkpoints[1]), "v2", bucket_bytes=BUCKET, timeout_s=15,
+                      on_bucket=kill_decode)  # fmt: skip
+        wait_for(lambda: (sync.latest() or {}).get("state") == "failed", 120,
+                 "the push to fail")  # fmt: skip
+
+        def restarted(s: FleetStatus) -> bool:
+            return any(w.name == decode.name and w.pid != decode.pid and w.ready for w in s.workers)
+
+        fleet.wait(restarted, 120, "the decode worker's restart")
+        fleet.wait_settled(120, "v1")
+        assert served_version(fleet) == "v1" and outputs(fleet) == before
+        sync.push(weights_of(checkpoints[1]), "v2", bucket_bytes=BUCKET)
+        fleet.wait_settled(120, "v2")
+        assert served_version(fleet) == "v2" and outputs(fleet) != before
