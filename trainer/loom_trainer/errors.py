@@ -20,5 +20,6 @@ class PushRefused(PushError):
 
 
 class PushFailed(PushError):
-    """Started but not completed: a collective timed out, a checksum differed, a worker died,
-    or the swap did not finish. Every worker keeps serving the last complete version."""
+    """Started but not completed: a collective timed out, a checksum differed or a worker died
+    (the fleet serves what it served before), or the swap did not finish in time (every worker
+    serves one complete version, old or new; never a half-received one)."""
