@@ -82,6 +82,20 @@ def several_prompts(body: Mapping[str, Any]) -> bool:
     )
 
 
+def wants_prompt_logprobs(body: Mapping[str, Any]) -> bool:
+    """A /v1/completions body asking for its prompt's log-probs (prompt_logprobs, or echo with
+    logprobs): the worker that prefills the prompt computes them, so it is prefilled where it is
+    decoded (a P/D decode pulls the KV and has no logits of the prompt)."""
+    echoed = body.get("echo") is True and body.get("logprobs") is not None
+    return echoed or body.get("prompt_logprobs") is not None
+
+
+def prefilled_where_decoded(kind: str, body: Mapping[str, Any]) -> bool:
+    """Whether a completions body must skip the remote prefill: several prompts (one lease
+    answers one prompt) or prompt log-probs (see wants_prompt_logprobs)."""
+    return kind == "completion" and (several_prompts(body) or wants_prompt_logprobs(body))
+
+
 def _check_prompt(prompt: object, present: bool) -> None:
     """The worker's prompt rule (loom_runtime.wire.openai.fields), as a 400 on `prompt`."""
     if not present:
