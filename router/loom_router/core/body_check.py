@@ -15,6 +15,7 @@ from typing import Any
 
 from loom_router.errors import BadRequestError
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire import pd
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS, resolve_max_tokens
 from loom_runtime.wire.openai.fields import (
     INT_MAX,
@@ -71,29 +72,10 @@ def check_body(kind: ResponseKind, body: Mapping[str, Any]) -> None:
         _check_messages(body.get("messages"), "messages" in body)
 
 
-def several_prompts(body: Mapping[str, Any]) -> bool:
-    """A /v1/completions body with a list of more than one prompt (one choice each): it is
-    prefilled where it is decoded, and its stream cannot resume elsewhere once started."""
-    prompt = body.get("prompt")
-    return (
-        isinstance(prompt, list)
-        and len(prompt) > 1
-        and all(isinstance(p, str | list) for p in prompt)
-    )
-
-
-def wants_prompt_logprobs(body: Mapping[str, Any]) -> bool:
-    """A /v1/completions body asking for its prompt's log-probs (prompt_logprobs, or echo with
-    logprobs): the worker that prefills the prompt computes them, so it is prefilled where it is
-    decoded (a P/D decode pulls the KV and has no logits of the prompt)."""
-    echoed = body.get("echo") is True and body.get("logprobs") is not None
-    return echoed or body.get("prompt_logprobs") is not None
-
-
 def prefilled_where_decoded(kind: str, body: Mapping[str, Any]) -> bool:
-    """Whether a completions body must skip the remote prefill: several prompts (one lease
-    answers one prompt) or prompt log-probs (see wants_prompt_logprobs)."""
-    return kind == "completion" and (several_prompts(body) or wants_prompt_logprobs(body))
+    """Whether a body must skip the remote prefill: a completions body with several prompts or
+    asking for prompt log-probs (loom_runtime.wire.pd.prefilled_where_decoded)."""
+    return kind == "completion" and pd.prefilled_where_decoded(body)
 
 
 def _check_prompt(prompt: object, present: bool) -> None:

@@ -13,9 +13,9 @@ from loom_router.core.body_check import (
     check_rewritten_fields,
     parse_body,
     prefilled_where_decoded,
-    several_prompts,
 )
 from loom_router.errors import BadRequestError, classify
+from loom_runtime.wire.pd import several_prompts
 
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     # (kind, body, param, words in the message)
