@@ -151,7 +151,8 @@ $(VLLM_VENV)/bin/vllm:
 unit: vllm-venv
 
 # lm-evaluation-harness in its own cached environment (its pins are not Loom's), for the test that
-# runs `lm_eval --model local-completions` unmodified against `loom up`. First time: ~2-4 min.
+# runs `lm_eval --model local-completions` unmodified against `loom up` (as `bin/python -m lm_eval`:
+# the venv is built under a .tmp name and moved, so its scripts' shebangs are stale). ~2 min once.
 LM_EVAL_VERSION := 0.4.13
 # transformers (no torch) for its tokenizer_backend=huggingface, reading the checkpoint's tokenizer.
 LM_EVAL_TRANSFORMERS := 5.23.0
