@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.engine.sparse_mla_helpers import inner
 
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
@@ -19,7 +20,6 @@ from loom_runtime.errors import InvalidRequestError
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.wire.kv_transfer import KVTransferParams
 from loom_runtime.wire.openai.logprobs import TokenLogprob
-from tests.runtime.engine.sparse_mla_helpers import inner
 
 TOL = 1e-9
 Prompt = Callable[[int, int], tuple[int, ...]]
@@ -54,7 +54,10 @@ def assert_equal(got: tuple[TokenLogprob | None, ...], ref: torch.Tensor, prompt
         assert entry.rank == int((row > row[prompt[pos]]).sum()) + 1
         top = row.topk(k)
         assert [t for t, _ in entry.top] == top.indices.tolist()
-        assert max(abs(lp - v) for (_, lp), v in zip(entry.top, top.values.tolist())) < TOL
+        assert (
+            max(abs(lp - v) for (_, lp), v in zip(entry.top, top.values.tolist(), strict=True))
+            < TOL
+        )
 
 
 def _rms_norm_in_own_dtype(self: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -102,8 +105,9 @@ def test_chunks_batch_mates_and_a_cached_prefix_change_nothing(
     p, q = prompt(37, 5), prompt(30, 6)
 
     def engine(budget: int) -> Engine:
-        return Engine(tiny64, EngineConfig(dtype=torch.float64, max_model_len=256,
-                                           num_blocks=64, max_num_batched_tokens=budget))  # fmt: skip
+        config = EngineConfig(dtype=torch.float64, max_model_len=256, num_blocks=64,
+                              max_num_batched_tokens=budget)  # fmt: skip
+        return Engine(tiny64, config)
 
     alone = {rid: run(engine(512), [EngineRequest(rid, ids, asked())])[rid]
              for rid, ids in (("p", p), ("q", q))}  # fmt: skip

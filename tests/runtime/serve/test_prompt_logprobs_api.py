@@ -35,7 +35,9 @@ def test_echo_with_max_tokens_0_is_the_prompt_and_its_logprobs(
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(isinstance(x, float) and x < 0 for x in lp.token_logprobs[1:])
     # the token's own log-prob is among its top_logprobs (with the top alternative), as vLLM
-    for tok, own, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
+    for tok, own, top in zip(
+        lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True
+    ):
         assert top[tok] == own and max(top.values()) >= own and len(top) in (1, 2)
     assert choice.text == "".join(lp.tokens)
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
@@ -85,8 +87,14 @@ def test_prompt_logprobs_are_vllms_shape_and_equal_the_echo(
 
 
 def test_a_list_of_prompts_echoes_each(worker: Any, client: openai.OpenAI) -> None:
-    done = client.completions.create(model=worker.model, prompt=[PROMPT, PROMPT[:4]],
-                                     max_tokens=1, temperature=0, logprobs=1, echo=True)  # fmt: skip
+    done = client.completions.create(
+        model=worker.model,
+        prompt=[PROMPT, PROMPT[:4]],
+        max_tokens=1,
+        temperature=0,
+        logprobs=1,
+        echo=True,
+    )
     lens = [len(c.logprobs.tokens) for c in sorted(done.choices, key=lambda c: c.index)]
     assert lens == [len(PROMPT) + 1, 5]
 
