@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 import torch
-from tests.operator.local.sparse_helpers import ROOT, post
+from tests.operator.local.sparse_helpers import ROOT, example_fleet, post
 
-from loom_operator.testing.fleet import FleetProcess, run_fleet
+from loom_operator.testing.fleet import FleetProcess
 
 LM_EVAL_PYTHON = Path.home() / ".cache/loom/lm-eval/v0.4.13/bin/python"
 VLLM_PYTHON = Path.home() / ".cache/loom/vllm/v0.33.0/bin/python"
@@ -39,10 +39,7 @@ def fleet(
     child_env: dict[str, str],
 ) -> Iterator[FleetProcess]:
     root = tmp_path_factory.mktemp("up-clients")
-    card = root / "tiny-pd.yaml"
-    text = (ROOT / "examples" / "tiny-pd.yaml").read_text()
-    card.write_text(text.replace("loom://tiny\n", f"file://{checkpoints[0]}\n"))
-    with run_fleet(card, root / "state", child_env) as f:
+    with example_fleet("tiny-pd", root, checkpoints[0], child_env, "loom://tiny") as f:
         yield f
 
 

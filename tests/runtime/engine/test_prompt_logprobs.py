@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.engine.ranks_config import ranks_config
 from tests.runtime.engine.sparse_mla_helpers import inner
 
 from loom_runtime.engine.collector import OutputCollector
@@ -18,6 +19,7 @@ from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.engine.validate import check_prompt_logprobs
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.models.loader import LoadedModel
+from loom_runtime.parallel.layout import ParallelLayout
 from loom_runtime.wire.kv_transfer import KVTransferParams
 from loom_runtime.wire.openai.logprobs import TokenLogprob
 
@@ -157,3 +159,35 @@ def test_prompt_logprobs_across_pd_or_on_an_unfit_forward_are_refused() -> None:
     with pytest.raises(InvalidRequestError, match="kv_transfer_params") as err:
         check_prompt_logprobs(pd, served=True)
     assert err.value.param == "kv_transfer_params"
+
+
+def test_tp2_ranks_give_the_one_rank_prompt_logprobs(
+    tiny_dir: Path, tiny64: LoadedModel, prompt: Prompt
+) -> None:
+    """TP ranks return every row the leader asks for: chunked (96-token budget), the values are
+    the one-rank engine's."""
+    p = prompt(130, 9)
+    one = Engine(tiny64, ranks_config(ParallelLayout()))
+    try:
+        want = run(one, [EngineRequest("a", p, asked())])["a"]
+    finally:
+        one.shutdown()
+    tp = Engine.from_checkpoint(tiny_dir, ranks_config(ParallelLayout(tp=2)))
+    try:
+        got = run(tp, [EngineRequest("a", p, asked())])["a"]
+    finally:
+        tp.shutdown()
+    assert [e and (e.token_id, e.rank) for e in got] == [e and (e.token_id, e.rank) for e in want]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(got[1:], want[1:], strict=True)
+               if a and b) < TOL  # fmt: skip
+
+
+def test_an_engine_on_pcp_ranks_refuses_them(sparse_dir: Path) -> None:
+    """PCP/DCP/DP ranks return the rows they are built for, not every row: a clear 400."""
+    engine = Engine.from_checkpoint(sparse_dir, ranks_config(ParallelLayout(pcp=2)))
+    try:
+        with pytest.raises(InvalidRequestError, match="ranks") as err:
+            engine.add_request(EngineRequest("a", (1, 2, 3), asked()), lambda out: None)
+        assert err.value.param == "prompt_logprobs"
+    finally:
+        engine.shutdown()
