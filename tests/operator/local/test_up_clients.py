@@ -22,8 +22,14 @@ from loom_operator.testing.fleet import FleetProcess
 LM_EVAL_PYTHON = Path.home() / ".cache/loom/lm-eval/v0.4.13/bin/python"
 VLLM_PYTHON = Path.home() / ".cache/loom/vllm/v0.33.0/bin/python"
 LL_TOL = 1e-4  # the card serves fp32 (cards have no fp64): the 1e-9 parity is the engine tests'
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1"}  # fmt: skip
+CLIENT_ENV = {
+    "HF_HUB_OFFLINE": "1",  # the hub is not reachable here: the tasks and tokenizer are local
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "NO_COLOR": "1",
+    "VLLM_TARGET_DEVICE": "cpu",  # the vLLM environment's CLI on this CPU-only machine
+}
 
 
 def need(tool: Path, target: str) -> Path:
@@ -46,7 +52,7 @@ def fleet(
 def run_tool(cmd: list[str], cwd: Path, log: Path, timeout: float) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     with log.open("wb") as out:
-        done = subprocess.run(cmd, cwd=cwd, env={**env, **OFFLINE}, stdout=out,
+        done = subprocess.run(cmd, cwd=cwd, env={**env, **CLIENT_ENV}, stdout=out,
                               stderr=subprocess.STDOUT, timeout=timeout, check=False)  # fmt: skip
     assert done.returncode == 0, f"{cmd[0]} failed ({done.returncode}):\n{log.read_text()[-4000:]}"
 
