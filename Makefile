@@ -149,5 +149,24 @@ $(VLLM_VENV)/bin/vllm:
 	mv $(VLLM_VENV).tmp $(VLLM_VENV)
 	@echo "[$$(date +%T)] make vllm-venv: done"
 unit: vllm-venv
+
+# lm-evaluation-harness in its own cached environment (its pins are not Loom's), for the test that
+# runs `lm_eval --model local-completions` unmodified against `loom up` (as `bin/python -m lm_eval`:
+# the venv is built under a .tmp name and moved, so its scripts' shebangs are stale). ~2 min once.
+LM_EVAL_VERSION := 0.4.13
+# transformers (no torch) for its tokenizer_backend=huggingface, reading the checkpoint's tokenizer.
+LM_EVAL_TRANSFORMERS := 5.23.0
+LM_EVAL_VENV    := $(HOME)/.cache/loom/lm-eval/v$(LM_EVAL_VERSION)
+.PHONY: lm-eval-venv
+lm-eval-venv: $(LM_EVAL_VENV)/bin/lm_eval
+$(LM_EVAL_VENV)/bin/lm_eval:
+	@echo "[$$(date +%T)] make lm-eval-venv: lm-eval $(LM_EVAL_VERSION) into $(LM_EVAL_VENV)"
+	rm -rf $(LM_EVAL_VENV).tmp && mkdir -p $(dir $(LM_EVAL_VENV))
+	$(PY) -m venv $(LM_EVAL_VENV).tmp
+	$(LM_EVAL_VENV).tmp/bin/pip install --progress-bar off "lm-eval[api]==$(LM_EVAL_VERSION)" \
+	  "transformers==$(LM_EVAL_TRANSFORMERS)"
+	mv $(LM_EVAL_VENV).tmp $(LM_EVAL_VENV)
+	@echo "[$$(date +%T)] make lm-eval-venv: done"
+unit: lm-eval-venv
 # The real-node e2e suite (e2e/real_node) runs Loom's images on a real kubelet.
 unit: images e2e-node-build

@@ -15,6 +15,7 @@ from typing import Any
 
 from loom_router.errors import BadRequestError
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire import pd
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS, resolve_max_tokens
 from loom_runtime.wire.openai.fields import (
     INT_MAX,
@@ -71,15 +72,10 @@ def check_body(kind: ResponseKind, body: Mapping[str, Any]) -> None:
         _check_messages(body.get("messages"), "messages" in body)
 
 
-def several_prompts(body: Mapping[str, Any]) -> bool:
-    """A /v1/completions body with a list of more than one prompt (one choice each): it is
-    prefilled where it is decoded, and its stream cannot resume elsewhere once started."""
-    prompt = body.get("prompt")
-    return (
-        isinstance(prompt, list)
-        and len(prompt) > 1
-        and all(isinstance(p, str | list) for p in prompt)
-    )
+def prefilled_where_decoded(kind: str, body: Mapping[str, Any]) -> bool:
+    """Whether a body must skip the remote prefill: a completions body with several prompts or
+    asking for prompt log-probs (loom_runtime.wire.pd.prefilled_where_decoded)."""
+    return kind == "completion" and pd.prefilled_where_decoded(body)
 
 
 def _check_prompt(prompt: object, present: bool) -> None:

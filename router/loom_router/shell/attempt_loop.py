@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from loom_router.core.body_check import several_prompts
 from loom_router.core.endpoints import Endpoint
 from loom_router.core.migration import Attempt, StreamTracker, first_attempt
 from loom_router.core.request import RequestFeatures
@@ -28,7 +27,7 @@ from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.picking import Picking
 from loom_router.shell.transport import AttemptFailed, Transport
 from loom_runtime.wire.headers import MIGRATED_HEADER
-from loom_runtime.wire.pd import decode_body
+from loom_runtime.wire.pd import decode_body, several_prompts
 
 logger = logging.getLogger(__name__)
 

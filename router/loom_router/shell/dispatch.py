@@ -22,7 +22,7 @@ from loom_router.core.body_check import (
     check_context,
     check_rewritten_fields,
     parse_body,
-    several_prompts,
+    prefilled_where_decoded,
 )
 from loom_router.core.request import RequestFeatures, features_from_text, features_from_tokens
 from loom_router.core.state import RouterState
@@ -77,8 +77,8 @@ class Dispatcher:
         else:
             features, ids = await asyncio.to_thread(self.features, request_id, kind, body, session)
         choice = await self.picking.pick_waiting(features)
-        if choice.prefill is not None and kind == "completion" and several_prompts(body):
-            choice = replace(choice, prefill=None)  # one lease per request: the decode prefills
+        if choice.prefill is not None and prefilled_where_decoded(kind, body):
+            choice = replace(choice, prefill=None)  # several prompts or prompt log-probs
         self.metrics.overhead.observe(time.perf_counter() - started)
         up_headers = {REQUEST_ID_HEADER: request_id}
         if choice.prefill is not None:  # a client's error is decided here, not as a P/D fault

@@ -58,6 +58,7 @@ class CompletedRequest:
     logprobs: tuple[TokenLogprob, ...]
     weights_version: str
     metrics: RequestMetrics
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # when asked: one per prompt token
 
 
 @dataclass(eq=False)
@@ -76,6 +77,8 @@ class ARDecodeState:
     num_cached_tokens: int | None = None  # prefix hits at first admission
     text: str = ""  # detokenized output, cut at a stop string (after it, when included)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt position, when asked
+    prompt_logprobs_sent: bool = False
     finish_reason: FinishReason | None = None
     emitted_tokens: int = 0
     emitted_chars: int = 0
@@ -155,6 +158,7 @@ class ARDecodeLoop:
             decoder=self.new_decoder(req.prompt_token_ids, params.skip_special_tokens),
             history=TokenHistory(tokens, len(tokens), stop_ids),
             arrival_time=req.arrival_time or ctx.clock(),
+            prompt_logprobs=None if params.prompt_logprobs is None else [None] * len(tokens),
         )
 
     def next(self, state: ARDecodeState) -> WorkPlan[TokenResult] | Done:
@@ -166,6 +170,11 @@ class ARDecodeLoop:
         return self._plan(state, len(state.tokens) - state.num_computed)
 
     def advance(self, state: ARDecodeState, result: TokenResult) -> ARDecodeState:
+        if result.prompt_logprobs and state.prompt_logprobs is not None:
+            first = state.num_computed + 1  # the work's rows score the tokens after its first
+            for pos, entry in enumerate(result.prompt_logprobs, first):
+                if pos < state.num_prompt_tokens:  # a recompute's output tokens are not scored
+                    state.prompt_logprobs[pos] = entry
         for tok in result.drafted:  # accepted drafts: their rows are among num_tokens
             if not state.finished:
                 self._append(state, tok)
@@ -175,7 +184,7 @@ class ARDecodeLoop:
         if state.num_computed > len(state.tokens):
             raise ValueError(f"request {state.request_id!r}: computed past its tokens")
         if (
-            self.prefix_caching
+            self._caching(state)
             and state.num_computed // self.block_size > state.table.num_committed
         ):
             self.kv.commit(state.table, state.tokens[: state.num_computed])
@@ -200,6 +209,7 @@ class ARDecodeLoop:
             logprobs=tuple(state.logprobs),
             weights_version=state.ctx.weights_version,
             metrics=self.metrics(state),
+            prompt_logprobs=tuple(state.prompt_logprobs or ()),
         )
 
     # --- plans --------------------------------------------------------------------------------
@@ -217,6 +227,7 @@ class ARDecodeLoop:
             generator=state.generator,
             history=state.history,
             next_id=state.tokens[end] if end < len(state.tokens) else None,
+            prompt_logprobs=self._prompt_logprobs(state, start),
         )
         decode = num_tokens == 1 and end == len(state.tokens) and end > state.num_prompt_tokens
         new_blocks = max(0, self.kv.blocks_for(end) - len(state.table.block_ids))
@@ -228,6 +239,13 @@ class ARDecodeLoop:
             split=partial(self._plan, state) if num_tokens > 1 else None,
             request_id=state.request_id,
         )
+
+    @staticmethod
+    def _prompt_logprobs(state: ARDecodeState, start: int) -> int | None:
+        """A chunk's ask for every row's logits: when it holds prompt tokens and they were asked
+        for (a recompute after preemption scores them again, to the same values)."""
+        wanted = state.prompt_logprobs is not None and start < state.num_prompt_tokens
+        return state.request.sampling.prompt_logprobs if wanted else None
 
     def _draft_budget(self, state: ARDecodeState) -> int:
         """Drafts a decode step may verify now: up to draft_tokens, and never more tokens than
@@ -325,7 +343,7 @@ class ARDecodeLoop:
     def admission_view(self, state: ARDecodeState) -> WaitingSeq:
         """What admitting this state would cost now: cached tokens and free blocks consumed."""
         n = len(state.tokens)
-        if not self.prefix_caching:
+        if not self._caching(state):
             return WaitingSeq(state.request_id, n, 0, self.kv.blocks_for(n))
         cached, consumed = self.kv.admission_cost(state.tokens, n, self._prompt_hashes(state))
         return WaitingSeq(state.request_id, n, cached, consumed)
@@ -333,7 +351,7 @@ class ARDecodeLoop:
     def admit(self, state: ARDecodeState) -> bool:
         """Reserve blocks for all its tokens (taking prefix hits); False changes nothing."""
         n = len(state.tokens)
-        if self.prefix_caching:
+        if self._caching(state):
             if not self.kv.admit(state.table, state.tokens, n, self._prompt_hashes(state)):
                 return False
             state.num_computed = state.table.num_cached_tokens
@@ -394,6 +412,11 @@ class ARDecodeLoop:
         state.num_computed = 0
         state.num_preemptions += 1
 
+    def _caching(self, state: ARDecodeState) -> bool:
+        """Prefix caching for this state: not for one that asks for prompt log-probs, whose
+        every prompt position must be computed (as vLLM skips the cache for them)."""
+        return self.prefix_caching and state.prompt_logprobs is None
+
     def _free(self, state: ARDecodeState) -> None:
         if self.on_free is not None:  # the state beside the blocks goes first (it may write them)
             self.on_free(state.request_id)
@@ -434,6 +457,11 @@ class ARDecodeLoop:
         if not final and not new_tokens and not new_text:
             return None
         new_logprobs = tuple(state.logprobs[state.emitted_tokens :]) if state.logprobs else ()
+        prompt_lps: tuple[TokenLogprob | None, ...] = ()
+        sent = state.prompt_logprobs_sent
+        if state.prompt_logprobs is not None and not sent and state.first_token_time is not None:
+            prompt_lps = tuple(state.prompt_logprobs)  # the whole prompt was computed
+            state.prompt_logprobs_sent = True
         state.emitted_tokens += len(new_tokens)
         state.emitted_chars = end
         return RequestOutput(
@@ -446,6 +474,7 @@ class ARDecodeLoop:
             num_cached_tokens=state.num_cached_tokens or 0,
             num_output_tokens=state.num_output_tokens,
             logprobs=new_logprobs,
+            prompt_logprobs=prompt_lps,
             weights_version=state.ctx.weights_version,
             metrics=self.metrics(state) if final else None,
             kv_transfer_params=state.kv_transfer_params if final else None,

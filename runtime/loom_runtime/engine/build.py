@@ -41,6 +41,12 @@ class Forward:
     """Draft tokens a request's loop makes room for (0: no drafting in this engine; a ranked P/D
     prefill keeps MTP rows but never drafts)."""
 
+    @property
+    def prompt_logprobs(self) -> bool:
+        """Whether it computes prompt log-probs: a plain forward in this process or over TP
+        ranks (every row of a chunk comes back); not with MTP nor over PCP/DCP/DP ranks."""
+        return self.spec is None and not isinstance(self.runner, RankedRunner)
+
 
 def build_forward(
     model: CausalLM,

@@ -60,4 +60,7 @@ class OutputCollector:
             logprobs=tuple(logprobs),
             weights_version=final.weights_version,
             metrics=final.metrics,
+            prompt_logprobs=next(
+                (o.prompt_logprobs for o in self.outputs if o.prompt_logprobs), ()
+            ),
         )

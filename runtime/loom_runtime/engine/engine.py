@@ -39,7 +39,7 @@ from loom_runtime.engine.types import (
     RequestOutput,
     SamplingParams,
 )
-from loom_runtime.engine.validate import validate_request
+from loom_runtime.engine.validate import check_prompt_logprobs, validate_request
 from loom_runtime.errors import AdmissionError, CheckpointError, InvalidRequestError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
@@ -112,6 +112,7 @@ class Engine:
         self._ranks = ranks
         forward = build_forward(loaded.model, cache, config, ranks, drafter)
         self._runner, self._spec = forward.runner, forward.spec
+        self._prompt_logprobs = forward.prompt_logprobs
         self._loop = ARDecodeLoop(
             self._kv,
             new_decoder=loaded.tokenizer.incremental_decoder,
@@ -211,6 +212,7 @@ class Engine:
         """Queue a request; raises InvalidRequestError (bad input) or AdmissionError (closed)."""
         validate_request(req, self.max_model_len, self.model_config.vocab_size)
         check_transfer_request(req, self.disagg)
+        check_prompt_logprobs(req, self._prompt_logprobs)
         with self._lock:
             if self._thread.lost is not None:
                 raise AdmissionError(

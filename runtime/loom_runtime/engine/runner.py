@@ -52,6 +52,7 @@ class TokenWork:
     history: TokenHistory | None = field(default=None, repr=False, compare=False)
     draft_tokens: int = 0  # a speculative decode: drafts to propose after token_ids' one token
     next_id: int | None = None  # the token after the last of token_ids, when already known
+    prompt_logprobs: int | None = None  # every row's logits wanted (top alternatives to report)
 
     @property
     def end(self) -> int:
@@ -93,7 +94,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, works: Sequence[TokenWork]) -> list[torch.Tensor | None]:
-        """One forward over all `works`; per work its logits row ([vocab]) or None."""
+        """One forward over all `works`; per work its logits (see logits_per_work) or None."""
         batch = self.build_batch(works)
         self.set_threads(batch.num_tokens)
         logits = self.model.forward(batch, self.cache)
@@ -103,9 +104,22 @@ class ModelRunner:
 
 
 def logits_per_work(works: Sequence[TokenWork], logits: torch.Tensor) -> list[torch.Tensor | None]:
-    """Per work its row of a forward's logits ([N, vocab], one per work that wanted one)."""
-    rows = iter(logits)
-    return [next(rows) if w.want_logits else None for w in works]
+    """Per work its rows of a forward's logits (in the order build_forward_batch asked for
+    them): the last token's row ([vocab]) if it wants one, every token's ([n, vocab]) if it
+    asks for prompt log-probs, else None."""
+    out: list[torch.Tensor | None] = []
+    at = 0
+    for w in works:
+        if w.prompt_logprobs is not None:
+            n = len(w.token_ids)
+            out.append(logits[at : at + n])
+            at += n
+        elif w.want_logits:
+            out.append(logits[at])
+            at += 1
+        else:
+            out.append(None)
+    return out
 
 
 def build_forward_batch(
@@ -141,7 +155,9 @@ def build_forward_batch(
         query_start.append(query_start[-1] + n)
         context_lens.append(w.end)
         tables.append(table)
-        if w.want_logits:
+        if w.prompt_logprobs is not None:  # every row: the prompt's log-probs, chunk by chunk
+            logits_rows.extend(range(query_start[-2], query_start[-1]))
+        elif w.want_logits:
             logits_rows.append(query_start[-1] - 1)
     dev = device
     return ForwardBatch(

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from loom_runtime.engine.prompt_logprobs import chunk_prompt_logprobs
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenRunner, TokenWork
 from loom_runtime.engine.sampler import SampledToken, sample
 from loom_runtime.loop.contract import WorkPlan
+from loom_runtime.wire.openai.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class TokenResult:
     num_tokens: int
     sampled: SampledToken | None = None
     drafted: tuple[SampledToken, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # positions start + 1 .. of its work
 
     @property
     def num_emitted(self) -> int:
@@ -45,8 +48,25 @@ class TokenForward:
 
     def execute(self, plans: Sequence[WorkPlan[TokenResult]]) -> list[TokenResult]:
         works = [token_work(p) for p in plans]
-        picked = sample_rows(works, self.runner.execute(works))
-        return [TokenResult(len(w.token_ids), picked.get(i)) for i, w in enumerate(works)]
+        logits = self.runner.execute(works)
+        picked = sample_rows(works, [_sample_row(w, r) for w, r in zip(works, logits, strict=True)])
+        return [
+            TokenResult(len(w.token_ids), picked.get(i), (), _prompt_lp(w, logits[i]))
+            for i, w in enumerate(works)
+        ]
+
+
+def _sample_row(work: TokenWork, rows: torch.Tensor | None) -> torch.Tensor | None:
+    """The row to sample from: with prompt log-probs the last of the chunk's rows, if wanted."""
+    if work.prompt_logprobs is None or rows is None:
+        return rows
+    return rows[-1] if work.want_logits else None
+
+
+def _prompt_lp(work: TokenWork, rows: torch.Tensor | None) -> tuple[TokenLogprob, ...]:
+    if work.prompt_logprobs is None or rows is None:
+        return ()
+    return chunk_prompt_logprobs(work, rows)
 
 
 def sample_rows(

@@ -34,6 +34,7 @@ class SamplingParams:
     skip_special_tokens: bool = True  # False: the text keeps special tokens
     logprobs: int | None = None  # number of top alternatives to report per token, None = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
+    prompt_logprobs: int | None = None  # top alternatives per prompt token's logprob, None = off
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_output_tokens: int = 0  # total generated so far
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # final output: one per prompt token
     weights_version: str = ""
     metrics: RequestMetrics | None = None  # set on the final output only
     kv_transfer_params: TransferParams | None = None  # final output of a P/D prefill: the lease

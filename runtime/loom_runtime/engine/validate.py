@@ -63,6 +63,11 @@ def validate_request(req: EngineRequest, max_model_len: int, vocab_size: int) ->
         raise InvalidRequestError(
             f"logprobs must be in 0..{MAX_LOGPROBS}, got {p.logprobs}", param="logprobs"
         )
+    if p.prompt_logprobs is not None and not 0 <= p.prompt_logprobs <= MAX_LOGPROBS:
+        raise InvalidRequestError(
+            f"prompt_logprobs must be in 0..{MAX_LOGPROBS}, got {p.prompt_logprobs}",
+            param="prompt_logprobs",
+        )
     out_of_vocab = [t for t, _ in p.logit_bias if not 0 <= t < vocab_size]
     if out_of_vocab:
         raise InvalidRequestError(
@@ -72,3 +77,27 @@ def validate_request(req: EngineRequest, max_model_len: int, vocab_size: int) ->
         )
     if any(not s for s in p.stop):
         raise InvalidRequestError("stop strings must be non-empty", param="stop")
+
+
+def check_prompt_logprobs(req: EngineRequest, served: bool) -> None:
+    """Prompt log-probs need every prompt position computed here: not on an engine whose forward
+    does not return every row (`served` False: MTP, PCP/DCP/DP ranks), and not across P/D (a
+    decode pulls the prompt's KV; Loom's router prefills such requests where it decodes)."""
+    if req.sampling.prompt_logprobs is None:
+        return
+    rid = req.request_id
+    if not served:
+        raise InvalidRequestError(
+            f"request {rid!r}: prompt log-probs (prompt_logprobs, or echo with logprobs) are not "
+            "served by this worker's forward (MTP speculation or PCP/DCP/DP ranks); send it to "
+            "a worker without them",
+            param="prompt_logprobs",
+        )
+    params = req.kv_transfer
+    if params is not None and (params.do_remote_decode or params.do_remote_prefill):
+        raise InvalidRequestError(
+            f"request {rid!r}: prompt log-probs are computed where the prompt is prefilled and "
+            "returned by that worker: send the request without kv_transfer_params (Loom's "
+            "router prefills such requests on the decode worker)",
+            param="kv_transfer_params",
+        )

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -20,6 +21,7 @@ from aiohttp import web
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError, TransferError
 from loom_runtime.serve.bridge import Mailbox, OutputStream, RequestSink, submitted
+from loom_runtime.serve.echo import PromptEcho, echo_choice, prompt_echo
 from loom_runtime.serve.errors import RequestAbortedError, classify
 from loom_runtime.serve.metrics import ServerMetrics
 from loom_runtime.serve.prepare import (
@@ -101,10 +103,12 @@ class _Run:
         kind: ResponseKind,
         num_logprobs: int | None,
         prompt_ids: tuple[int, ...] | None = None,
+        echo: PromptEcho | None = None,
     ) -> None:
         self.ctx = ctx
         self.kind = kind
         self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
+        self.echo = echo  # completions: what the choice shows of its prompt
         self.want_logprobs = num_logprobs is not None
         self.acc = Accumulated()
         self.text_len = 0
@@ -129,13 +133,13 @@ class _Run:
         if not self.want_logprobs:
             return None
         entries = self.acc.logprobs if out is None else out.logprobs
-        token_text = self._token_text
+        token_text = self.token_text
         if self.kind == "chat":
             return chat_logprobs(entries, token_text)
         offset = 0 if out is None else self.text_len
         return completion_logprobs(entries, token_text, offset)
 
-    def _token_text(self, token_id: int) -> str:
+    def token_text(self, token_id: int) -> str:
         return self.ctx.engine.tokenizer.decode([token_id])
 
 
@@ -251,8 +255,14 @@ def _body(flights: Sequence[_Flight], meta: ResponseMeta) -> dict[str, Any]:
     """The whole answer: one choice per engine request, `index` in order, usage summed."""
     choices = []
     for index, f in enumerate(flights):
+        echo = f.run.echo
+        if echo is not None and echo.alone:  # the token run after the prompt is not returned
+            f.run.acc.completion_tokens = 0
         body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids)
-        choices.append(body["choices"][0] | {"index": index})
+        choice = body["choices"][0] | {"index": index}
+        if echo is not None and echo.wanted:
+            choice = echo_choice(choice, echo, f.run.acc, f.run.token_text)
+        choices.append(choice)
     body["choices"] = choices
     body["usage"] = _usage(flights)
     kv_params = flights[0].run.kv_transfer_params
@@ -271,14 +281,19 @@ async def _serve(
 ) -> web.StreamResponse:
     """Run `ereqs` (one per prompt) as one response, `rid`."""
     ctx = request.app[API_CONTEXT]
+    echoes: list[PromptEcho | None] = [None] * len(ereqs)
+    if isinstance(parsed, CompletionRequest):
+        decode = partial(_decode_one, ctx.engine.tokenizer)
+        echoes = [prompt_echo(parsed, p, e.prompt_token_ids, decode)
+                  for p, e in zip(parsed.prompt, ereqs, strict=True)]  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
         streams = [await stack.enter_async_context(submitted(ctx.engine, e, ctx.mailbox))
                    for e in ereqs]  # fmt: skip
         try:
             flights = []
-            for ereq, outputs in zip(ereqs, streams, strict=True):
+            for ereq, outputs, echo in zip(ereqs, streams, echoes, strict=True):
                 ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-                run = _Run(ctx, kind, ereq.sampling.logprobs, ids)
+                run = _Run(ctx, kind, ereq.sampling.logprobs, ids, echo)
                 first = await outputs.next(ctx.stall_timeout_s)
                 if first.finished and first.finish_reason == "abort":
                     run.take(first)  # raises RequestAbortedError before any header is sent
@@ -296,6 +311,10 @@ async def _serve(
                 if not outputs.finished:
                     ctx.metrics.observe_finished("abort", None)
     return web.json_response(_body(flights, meta), headers=headers)
+
+
+def _decode_one(tokenizer: ServingTokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id])
 
 
 def _headers(meta: ResponseMeta, ignored: tuple[str, ...]) -> dict[str, str]:

@@ -64,7 +64,10 @@ def _check_token_ids(ids: Sequence[int], limits: ModelLimits) -> None:
 
 
 def _sampling(
-    req: CompletionRequest | ChatCompletionRequest, max_tokens: int, logprobs: int | None
+    req: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """The engine's sampling params. spaces_between_special_tokens is accepted and has no
     effect: Loom detokenizes with the checkpoint's fast tokenizer (tokenizer.json), whose decode
@@ -85,6 +88,7 @@ def _sampling(
         skip_special_tokens=req.skip_special_tokens,
         logprobs=logprobs,
         logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
+        prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -120,13 +124,15 @@ def prepare_completion(
             param=FIELD,
         )
     out = []
+    # echo with max_tokens 0 answers the prompt alone: one token is run and not returned (vLLM)
+    requested = 1 if req.max_tokens == 0 else req.max_tokens
     for i, prompt in enumerate(req.prompt):
         ids = _prompt_ids(prompt, tokenizer, limits)
         max_tokens = resolve_max_tokens(
-            req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
+            requested, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
         )
         rid = request_id if len(req.prompt) == 1 else f"{request_id}-{i}"
-        sampling = _sampling(req, max_tokens, req.logprobs)
+        sampling = _sampling(req, max_tokens, req.logprobs, req.num_prompt_logprobs)
         out.append(EngineRequest(rid, ids, sampling, arrival_time=arrival, kv_transfer=transfer))
     return tuple(out)
 

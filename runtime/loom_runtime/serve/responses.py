@@ -23,6 +23,7 @@ class Accumulated:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # one per prompt token, when asked
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -32,6 +33,8 @@ class Accumulated:
         self.text.append(out.new_text)
         self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.logprobs)
+        if out.prompt_logprobs:
+            self.prompt_logprobs = out.prompt_logprobs
         self.prompt_tokens = out.num_prompt_tokens
         self.cached_tokens = out.num_cached_tokens
         self.completion_tokens = out.num_output_tokens

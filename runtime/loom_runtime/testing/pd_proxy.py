@@ -1,4 +1,5 @@
-"""A minimal P/D proxy: the router's two-step flow (prefill, then decode) for one pair of workers.
+"""A minimal P/D proxy: the router's two-step flow (prefill, then decode) for one pair of workers
+(a list of prompts or prompt log-probs are prefilled by the decode, as the router does).
 
 Owns the two HTTP calls (the bodies are loom_runtime.wire.pd's, the router's too); never picks
 workers, never retries and never parses a token. Run it with
@@ -16,7 +17,7 @@ from aiohttp import web
 
 from loom_runtime.wire.headers import PD_HEADER, REQUEST_ID_HEADER
 from loom_runtime.wire.kv_transfer import FIELD
-from loom_runtime.wire.pd import decode_body, prefill_body
+from loom_runtime.wire.pd import decode_body, prefill_body, prefilled_where_decoded
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class PDProxy:
         assert self._session is not None
         body = await request.json()
         headers = {k: v for k, v in request.headers.items() if k.lower() == REQUEST_ID_HEADER}
-        prefilled = await self._prefill(request.path, body, headers)
+        local = request.path == "/v1/completions" and prefilled_where_decoded(body)
+        prefilled = None if local else await self._prefill(request.path, body, headers)
         mode = "remote-prefill" if prefilled and prefilled.get(FIELD) else "local-prefill"
         url = self.decode_url + request.path
         async with self._session.post(

@@ -44,3 +44,23 @@ def decode_body(body: Mapping[str, Any], params: Mapping[str, Any] | None) -> di
     else:
         out.pop(FIELD, None)
     return out
+
+
+def several_prompts(body: Mapping[str, Any]) -> bool:
+    """A /v1/completions body with a list of more than one prompt (one choice each): it is
+    prefilled where it is decoded, and its stream cannot resume elsewhere once started."""
+    prompt = body.get("prompt")
+    return (
+        isinstance(prompt, list)
+        and len(prompt) > 1
+        and all(isinstance(p, str | list) for p in prompt)
+    )
+
+
+def prefilled_where_decoded(body: Mapping[str, Any]) -> bool:
+    """Whether a /v1/completions body skips the remote prefill (the router and the test proxy
+    alike): several prompts (one KV lease answers one prompt), or prompt log-probs
+    (prompt_logprobs, or echo with logprobs: the logits are where the prompt is prefilled, and a
+    decode that pulls the KV has none)."""
+    echoed = body.get("echo") is True and body.get("logprobs") is not None
+    return several_prompts(body) or echoed or body.get("prompt_logprobs") is not None

@@ -21,12 +21,16 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @contextmanager
 def example_fleet(
-    name: str, root: Path, checkpoint: Path, env: dict[str, str]
+    name: str,
+    root: Path,
+    checkpoint: Path,
+    env: dict[str, str],
+    source: str = "loom://tiny-sparse-mla",
 ) -> Iterator[FleetProcess]:
-    """`loom up examples/NAME.yaml` with its loom://tiny-sparse-mla source at `checkpoint`."""
+    """`loom up examples/NAME.yaml` with its `source` (a whole line's URI) at `checkpoint`."""
     card = root / f"{name}.yaml"
     text = (ROOT / "examples" / f"{name}.yaml").read_text()
-    card.write_text(text.replace("loom://tiny-sparse-mla", f"file://{checkpoint}"))
+    card.write_text(text.replace(f"{source}\n", f"file://{checkpoint}\n"))
     with run_fleet(card, root / "state", env) as fleet:
         yield fleet
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.operator.local.sparse_helpers import ROOT, metrics, post, rank_labels, sample
+from tests.operator.local.sparse_helpers import example_fleet, metrics, post, rank_labels, sample
 
-from loom_operator.testing.fleet import FleetProcess, run_fleet
+from loom_operator.testing.fleet import FleetProcess
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import SamplingParams
@@ -27,10 +27,7 @@ def fleet(
     child_env: dict[str, str],
 ) -> Iterator[FleetProcess]:
     root = tmp_path_factory.mktemp("up-tp")
-    card = root / "tiny-tp.yaml"
-    text = (ROOT / "examples" / "tiny-tp.yaml").read_text()
-    card.write_text(text.replace("loom://tiny\n", f"file://{checkpoints[0]}\n"))
-    with run_fleet(card, root / "state", child_env) as f:
+    with example_fleet("tiny-tp", root, checkpoints[0], child_env, "loom://tiny") as f:
         yield f
 
 

@@ -12,9 +12,10 @@ from loom_router.core.body_check import (
     check_context,
     check_rewritten_fields,
     parse_body,
-    several_prompts,
+    prefilled_where_decoded,
 )
 from loom_router.errors import BadRequestError, classify
+from loom_runtime.wire.pd import several_prompts
 
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     # (kind, body, param, words in the message)
@@ -153,3 +154,21 @@ def test_several_prompts_are_a_list_of_more_than_one() -> None:
     assert several_prompts({"prompt": ["a", "b"]}) and several_prompts({"prompt": [[1], [2]]})
     assert not several_prompts({"prompt": ["a"]}) and not several_prompts({"prompt": [1, 2]})
     assert not several_prompts({"prompt": "ab"}) and not several_prompts({"messages": []})
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "local"),
+    [
+        ("completion", {"prompt": "ab"}, False),
+        ("completion", {"prompt": ["a", "b"]}, True),
+        ("completion", {"prompt": "ab", "echo": True}, False),  # text only: the decode echoes it
+        ("completion", {"prompt": "ab", "echo": True, "logprobs": 0}, True),
+        ("completion", {"prompt": "ab", "logprobs": 1}, False),
+        ("completion", {"prompt": "ab", "prompt_logprobs": 0}, True),
+        ("chat", {"messages": [], "prompt_logprobs": 1}, False),  # the worker refuses it
+    ],
+)
+def test_prompt_lists_and_prompt_logprobs_are_prefilled_where_decoded(
+    kind: str, body: dict[str, Any], local: bool
+) -> None:
+    assert prefilled_where_decoded(kind, body) is local

@@ -164,3 +164,34 @@ def test_a_list_of_prompts_through_pd_is_prefilled_by_the_decode(
     assert [c["index"] for c in answer["choices"]] == [0, 1]
     got = [c["logprobs"]["tokens"] for c in answer["choices"]]
     assert got == [c["logprobs"]["tokens"] for c in want["choices"]]
+
+
+@pytest.mark.parametrize(
+    "asks",
+    [{"echo": True, "max_tokens": 1}, {"prompt_logprobs": 2}],
+    ids=["echo-logprobs", "prompt_logprobs"],
+)
+def test_prompt_logprobs_through_pd_are_prefilled_by_the_decode(
+    fleet: dict[str, Any], launch_router: Any, asks: dict[str, Any]
+) -> None:
+    """Prompt log-probs come from the worker that prefills the prompt: the router prefills such
+    a request where it decodes (a long prompt that would otherwise go to the prefill), says so,
+    and the client gets the aggregated worker's numbers."""
+    ids = prompt(8, 300)
+    status, want, _ = post(fleet["reference"].url + "/v1/completions", body(ids, **asks))
+    assert status == 200, want
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/completions", body(ids, **asks))
+        assert router.metric("loom_router:pd_total", mode="remote-prefill") == 0
+    assert status == 200 and headers["x-loom-pd"] == "local-prefill", answer
+    got, ref = answer["choices"][0], want["choices"][0]
+    assert got["text"] == ref["text"]
+    assert got["logprobs"]["tokens"] == ref["logprobs"]["tokens"]
+    assert got["logprobs"]["token_logprobs"] == ref["logprobs"]["token_logprobs"]
+    assert got.get("prompt_logprobs") == ref.get("prompt_logprobs")
+    if "echo" in asks:
+        assert len(got["logprobs"]["tokens"]) == len(ids) + 1
+        assert got["logprobs"]["token_logprobs"][0] is None
+    else:
+        assert len(got["prompt_logprobs"]) == len(ids) and got["prompt_logprobs"][0] is None

@@ -97,7 +97,6 @@ SHARED: Mapping[str, FieldRule] = {
     "watermarking": _r("watermarking is not implemented: leave it out"),
     "truncate_prompt_tokens": _r("prompt truncation is not implemented: shorten the prompt"),
     "truncation_side": _r("prompt truncation is not implemented: leave it out"),
-    "prompt_logprobs": _r(f"prompt log-probs are not implemented yet {_LATER}"),
     "logprob_token_ids": _r("log-probs of chosen ids are not implemented: use logprobs"),
     "allowed_token_ids": _r("an allow-list of ids is not implemented: use logit_bias"),
     "bad_words": _r("bad_words is not implemented: ban their ids with logit_bias -100", []),
@@ -127,7 +126,15 @@ COMPLETION: Mapping[str, FieldRule] = {
     **SHARED,
     "prompt": _h("a string or token ids, or a list of them: one choice each, index in order"),
     "logprobs": _h("0..20 top alternatives per token"),
-    "echo": _r(f"echo (the prompt repeated in the output) is not implemented yet {_LATER}", False),
+    "echo": _h(
+        "the prompt's text before the output's, and with logprobs its tokens' log-probs (the "
+        "first null) before the output's, as lm-evaluation-harness reads them; max_tokens 0 "
+        "returns the prompt alone. Not streamed (a 400 says so)"
+    ),
+    "prompt_logprobs": _h(
+        "0..20: vLLM's prompt_logprobs on the choice, one entry per prompt token (the first "
+        "null), computed in the prefill; under P/D the router prefills it where it decodes"
+    ),
     "best_of": _r(f"best_of is not implemented yet {_LATER}: send separate requests", 1),
     "suffix": _r("suffix (insertion) is not implemented: leave it out", ""),
     "add_special_tokens": _r(
@@ -171,6 +178,10 @@ CHAT: Mapping[str, FieldRule] = {
         "reasoning is not parsed out of the content, so it cannot be dropped", True
     ),
     "echo": _r("vLLM's chat echo (prepending the last message) is not implemented", False),
+    "prompt_logprobs": _r(
+        "prompt log-probs are served on /v1/completions only: send the rendered prompt there "
+        "(POST /tokenize renders it)"
+    ),
     "continue_final_message": _r(
         "continuing the final message is not implemented: leave it out", False
     ),

@@ -22,6 +22,11 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # 1 + how many tokens were likelier (prompt log-probs fill it)
+
+
+PromptLogprobs = Sequence[TokenLogprob | None]
+"""One entry per prompt token; the first is None (no token precedes it)."""
 
 
 def completion_logprobs(
@@ -60,3 +65,55 @@ def chat_logprobs(entries: Sequence[TokenLogprob], token_text: TokenText) -> dic
         for e in entries
     ]
     return {"content": content}
+
+
+def echo_completion_logprobs(
+    prompt_ids: Sequence[int],
+    prompt: PromptLogprobs,
+    entries: Sequence[TokenLogprob],
+    token_text: TokenText,
+) -> dict[str, Any]:
+    """The completions logprobs object of an echo: the prompt's tokens first (the first one's
+    logprob and top_logprobs null), then the output's, offsets from the prompt text's start. A
+    prompt token's top_logprobs hold itself and its alternatives, as vLLM answers them."""
+    out = completion_logprobs(entries, token_text, 0)
+    tokens = [token_text(t) for t in prompt_ids]
+    offsets: list[int] = []
+    at = 0
+    for tok in tokens:
+        offsets.append(at)
+        at += len(tok)
+    tops = [None if e is None else _with_itself(e, token_text) for e in prompt]
+    return {
+        "tokens": tokens + out["tokens"],
+        "token_logprobs": [None if e is None else e.logprob for e in prompt]
+        + out["token_logprobs"],
+        "top_logprobs": tops + out["top_logprobs"],
+        "text_offset": offsets + [at + o for o in out["text_offset"]],
+    }
+
+
+def _with_itself(entry: TokenLogprob, token_text: TokenText) -> dict[str, float]:
+    top = {token_text(entry.token_id): entry.logprob}
+    top.update((token_text(t), lp) for t, lp in entry.top)
+    return top
+
+
+def vllm_prompt_logprobs(prompt: PromptLogprobs, token_text: TokenText) -> list[Any]:
+    """vLLM's `prompt_logprobs` of a choice: per prompt token null (the first) or a map from
+    token id (a string) to {logprob, rank, decoded_token}: the token itself and its top
+    alternatives."""
+    out: list[Any] = []
+    for e in prompt:
+        if e is None:
+            out.append(None)
+            continue
+        item = {str(e.token_id): _vllm_entry(e.logprob, e.rank, token_text(e.token_id))}
+        for rank, (t, lp) in enumerate(e.top, 1):
+            item.setdefault(str(t), _vllm_entry(lp, rank, token_text(t)))
+        out.append(item)
+    return out
+
+
+def _vllm_entry(logprob: float, rank: int | None, text: str) -> dict[str, Any]:
+    return {"logprob": logprob, "rank": rank, "decoded_token": text}

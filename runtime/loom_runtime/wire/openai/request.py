@@ -125,8 +125,31 @@ class _SamplingRequest(StrictBody):
 class CompletionRequest(_SamplingRequest):
     ENDPOINT: ClassVar[Endpoint] = "completion"
     prompt: Prompts  # one or more prompts: one choice each, `index` in this order
-    max_tokens: int | None = Field(None, ge=1, le=INT_MAX)  # None = 16, as OpenAI
+    max_tokens: int | None = Field(None, ge=0, le=INT_MAX)  # None = 16, as OpenAI; 0 needs echo
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False  # the prompt (and with logprobs its log-probs) before the output
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM extension
+
+    @model_validator(mode="after")
+    def _echo_rules(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError(
+                "max_tokens must be >= 1 (0 is allowed only with echo: the prompt alone)",
+                param="max_tokens",
+            )
+        if self.echo and self.stream:
+            raise InvalidRequestError(
+                "echo is not streamed by Loom: send it with stream false", param="echo"
+            )
+        return self
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Top alternatives per prompt token to compute, None when nobody asked: echo with
+        logprobs asks for `logprobs` of them, prompt_logprobs for its own count."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None)
+                 if k is not None]  # fmt: skip
+        return max(asked) if asked else None
 
 
 class ChatCompletionRequest(_SamplingRequest):
