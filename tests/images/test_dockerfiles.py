@@ -90,3 +90,13 @@ def test_make_images_says_so_where_no_engine_runs_or_can_start(tmp_path: Path) -
     assert out.returncode == 1
     assert "no Docker or Podman engine answers on this machine" in out.stderr
     assert "none can be installed or started" in out.stderr
+
+
+def test_the_build_context_holds_every_package_the_images_install() -> None:
+    """`pip install /src` in an image installs what pyproject finds; .dockerignore must let each
+    of those folders into the build context, or a worker fails at import in its pod."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
+    allowed = {line[1:] for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")}  # fmt: skip
+    assert set(folders) <= allowed, set(folders) - allowed

@@ -6,7 +6,6 @@ bit-identical frames and identical tokens to the same requests run one by one (f
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +111,7 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
 
     for req in diffusion_requests():
         dit.add_request(req, on_output)
+    shared_thread.start()
     results: list[list[int]] = [[] for _ in LLM_PROMPTS]
 
     def generate(i: int) -> None:
@@ -120,16 +120,6 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
     workers = [threading.Thread(target=generate, args=(i,)) for i in range(len(LLM_PROMPTS))]
     for w in workers:
         w.start()
-    # Both engines hold work before the thread's first step (on a loaded machine the LLM's
-    # requests could otherwise arrive after every diffusion step had run).
-    llm_tenant = next(t for t in shared_thread._tenants if t.name == "llm")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with shared_thread.cond:
-            if llm_tenant.has_work():
-                break
-        time.sleep(0.01)
-    shared_thread.start()
     try:
         assert done.wait(300)
         for w in workers:
