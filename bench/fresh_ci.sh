@@ -7,6 +7,8 @@
 set -uo pipefail
 out="${FRESH_DIR:-/tmp/fresh}"; src="$(cd "$(dirname "$0")/.." && pwd)"
 if pgrep -f "loom-node|loom-k8s" >/dev/null; then echo "an e2e cluster runs: stop it first"; exit 1; fi
+# dockerd must answer for its images and build cache to go (it may not run after a restart).
+bash "$src/images/engine.sh" >/dev/null || exit 1
 docker rmi -f ghcr.io/loom-serving/loom-runtime:0.1.0 ghcr.io/loom-serving/loom-operator:0.1.0 \
   $(docker images --format '{{.Repository}}:{{.Tag}}' | grep -E '^loom-base:|^loom.dev/e2e/pause') >/dev/null
 docker builder prune -af >/dev/null
