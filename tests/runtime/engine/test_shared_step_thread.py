@@ -6,6 +6,8 @@ bit-identical frames and identical tokens to the same requests run one by one (f
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,10 +16,11 @@ import torch
 from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.diffusion.engine_types import DiffusionEngineConfig
 from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
+from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.shared_step_thread import SharedStepThread, TenantView, catch_up, choose
-from loom_runtime.engine.types import SamplingParams
+from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.loader import LoadedModel
 from loom_runtime.models.wan.loader import LoadedWan, load_wan
 from loom_runtime.models.wan.tiny import init_tiny_wan
@@ -96,10 +99,19 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
     frames_alone, tokens_alone = alone(tiny64, wan64)
     shared_thread = SharedStepThread("test-worker", idle_wait_s=0.05)
     llm, dit = engines(tiny64, wan64, shared_thread)
-    order: list[str] = []
-    for tenant in shared_thread._tenants:  # record which engine each step went to
-        inner = tenant.step
-        tenant.step = lambda inner=inner, name=tenant.name: order.append(name) or inner()  # type: ignore[method-assign]
+    order: list[str] = []  # which engine each step that ran something went to
+
+    def recorded(step: Callable[[], bool], name: str) -> Callable[[], bool]:
+        def run() -> bool:
+            ran = step()
+            if ran:
+                order.append(name)
+            return ran
+
+        return run
+
+    for tenant in shared_thread._tenants:
+        tenant.step = recorded(tenant.step, tenant.name)
 
     done = threading.Event()
     outs: dict[str, DiffusionOutput] = {}
@@ -109,30 +121,29 @@ def test_llm_decode_and_diffusion_interleaved_on_one_thread_equal_them_alone(
         if len(outs) == 8:
             done.set()
 
+    # every request is in before the thread starts, so both engines hold work from the first step
     for req in diffusion_requests():
         dit.add_request(req, on_output)
+    collectors = []
+    for i, prompt in enumerate(LLM_PROMPTS):
+        request = EngineRequest(f"l{i}", prompt, GREEDY)
+        collectors.append(OutputCollector(request))
+        llm.add_request(request, collectors[-1])
     shared_thread.start()
-    results: list[list[int]] = [[] for _ in LLM_PROMPTS]
-
-    def generate(i: int) -> None:
-        results[i] = list(llm.generate(LLM_PROMPTS[i], GREEDY, request_id=f"l{i}").output_token_ids)
-
-    workers = [threading.Thread(target=generate, args=(i,)) for i in range(len(LLM_PROMPTS))]
-    for w in workers:
-        w.start()
     try:
         assert done.wait(300)
-        for w in workers:
-            w.join(300)
+        deadline = time.monotonic() + 300
+        assert all(c.wait(deadline) for c in collectors)  # no drive: the shared thread steps
     finally:
         llm.shutdown()
         dit.shutdown()
+    results = [list(c.result().output_token_ids) for c in collectors]
     assert results == tokens_alone
     for rid, expected in frames_alone.items():
         assert outs[rid].finish_reason == "done" and torch.equal(outs[rid].frames, expected), rid
     # step by step on one thread: LLM decode ran while diffusion requests were still denoising
-    last_dit = max(i for i, name in enumerate(order) if name == "dit")
-    assert order.index("llm") < last_dit, order
+    dits = [i for i, name in enumerate(order) if name == "dit"]
+    assert any(dits[0] < i < dits[-1] for i, name in enumerate(order) if name == "llm"), order
     stats = {s.name: s for s in shared_thread.stats()}
     assert stats["llm"].steps > 0 and stats["dit"].steps > 0
     assert stats["dit"].predicted_step_s > 0 and stats["llm"].compute_s > 0
