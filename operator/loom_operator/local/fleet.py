@@ -2,7 +2,7 @@
 timer, with the card file watched for edits; plus starting up (adopting what an earlier
 controller left running) and shutting down (drain, then stop everything).
 
-Owns the order of one round and the router process's upkeep; never decides what the fleet
+Owns the order of one round; never decides what the fleet
 should do (`loom_operator.fleet.reconcile` does) and never prints (events go to a sink).
 """
 
@@ -29,19 +29,20 @@ from loom_operator.fleet.push import PushConflict, PushUpdate
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.fleet.store import load_record, save_record
 from loom_operator.local.cards import CardWatcher, FleetCards, LocalCardError, parse_fleet_cards
-from loom_operator.local.checkpoints import checkpoint_dir
 from loom_operator.local.events import EventSink, FleetEvent
 from loom_operator.local.executor import Executor, Round
-from loom_operator.local.launch import LaunchOptions, router_config
+from loom_operator.local.launch import LaunchOptions
 from loom_operator.local.observe import worker_state
-from loom_operator.local.ports import free_ports, port_is_free
+from loom_operator.local.ports import free_ports
 from loom_operator.local.push import HOST, PushCoordinator
 from loom_operator.local.push_api import push_app, start_push_api
+from loom_operator.local.router_keeper import RouterKeeper
 from loom_operator.local.routing import RouterLink
 from loom_operator.local.snapshot import (
     FleetStatus,
     condition_rows,
     save_status,
+    status_changed,
     weight_sync_row,
     worker_row,
 )
@@ -50,19 +51,15 @@ from loom_operator.local.state import (
     ControllerInfo,
     ControllerLock,
     Secrets,
-    StateError,
     StatePaths,
     load_applied,
     load_or_create_secrets,
     save_applied,
     save_controller,
-    write_atomic,
 )
 from loom_operator.local.workers import ProcessSet
 
 logger = logging.getLogger(__name__)
-
-STATUS_REFRESH_S = 5.0  # status.json is rewritten at least this often, else only on change
 
 
 @dataclass(frozen=True)
@@ -111,9 +108,6 @@ class LocalFleet:
         self.status: FleetStatus | None = None
         """The latest snapshot (also in status.json, rewritten when it changes)."""
         self._written: FleetStatus | None = None
-        self._router_next_start = 0.0
-        self._router_spawned = False
-        self._router_failures = 0
         self._origin_watch = CardWatcher(self._origin, cards.sha256)
         self._state_watch = CardWatcher(paths.card, cards.sha256)
         self._observed: FleetObservation | None = None
@@ -149,8 +143,16 @@ class LocalFleet:
             )
             self._events(FleetEvent("adopted", msg))
         self.record = load_record(self.paths.record)
-        await self._start_router(now, first=True)
-        self.router = RouterLink(RouterAdmin(self._router_admin_url(), secrets.admin_token))
+        self.router_keeper = RouterKeeper(
+            self.paths,
+            self.processes,
+            self._events,
+            self._env,
+            self.settings.port,
+            self.settings.router_backoff_cap_s,
+        )
+        await self.router_keeper.start(self.cards, now, first=True)
+        self.router = RouterLink(RouterAdmin(self.router_keeper.admin_url, secrets.admin_token))
         self.executor = Executor(self.processes, self.observer, self.router, self._events)
         self.pushes = PushCoordinator(
             self.processes,
@@ -159,7 +161,7 @@ class LocalFleet:
             self.executor.wake.set,
             self.paths.root / "push.json",
         )
-        await self._wait_router()
+        await self.router_keeper.wait_ready(self.router, self.settings.router_ready_timeout_s)
         port = self.settings.weights_port or free_ports(1, self.processes.table.ports())[0]
         app = push_app(secrets.admin_token, self._open_push, lambda: self.pushes.update)
         self._push_api = await start_push_api(app, HOST, port)
@@ -178,7 +180,8 @@ class LocalFleet:
         if self._push_api is not None:
             await self._push_api.cleanup()
         processes: ProcessSet | None = getattr(self, "processes", None)
-        if processes is not None and self._router_spawned:
+        keeper: RouterKeeper | None = getattr(self, "router_keeper", None)
+        if processes is not None and keeper is not None and keeper.spawned:
             await processes.stop_router(self.settings.stop_grace_s)
         observer: Observer | None = getattr(self, "observer", None)
         if observer is not None:
@@ -194,48 +197,10 @@ class LocalFleet:
         port = router.port if router is not None else self.settings.port
         return f"http://127.0.0.1:{port}/v1"
 
-    def _router_admin_url(self) -> str:
-        router = self.processes.table.router
-        assert router is not None
-        return router.admin_url
-
     def _install(self, cards: FleetCards, origin: Path) -> None:
         applied = Applied(str(origin), cards.sha256, time.time())
         save_applied(self.paths, cards.text, applied)
         self._state_watch.seen(cards.sha256)
-
-    async def _start_router(self, now: float, first: bool = False) -> None:
-        old = self.processes.table.router
-        if self.processes.router_alive() and old is not None:
-            self._events(FleetEvent("router", f"adopted the router (pid {old.pid})"))
-            return
-        port = old.port if old is not None else self.settings.port
-        if not port_is_free(port):
-            raise StateError(
-                f"port {port} (the fleet's endpoint) is in use: stop what listens there or "
-                "pass --port"
-            )
-        admin = old.admin_port if old is not None and port_is_free(old.admin_port) else None
-        admin = admin or free_ports(1, self.processes.table.ports() | {port})[0]
-        if first:
-            self._events(FleetEvent("router", f"preparing {self.cards.desired.source_uri}"))
-        tokenizer = await checkpoint_dir(self.cards.desired.source_uri, self._env)
-        write_atomic(self.paths.router_config, router_config(self.cards, tokenizer))
-        entry = self.processes.start_router(port, admin, now)
-        self._router_spawned = True
-        self._events(FleetEvent("router", f"starting the router on port {entry.port}"))
-
-    async def _wait_router(self) -> None:
-        deadline = time.monotonic() + self.settings.router_ready_timeout_s
-        while not await self.router.refresh():
-            if not self.processes.router_alive():
-                raise StateError(f"the router exited at start: see {self.paths.log('router')}")
-            if time.monotonic() > deadline:
-                raise StateError(
-                    f"the router's admin API did not answer within "
-                    f"{self.settings.router_ready_timeout_s:g}s: see {self.paths.log('router')}"
-                )
-            await asyncio.sleep(0.1)
 
     # -- rounds ---------------------------------------------------------------------------
 
@@ -271,7 +236,7 @@ class LocalFleet:
             how = "" if code is None else f" (exit status {code})"
             msg = f"{name} exited{how}; its log: {self.paths.log(name)}"
             self._events(FleetEvent("exited", msg, name, "warning"))
-        await self._keep_router(now)
+        await self.router_keeper.keep(self.cards, self.router, now)
         observed = await self._observe(now)
         self._observed = observed
         desired = self.pushes.desired(self.cards.desired)
@@ -307,22 +272,6 @@ class LocalFleet:
             for w in members
         ]
         return FleetObservation(tuple(states), now, held_requests=self.router.held)
-
-    async def _keep_router(self, now: float) -> None:
-        """Restart a router that exited, with backoff (the endpoint keeps its port)."""
-        if self.processes.router_alive():
-            router = self.processes.table.router
-            if router is not None and now - router.started_at > 60:
-                self._router_failures = 0
-            return
-        if now < self._router_next_start:
-            return
-        self._router_failures += 1
-        delay = min(self.settings.router_backoff_cap_s, 2.0 ** (self._router_failures - 1))
-        self._router_next_start = now + delay
-        self._events(FleetEvent("router", "the router exited; restarting it", level="warning"))
-        self.router.forget()
-        await self._start_router(now)
 
     async def _quietly(self, call: Awaitable[object]) -> None:
         try:
@@ -395,12 +344,7 @@ class LocalFleet:
             ),
         )
         self.status = status
-        written = self._written
-        if (
-            written is None
-            or now - written.updated_at > STATUS_REFRESH_S
-            or dataclasses.replace(written, updated_at=now) != status
-        ):
+        if status_changed(self._written, status, now):
             save_status(self.paths, status)
             self._written = status
 

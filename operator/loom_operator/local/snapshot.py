@@ -17,6 +17,7 @@ from loom_operator.local.state import StateError, StatePaths, WorkerEntry, write
 from loom_runtime.control_api.status import WorkerStatus
 
 SCHEMA = "loom.dev/local-status"
+STATUS_REFRESH_S = 5.0  # status.json is rewritten at least this often, else only on change
 
 
 @dataclass(frozen=True)
@@ -143,3 +144,13 @@ def load_status(paths: StatePaths) -> FleetStatus | None:
         return FleetStatus.from_json(text)
     except (ValueError, TypeError, KeyError) as e:
         raise StateError(f"{paths.status}: unreadable status: {e}") from e
+
+
+def status_changed(written: FleetStatus | None, status: FleetStatus, now: float) -> bool:
+    """Whether `status` must be written: it differs from what was (beyond its time), or what
+    was is older than STATUS_REFRESH_S."""
+    return (
+        written is None
+        or now - written.updated_at > STATUS_REFRESH_S
+        or dataclasses.replace(written, updated_at=now) != status
+    )

@@ -1,8 +1,8 @@
 """`loom up` end to end with real processes (router + workers): it prints a working endpoint,
-`loom status` shows the fleet, `loom apply` scales it, a killed worker comes back, a broken card
-edit is refused while the fleet keeps serving, a restarted controller adopts running workers,
-Ctrl-C drains requests in flight before stopping, and `loom down` stops a fleet from another
-shell — leaving no process behind."""
+`loom status` shows the fleet, `loom apply` scales it, a killed worker or router comes back, a
+broken card edit is refused while the fleet keeps serving, a restarted controller adopts running
+workers, Ctrl-C drains requests in flight before stopping, and `loom down` stops a fleet from
+another shell — leaving no process behind."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +123,28 @@ def test_killed_worker_is_restarted_with_backoff(fleet: FleetProcess) -> None:
     assert "Degraded True (WorkerFailed)" in out
     settled = fleet.wait_settled(SETTLE_S)
     assert settled.condition("Degraded").status == "False"  # type: ignore[union-attr]
+
+
+def test_a_killed_router_is_restarted_on_the_same_port(fleet: FleetProcess) -> None:
+    before = fleet.wait_settled(SETTLE_S)
+    os.kill(before.router_pid, signal.SIGKILL)
+    after = fleet.wait(
+        lambda s: (
+            s.router_pid not in (0, before.router_pid)
+            and all(w.ready and w.routed for w in s.workers)
+        ),
+        SETTLE_S,
+        "the router's restart",
+    )
+    assert "the router exited; restarting it" in fleet.output()
+    assert after.endpoint == before.endpoint
+    request = urllib.request.Request(
+        f"{fleet.endpoint}/completions",
+        data=json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        assert json.load(reply)["usage"]["completion_tokens"] == 4
 
 
 def test_a_broken_card_edit_is_refused_and_the_fleet_keeps_serving(fleet: FleetProcess) -> None:
