@@ -1,4 +1,5 @@
-"""The DeploymentCard: how a ModelCard is served (roles, router, weight sync, failover).
+"""The DeploymentCard: how a ModelCard is served (roles, router, weight sync, failover,
+autoscaling).
 
 Owns the card's top-level shape; never renders manifests or talks to a cluster.
 """
@@ -7,18 +8,33 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 
+from loom_operator.api.autoscaling import Autoscaling
 from loom_operator.api.roles import Roles
 from loom_operator.api.status import DeploymentCardStatus
-from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta
+from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta, cel_rules
+from loom_runtime.card.checks import raise_for
 from loom_runtime.card.serving import Failover, PrefixCaching, Router, WeightSync
 
 Backend = Literal["native", "vllm"]
 
 
+def _scales_a_declared_role(role: str) -> tuple[str, str]:
+    return (
+        f"!has(self.autoscaling) || !has(self.autoscaling.{role}) || has(self.roles.{role})",
+        f"autoscaling.{role} needs a {role} role",
+    )
+
+
 class DeploymentCardSpec(CardModel):
     """How the model is served."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            *(_scales_a_declared_role(r) for r in ("prefill", "decode", "aggregated"))
+        )
+    )
 
     model_card: DnsName
     """Name of the ModelCard to serve (same namespace)."""
@@ -34,6 +50,23 @@ class DeploymentCardSpec(CardModel):
     """How workers move to new weights."""
     failover: Failover = Field(default_factory=Failover)
     """Dead workers and failed transfers."""
+    autoscaling: Autoscaling | None = None
+    """Loom's planner moves the roles it names between their bounds (unset: replicas are
+    fixed; docs/autoscaling.md)."""
+
+    @model_validator(mode="after")
+    def _check_autoscaling(self) -> DeploymentCardSpec:
+        if self.autoscaling is None:
+            return self
+        declared = self.roles.present()
+        errors = [
+            (("autoscaling", role), "undeclared_role", f"autoscaling.{role} needs a {role} role")
+            for role in ("prefill", "decode", "aggregated")
+            if getattr(self.autoscaling, role) is not None and role not in declared
+        ]
+        if errors:
+            raise_for("DeploymentCardSpec", errors)
+        return self
 
 
 class DeploymentCard(CardModel):

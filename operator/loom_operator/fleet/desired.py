@@ -5,11 +5,13 @@ Owns converting the cards once into `DesiredFleet` (plain data); never looks at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from loom_operator.api.autoscaling import Autoscaling, ScaleBounds
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import ROLE_NAMES, RoleName
+from loom_operator.fleet.autoscale import AutoscalePolicy, RoleBounds, Targets
 from loom_runtime.card.component import Component
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.card.serving import SyncStrategyName
@@ -90,6 +92,8 @@ class DesiredFleet:
     roles: tuple[RoleTarget, ...]
     sync: SyncPolicy = field(default_factory=SyncPolicy)
     failover: FailoverPolicy = field(default_factory=FailoverPolicy)
+    autoscale: AutoscalePolicy | None = None
+    """Loom's planner moves these roles' replicas; None: the card's replicas are fixed."""
 
     def __post_init__(self) -> None:
         names = [t.role for t in self.roles]
@@ -125,6 +129,11 @@ class DesiredFleet:
             for i in range(t.replicas)
         ]
         return tuple(sorted(slots, key=lambda s: (s.index, ROLE_NAMES.index(s.role))))
+
+    def with_replicas(self, replicas: dict[RoleName, int]) -> DesiredFleet:
+        """The same fleet with these roles' replicas (the planner's decision) in place."""
+        roles = tuple(RoleTarget(t.role, replicas.get(t.role, t.replicas)) for t in self.roles)
+        return replace(self, roles=roles)
 
     def slot(self, name: str) -> WorkerSlot | None:
         """The slot called `name`, or None when no desired worker has that name."""
@@ -180,4 +189,27 @@ def desired_fleet(
             crash_loop_failures=base.crash_loop_failures,
             crash_loop_window_s=base.crash_loop_window_s,
         ),
+        autoscale=None if spec.autoscaling is None else autoscale_policy(spec.autoscaling),
+    )
+
+
+def autoscale_policy(section: Autoscaling) -> AutoscalePolicy:
+    """The card's autoscaling section as the planner's plain data (milliseconds to seconds)."""
+    t = section.targets
+    bounds: dict[RoleName, ScaleBounds | None] = {
+        "prefill": section.prefill,
+        "decode": section.decode,
+        "aggregated": section.aggregated,
+    }
+    return AutoscalePolicy(
+        roles={r: RoleBounds(b.min, b.max) for r, b in bounds.items() if b is not None},
+        targets=Targets(
+            ttft_p90_s=None if t.ttft_p90_ms is None else t.ttft_p90_ms / 1000,
+            itl_p90_s=None if t.itl_p90_ms is None else t.itl_p90_ms / 1000,
+            queue=t.queue,
+            kv_usage=t.kv_usage,
+            prefill_tokens=t.prefill_tokens,
+        ),
+        scale_up_s=section.scale_up_seconds,
+        scale_down_s=section.scale_down_seconds,
     )

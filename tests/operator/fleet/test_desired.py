@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from loom_operator.api.autoscaling import Autoscaling
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.documents import load_documents
+from loom_operator.fleet.autoscale import RoleBounds
 from loom_operator.fleet.desired import (
     DesiredFleet,
     FailoverPolicy,
@@ -144,3 +146,24 @@ def test_slots_interleave_roles_by_index() -> None:
 def test_impossible_fleets_are_refused(roles: tuple[RoleTarget, ...], error: str) -> None:
     with pytest.raises(FleetError, match=error):
         DesiredFleet("d", "c", "v1", "loom://tiny", roles)
+
+
+def test_the_autoscaling_section_becomes_the_planners_policy_in_seconds() -> None:
+    model, deployment = _cards(EXAMPLES / "tiny-pd.yaml")
+    assert desired_fleet(model, deployment).autoscale is None
+    section = Autoscaling.model_validate(
+        {"decode": {"min": 0, "max": 3}, "targets": {"ttftP90Ms": 800, "itlP90Ms": 40},
+         "scaleDownSeconds": 120}
+    )  # fmt: skip
+    spec = deployment.spec.model_copy(update={"autoscaling": section})
+    d = desired_fleet(model, deployment.model_copy(update={"spec": spec}))
+    assert d.autoscale is not None
+    assert dict(d.autoscale.roles) == {"decode": RoleBounds(0, 3)}
+    t = d.autoscale.targets
+    assert (t.ttft_p90_s, t.itl_p90_s, t.queue, t.prefill_tokens) == (0.8, 0.04, 4.0, None)
+    assert (d.autoscale.scale_up_s, d.autoscale.scale_down_s) == (30.0, 120.0)
+    scaled = d.with_replicas({"decode": 3})
+    assert [s.name for s in scaled.slots if s.role == "decode"] == [
+        "tiny-pd-decode-0", "tiny-pd-decode-1", "tiny-pd-decode-2",
+    ]  # fmt: skip
+    assert scaled.replicas("prefill") == d.replicas("prefill")
