@@ -6,7 +6,8 @@ something is an error: raising sites say what was wrong, where, and what to do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -36,6 +37,15 @@ class EndpointExistsError(EndpointError):
 
 class NoEndpointError(RouterError):
     """No endpoint can take the request now (HTTP 503); the message lists why each was dropped."""
+
+
+class CapacityWaitError(NoEndpointError):
+    """A request held for capacity (a sync, a gap, a role starting from zero) was not placed:
+    the hold is full or its time ran out (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class MetricsParseError(RouterError, ValueError):
@@ -100,6 +110,8 @@ class Reply:
     code: str | None
     message: str
     param: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Extra response headers (Retry-After on a 503 the client should retry)."""
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -128,7 +140,9 @@ def classify(exc: BaseException, request_id: str | None = None) -> Reply:
     for cls, status, kind, code in _TABLE:
         if isinstance(exc, cls):
             param = exc.param if isinstance(exc, BadRequestError) else None
-            return Reply(status, kind, code, str(exc), param)
+            wait = exc.retry_after_s if isinstance(exc, CapacityWaitError) else None
+            headers = {} if wait is None else {"Retry-After": str(wait)}
+            return Reply(status, kind, code, str(exc), param, headers)
     where = f" (request {request_id})" if request_id else ""
     return Reply(500, "server_error", None, f"internal router error{where}; see the router log")
 

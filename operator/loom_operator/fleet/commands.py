@@ -148,4 +148,14 @@ def router_document(
         "failover": spec.failover.model_dump(mode="json", by_alias=True),
         "endpoints": [],
         **({} if diffusion is None else {"diffusion": {"default_steps": diffusion}}),
+        **({"scale_from_zero": True} if scales_from_zero(card) else {}),
     }
+
+
+def scales_from_zero(card: DeploymentCard) -> bool:
+    """The planner may take the serving role (decode or aggregated) to zero workers: the router
+    then holds requests while none exists (router.hold bounds it) instead of refusing them."""
+    a = card.spec.autoscaling
+    if a is None:
+        return False
+    return any(b is not None and b.min == 0 for b in (a.decode, a.aggregated))

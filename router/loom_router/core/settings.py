@@ -85,6 +85,13 @@ class RoutingSettings:
     card's default when it runs more than one router replica)."""
     debug_scores: int = 8
     """Candidates whose score breakdown a RoutingDecision carries (the chosen one first)."""
+    max_held: int = 256
+    """Requests held at once while no worker can take them for now (card router.hold)."""
+    hold_s: float = 60.0
+    """Longest hold before a 503 with Retry-After."""
+    hold_when_empty: bool = False
+    """Also hold while no serving worker exists at all: a role the planner may scale to zero
+    (autoscaling min 0) is starting one."""
 
     def __post_init__(self) -> None:
         problems = [
@@ -97,11 +104,12 @@ class RoutingSettings:
                 ("approx_blocks_per_endpoint", self.approx_blocks_per_endpoint),
                 ("max_sessions", self.max_sessions),
                 ("debug_scores", self.debug_scores),
+                ("hold_s", self.hold_s),
             )
             if value <= 0
         ]
-        if self.min_uncached_tokens < 0 or self.migration_limit < 0:
-            problems.append("min_uncached_tokens and migration_limit must be >= 0")
+        if self.min_uncached_tokens < 0 or self.migration_limit < 0 or self.max_held < 0:
+            problems.append("min_uncached_tokens, migration_limit and max_held must be >= 0")
         if self.in_flight_prefix_s < 0:
             problems.append(f"in_flight_prefix_s must be >= 0, got {self.in_flight_prefix_s}")
         if not 0 <= self.host_hit_weight <= 1:

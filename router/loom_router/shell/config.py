@@ -37,7 +37,7 @@ Policy = Literal["scored", "random", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("scored", "random", "round-robin")
 _TOP_LEVEL = frozenset(
     {"model_name", "tokenizer_path", "block_size", "hash_seed", "hash_algo", "router",
-     "failover", "endpoints", "diffusion"}
+     "failover", "endpoints", "diffusion", "scale_from_zero"}
 )  # fmt: skip
 DEFAULT_DIFFUSION_STEPS = 50
 
@@ -149,6 +149,9 @@ def settings_from_spec(
         raise ConfigError(f"block_size: a positive integer, got {block_size!r}")
     if not isinstance(seed, str) or not isinstance(algo, str):
         raise ConfigError("hash_seed and hash_algo: strings")
+    from_zero = doc.get("scale_from_zero", False)
+    if not isinstance(from_zero, bool):
+        raise ConfigError(f"scale_from_zero: true or false, got {from_zero!r}")
     return RoutingSettings(
         weights=ScorerWeights(**router.scorers.model_dump()),
         prefix_scorer=router.prefix_scorer,
@@ -163,6 +166,9 @@ def settings_from_spec(
         health_timeout_s=failover.health_timeout_seconds,
         on_transfer_failure=failover.on_transfer_failure,
         in_flight_prefix_s=router.in_flight_prefix_s,
+        max_held=router.hold.max_requests,
+        hold_s=router.hold.timeout_seconds,
+        hold_when_empty=from_zero,
     )
 
 

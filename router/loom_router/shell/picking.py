@@ -19,17 +19,15 @@ from loom_router.core.filters import SERVING_ROLES, filter_endpoints, rejection
 from loom_router.core.pipeline import EndpointPicker
 from loom_router.core.request import RequestFeatures
 from loom_router.core.state import RouterState
-from loom_router.errors import NoEndpointError
+from loom_router.errors import CapacityWaitError, NoEndpointError
 from loom_router.shell.config import POLICIES, Policy
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.upstream import Upstream
 from loom_runtime.wire.metric_names import ROUTER_HELD_REQUESTS
 
-CAPACITY_WAIT_S = 60.0
-"""How long a new request waits for capacity while every worker that could take it is draining
-or not ready but none is down (a Barrier weight sync, a one-worker-per-role capacity gap):
-it is held, not refused, and routed as soon as one serves again."""
 CAPACITY_POLL_S = 0.05
+RETRY_AFTER_S = 5
+"""What a 503 from a full or expired hold tells the client to wait before it tries again."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ class Picking:
         self._max_model_len: dict[str, int] = {}
         """Endpoint URL -> its served context length, learned once per address."""
         self.held = 0
-        """Requests waiting in `pick_waiting` for paused capacity now (a sync, a gap)."""
+        """Requests held in `pick_waiting` now (a sync, a gap, a start from zero)."""
         metrics.add_gauge(
             ROUTER_HELD_REQUESTS,
             "Requests held (not refused) while every worker that could take them is paused: "
@@ -86,22 +84,39 @@ class Picking:
         return choice
 
     async def pick_waiting(self, features: RequestFeatures) -> Choice:
-        """`pick`, but while capacity is only paused (see CAPACITY_WAIT_S) wait for it."""
-        deadline = time.monotonic() + CAPACITY_WAIT_S
+        """`pick`, but while no worker can take the request only for now — every one that could
+        is paused (a Barrier sync, a capacity gap), or none exists and the fleet scales from
+        zero — hold it, bounded by the card's router.hold: at most `max_held` at once, each for
+        at most `hold_s`; then 503 with Retry-After."""
         try:
             return self.pick(features)
         except NoEndpointError:
-            if not self._capacity_paused():
+            if not self._may_hold():
                 raise
+        settings = self.state.settings
+        if self.held >= settings.max_held:
+            raise CapacityWaitError(
+                f"request {features.request_id}: no worker can take it now and "
+                f"{self.held} request(s) already wait (router.hold.maxRequests "
+                f"{settings.max_held}); retry after {RETRY_AFTER_S}s",
+                RETRY_AFTER_S,
+            )
+        deadline = time.monotonic() + settings.hold_s
         self.held += 1
         try:
             while True:
                 await asyncio.sleep(CAPACITY_POLL_S)
                 try:
                     return self.pick(features)
-                except NoEndpointError:
-                    if time.monotonic() >= deadline or not self._capacity_paused():
+                except NoEndpointError as exc:
+                    if not self._may_hold():
                         raise
+                    if time.monotonic() >= deadline:
+                        raise CapacityWaitError(
+                            f"request {features.request_id}: held {settings.hold_s:g}s "
+                            f"(router.hold.timeoutSeconds) and no worker could take it: {exc}",
+                            RETRY_AFTER_S,
+                        ) from exc
         finally:
             self.held -= 1
 
@@ -130,14 +145,15 @@ class Picking:
         self._max_model_len[endpoint.url] = data
         return data
 
-    def _capacity_paused(self) -> bool:
-        """Some serving worker is held back only for now (draining, not ready, admission
-        closed, mid weight sync), not marked down."""
+    def _may_hold(self) -> bool:
+        """Capacity is only paused: some serving worker is held back for now (draining, not
+        ready, admission closed, mid weight sync), not marked down — or none exists at all and
+        the fleet scales from zero (a worker is starting)."""
         load = self.state.load.view(time.monotonic())
-        return any(
-            e.role in SERVING_ROLES and not e.down and rejection(e, load) is not None
-            for e in self.source.snapshot().endpoints
-        )
+        serving = [e for e in self.source.snapshot().endpoints if e.role in SERVING_ROLES]
+        if not serving:
+            return self.state.settings.hold_when_empty
+        return any(not e.down and rejection(e, load) is not None for e in serving)
 
     def _choose(self, features: RequestFeatures, remember: bool = True) -> Choice:
         snapshot = self.source.snapshot()

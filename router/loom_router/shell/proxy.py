@@ -112,7 +112,7 @@ class ProxyApp:
                 logger.exception("request failed", extra={"request_id": rid})
             elif reply.status >= 500:
                 logger.warning("request failed: %s", reply.message, extra={"request_id": rid})
-            response = web.json_response(reply.body(), status=reply.status)
+            response = web.json_response(reply.body(), status=reply.status, headers=reply.headers)
         if not response.prepared:
             response.headers[REQUEST_ID_HEADER] = rid
         self.metrics.inc("requests", route, str(response.status))

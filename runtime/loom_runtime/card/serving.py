@@ -71,6 +71,16 @@ class Hotspot(CardModel):
     the candidates' mean × (1 + spillMargin) + 1."""
 
 
+class Hold(CardModel):
+    """Requests the router holds, rather than refuses, while no worker can take them for now: a
+    Barrier weight sync, a capacity gap, or a role scaled to zero that is starting a worker."""
+
+    max_requests: int = Field(default=256, ge=0, le=100_000)
+    """Held at once; beyond it a request gets 503 with Retry-After at once. 0: hold none."""
+    timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """Longest hold; then 503 with Retry-After."""
+
+
 DEFAULT_IN_FLIGHT_PREFIX_S = 10.0
 """One router replica: remember where a prompt went until its KV events arrive (a prefill of a
 long prompt under load takes seconds)."""
@@ -91,6 +101,8 @@ class Router(CardModel):
     """Sticky sessions by header."""
     hotspot: Hotspot = Field(default_factory=Hotspot)
     """Load spilling from hot endpoints."""
+    hold: Hold = Field(default_factory=Hold)
+    """Requests held while capacity is paused or starting (256 at most, 60 s each)."""
     in_flight_prefix_seconds: float | None = Field(default=None, ge=0, le=60)
     """precise: count a prompt's blocks as held by the endpoint it was routed to for this long,
     until its KV events arrive (bursts sharing a new prompt then stay together instead of each

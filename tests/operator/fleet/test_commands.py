@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from loom_operator.api import load_documents
+from loom_operator.api.autoscaling import Autoscaling
 from loom_operator.api.roles import (
     HiSparse,
     KvOffload,
@@ -66,6 +67,26 @@ def test_the_router_document_of_a_diffusion_fleet_turns_on_media_routing() -> No
     text_model, text_deployment = cards("tiny-aggregated.yaml")
     text_doc = router_document(text_deployment, text_model.name, None)
     assert file_config_from_dict(text_doc).diffusion is None
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "holds"),
+    [
+        (None, False),
+        ({"aggregated": {"min": 1, "max": 3}}, False),
+        ({"aggregated": {"min": 0, "max": 3}}, True),
+    ],
+)
+def test_a_fleet_that_scales_to_zero_gets_a_router_that_holds_requests_while_it_starts(
+    autoscaling: dict[str, Any] | None, holds: bool
+) -> None:
+    model, deployment = cards("tiny-aggregated.yaml")
+    section = None if autoscaling is None else Autoscaling.model_validate(autoscaling)
+    spec = deployment.spec.model_copy(update={"autoscaling": section})
+    doc = router_document(deployment.model_copy(update={"spec": spec}), model.name, None)
+    settings = file_config_from_dict(doc).settings
+    assert settings.hold_when_empty is holds
+    assert (settings.max_held, settings.hold_s) == (256, 60.0)  # the card's router.hold
 
 
 def test_the_pods_router_json_is_the_same_document() -> None:

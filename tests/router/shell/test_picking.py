@@ -16,6 +16,7 @@ from loom_router.core.load import EngineMetrics
 from loom_router.core.request import RequestFeatures, features_from_tokens
 from loom_router.core.settings import RoutingSettings
 from loom_router.core.state import RouterState
+from loom_router.errors import CapacityWaitError, NoEndpointError, classify
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.picking import Picking
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
@@ -133,6 +134,61 @@ def test_requests_held_for_paused_capacity_are_counted_and_exported(
     held_after, exported, picked = asyncio.run(scenario())
     assert "loom_router:held_requests 1.0" in exported
     assert held_after == 0 and picked == "a"
+
+
+def holding(
+    endpoints: Sequence[Endpoint], settings: RoutingSettings
+) -> tuple[StaticEndpoints, Picking]:
+    source = StaticEndpoints(list(endpoints))
+    state = RouterState(settings)
+    state.on_endpoints(source.snapshot())
+    upstream = Upstream(UpstreamTimeouts())
+    return source, Picking(source=source, state=state, upstream=upstream, metrics=RouterMetrics())
+
+
+def test_the_hold_is_bounded_in_count_and_time_then_503_with_retry_after(
+    endpoint: EndpointFactory,
+) -> None:
+    settings = replace(SETTINGS, max_held=1, hold_s=0.3)
+    _, picking = holding([endpoint("a", role="aggregated", draining=True)], settings)
+
+    async def scenario() -> tuple[BaseException, BaseException]:
+        first = asyncio.create_task(picking.pick_waiting(request(picking, "r1", NEW)))
+        while picking.held == 0:
+            await asyncio.sleep(0.01)
+        with pytest.raises(CapacityWaitError) as full:  # the hold is full: refused at once
+            await picking.pick_waiting(request(picking, "r2", NEW))
+        with pytest.raises(CapacityWaitError) as expired:  # held its time, then refused
+            await first
+        return full.value, expired.value
+
+    full, expired = asyncio.run(scenario())
+    assert picking.held == 0
+    assert "router.hold.maxRequests 1" in str(full)
+    assert "router.hold.timeoutSeconds" in str(expired) and "r1" in str(expired)
+    reply = classify(full)
+    assert (reply.status, reply.code, reply.headers) == (503, "no_endpoint", {"Retry-After": "5"})
+
+
+@pytest.mark.parametrize("from_zero", [True, False])
+def test_with_no_worker_at_all_a_request_is_held_only_when_the_fleet_scales_from_zero(
+    endpoint: EndpointFactory, from_zero: bool
+) -> None:
+    source, picking = holding([], replace(SETTINGS, hold_when_empty=from_zero))
+
+    async def scenario() -> str:
+        waiting = asyncio.create_task(picking.pick_waiting(request(picking, "r1", NEW)))
+        await asyncio.sleep(0.2)  # the planner sees it held and starts a worker
+        source.add(endpoint("a", role="aggregated"))
+        picking.state.on_endpoints(source.snapshot())
+        return (await waiting).endpoint.id
+
+    if from_zero:
+        assert asyncio.run(scenario()) == "a"
+    else:
+        with pytest.raises(NoEndpointError) as refused:
+            asyncio.run(scenario())
+        assert not isinstance(refused.value, CapacityWaitError)
 
 
 def test_max_model_len_is_learned_per_endpoint(endpoint: EndpointFactory) -> None:
