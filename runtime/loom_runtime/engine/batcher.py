@@ -86,6 +86,13 @@ class Batcher:
             or (self.reloads and self.reloads.reloading)
         )
 
+    def prefill_backlog_tokens(self) -> int:
+        """Prompt tokens of queued and running requests whose KV is not computed yet (what the
+        planner's prefill target reads)."""
+        return sum(
+            max(0, s.num_prompt_tokens - s.num_computed) for s in (*self.waiting, *self.running)
+        )
+
     def _busy_slots(self) -> int:
         """Sequence slots held outside the running set (pulling or reloading KV)."""
         pulling = len(self.remote.pulling) if self.remote is not None else 0

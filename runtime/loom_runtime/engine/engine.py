@@ -455,6 +455,7 @@ class Engine:
             admission_open=self._admission_open,
             weights_version=self._weights_version,
             num_preemptions=c.num_preemptions,
+            prefill_backlog_tokens=self._batcher.prefill_backlog_tokens(),
             prefix_queries=self._kv.prefix_queries,
             prefix_hits=self._kv.prefix_hits,
             num_prompt_tokens=c.num_prompt_tokens,

@@ -160,6 +160,7 @@ class EngineStats:
     admission_open: bool
     weights_version: str
     num_preemptions: int = 0
+    prefill_backlog_tokens: int = 0  # prompt tokens of queued and running requests not yet computed
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of those, tokens found
     num_prompt_tokens: int = 0  # prompt tokens of admitted requests, once each (counter)

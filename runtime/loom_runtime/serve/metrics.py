@@ -198,6 +198,11 @@ class _EngineCollector(Collector):
         yield counter(names.GENERATION_TOKENS, "Tokens generated.", s.num_generation_tokens)
         yield gauge(names.ADMISSION_OPEN, "1 when new requests are admitted.", s.admission_open)
         yield gauge(names.IN_FLIGHT_REQUESTS, "Requests admitted, not finished.", in_flight)
+        yield gauge(
+            names.PREFILL_BACKLOG_TOKENS,
+            "Prompt tokens of queued and running requests not computed yet.",
+            s.prefill_backlog_tokens,
+        )
         yield gauge(names.KV_FREE_BLOCKS, "KV blocks free or evictable.", s.num_free_blocks)
         yield gauge("loom:kv_cache_bytes", "Bytes of this rank's KV pool.", s.kv_cache_bytes)
         yield gauge(

@@ -25,6 +25,7 @@ E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
 # --- the worker: Loom's own ------------------------------------------------------------------
 ADMISSION_OPEN = "loom:admission_open"
 IN_FLIGHT_REQUESTS = "loom:in_flight_requests"
+PREFILL_BACKLOG_TOKENS = "loom:prefill_backlog_tokens"
 KV_FREE_BLOCKS = "loom:kv_free_blocks"
 KV_LEASES = "loom:kv_leases"
 KV_PULLS_IN_FLIGHT = "loom:kv_pulls_in_flight"

@@ -48,3 +48,17 @@ def test_a_failing_step_finalizes_its_loops_with_abort(
     assert [s.num_output_tokens for s in states] == [1, 1]  # the first step's tokens are kept
     assert rig.loop.kv.pool.is_whole() and not batcher.has_work
     assert batcher.counters.num_requests_aborted == 2
+
+
+def test_the_prefill_backlog_counts_prompt_tokens_not_computed_yet(
+    tiny32: LoadedModel, make_loop: Callable[..., Any], prompt: Prompt, greedy: Greedy
+) -> None:
+    rig = make_loop(tiny32, num_blocks=16)
+    batcher = Batcher(rig.loop, {TOKEN_FORWARD: rig.forward}, (8, 4), lambda _: None)
+    for i, (rid, n) in enumerate((("a", 9), ("b", 12))):
+        batcher.add(rig.loop.init(EngineRequest(rid, prompt(n, i), greedy(3)), LoopContext()))
+    backlog = [batcher.prefill_backlog_tokens()]
+    while batcher.step():
+        backlog.append(batcher.prefill_backlog_tokens())
+    assert backlog[:4] == [21, 13, 5, 0]  # 8 prompt tokens a step (chunked), then decode only
+    assert backlog[-1] == 0

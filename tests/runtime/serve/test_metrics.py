@@ -29,7 +29,7 @@ STATS = EngineStats(
     block_size=16, admission_open=False, weights_version="v7", num_preemptions=3,
     prefix_queries=100, prefix_hits=40, num_prompt_tokens=120, num_generation_tokens=33,
     num_kv_leases=1, kv_pulled_bytes=4096, drains=2, drain_seconds=3.5, last_drain_seconds=1.5,
-    kv_cache_bytes=64 * 16 * 1024, kv_bytes_per_token=1024,
+    kv_cache_bytes=64 * 16 * 1024, kv_bytes_per_token=1024, prefill_backlog_tokens=700,
 )  # fmt: skip
 
 
@@ -54,6 +54,7 @@ def test_engine_snapshot_is_exported_under_vllm_and_loom_names() -> None:
     assert s[("vllm:generation_tokens_total", m)] == 33
     assert s[("loom:admission_open", m)] == 0
     assert s[("loom:in_flight_requests", m)] == 3
+    assert s[("loom:prefill_backlog_tokens", m)] == 700
     assert s[("loom:kv_free_blocks", m)] == 48
     assert s[("loom:kv_cache_bytes", m)] == 64 * 16 * 1024
     assert s[("loom:kv_bytes_per_token", m)] == 1024
