@@ -87,6 +87,11 @@ def render(console: Console, status: FleetStatus, running: bool) -> None:
             str(w.in_flight), str(w.restarts), f"{w.kv_free_blocks}/{w.kv_blocks}",
         )  # fmt: skip
     console.print(table)
+    if status.scaling:
+        scaling = Table("role", "planned", "serving", "reason", "why")
+        for r in status.scaling:
+            scaling.add_row(r.role, str(r.replicas), str(r.ready), r.reason, r.message)
+        console.print(scaling)
     conditions = Table("condition", "status", "reason", "message")
     for c in status.conditions:
         conditions.add_row(c.type, c.status, c.reason, c.message)

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from loom_operator.fleet.commands import diffusion_steps
-from loom_operator.fleet.conditions import ALL_READY
+from loom_operator.fleet.conditions import ALL_READY, SCALED_TO_ZERO
 from loom_operator.local.cards import LocalCardError, parse_fleet_cards
 from loom_operator.local.checkpoints import CheckpointError
 from loom_operator.local.events import FleetEvent
@@ -248,6 +248,8 @@ async def _wait_ready(fleet: LocalFleet, ui: _Console, stop: asyncio.Event, time
                 ready = status.condition("Ready") if status else None
                 if ready is not None and ready.reason == ALL_READY:
                     return True
+                if ready is not None and ready.reason == SCALED_TO_ZERO and fleet.autoscaler:
+                    return True  # the endpoint serves: a request starts a worker
                 if time.monotonic() > deadline:
                     msg = ready.message if ready else "no status yet"
                     ui.console.print(

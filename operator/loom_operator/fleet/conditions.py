@@ -74,6 +74,12 @@ def _ready(p: Plans, routable: list[WorkerState]) -> SetCondition:
     serving = [w for w in routable if w.name in desired_names]
     roles = _roles(d, serving)
     if not d.slots:
+        if d.autoscale is not None:
+            msg = (
+                "the planner scaled the fleet to zero: a request starts a worker, the router "
+                "holds it meanwhile (autoscaling min 0)"
+            )
+            return SetCondition("Ready", "False", SCALED_TO_ZERO, msg)
         return SetCondition("Ready", "False", SCALED_TO_ZERO, "the card asks for no workers")
     full = len(serving) == len(d.slots) and all(
         w.weights_version == d.weights_version for w in serving

@@ -28,7 +28,9 @@ from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.push import PushConflict, PushUpdate
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.fleet.store import load_record, save_record
-from loom_operator.local.cards import CardWatcher, FleetCards, LocalCardError, parse_fleet_cards
+from loom_operator.local.autoscaler import autoscaler_for
+from loom_operator.local.card_edits import CardEdits
+from loom_operator.local.cards import FleetCards
 from loom_operator.local.events import EventSink, FleetEvent
 from loom_operator.local.executor import Executor, Round
 from loom_operator.local.launch import LaunchOptions
@@ -40,21 +42,20 @@ from loom_operator.local.router_keeper import RouterKeeper
 from loom_operator.local.routing import RouterLink
 from loom_operator.local.snapshot import (
     FleetStatus,
+    ScalingRow,
     condition_rows,
     save_status,
+    scaling_rows,
     status_changed,
     weight_sync_row,
     worker_row,
 )
 from loom_operator.local.state import (
-    Applied,
     ControllerInfo,
     ControllerLock,
     Secrets,
     StatePaths,
-    load_applied,
     load_or_create_secrets,
-    save_applied,
     save_controller,
 )
 from loom_operator.local.workers import ProcessSet
@@ -100,7 +101,6 @@ class LocalFleet:
         self.settings = settings
         self._events = events
         self._env = dict(os.environ if env is None else env)
-        self._origin = origin.resolve()
         self._lock = ControllerLock(paths)
         self._secrets: Secrets | None = None
         self.record = FleetRecord()
@@ -108,12 +108,13 @@ class LocalFleet:
         self.status: FleetStatus | None = None
         """The latest snapshot (also in status.json, rewritten when it changes)."""
         self._written: FleetStatus | None = None
-        self._origin_watch = CardWatcher(self._origin, cards.sha256)
-        self._state_watch = CardWatcher(paths.card, cards.sha256)
+        self._edits = CardEdits(paths, cards, origin, events)
         self._observed: FleetObservation | None = None
         self._push_api: web.AppRunner | None = None
         self.weights_url = ""
         """The weight-push API a trainer connects to (docs/rl.md), once started."""
+        self.autoscaler = autoscaler_for(cards.desired, None, events)
+        """Loom's planner, when the card has an autoscaling section (docs/autoscaling.md)."""
 
     # -- start ----------------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ class LocalFleet:
     async def _start(self) -> None:
         secrets = load_or_create_secrets(self.paths)
         self._secrets = secrets
-        self._install(self.cards, self._origin)
+        self._edits.install(self.cards)
         self.processes = ProcessSet(self.paths, secrets, self.settings.options, self._env)
         self.observer = Observer(secrets.control_token)
         now = time.time()
@@ -197,11 +198,6 @@ class LocalFleet:
         port = router.port if router is not None else self.settings.port
         return f"http://127.0.0.1:{port}/v1"
 
-    def _install(self, cards: FleetCards, origin: Path) -> None:
-        applied = Applied(str(origin), cards.sha256, time.time())
-        save_applied(self.paths, cards.text, applied)
-        self._state_watch.seen(cards.sha256)
-
     # -- rounds ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -229,7 +225,10 @@ class LocalFleet:
 
     async def round(self) -> float | None:
         """One round; returns the core's wake_at."""
-        self._check_cards()
+        edited = self._edits.check(self.cards)
+        if edited is not None:
+            self.autoscaler = autoscaler_for(edited.desired, self.autoscaler, self._events)
+            self.cards = edited
         now = time.time()
         for name in self.processes.notice_exits(now):
             code = self.processes.exit_code(name)
@@ -240,6 +239,10 @@ class LocalFleet:
         observed = await self._observe(now)
         self._observed = observed
         desired = self.pushes.desired(self.cards.desired)
+        if self.autoscaler is not None:
+            if self.autoscaler.due(now):
+                await self._autoscale(observed, now)
+            desired = self.autoscaler.apply(desired)
         rec = reconcile(desired, observed, self.record)
         save_record(self.paths.record, rec.record)  # persist before acting
         self.record = rec.record
@@ -273,48 +276,18 @@ class LocalFleet:
         ]
         return FleetObservation(tuple(states), now, held_requests=self.router.held)
 
+    async def _autoscale(self, observed: FleetObservation, now: float) -> None:
+        assert self.autoscaler is not None
+        members = self.processes.members()
+        urls = {w.name: w.url for w in members if self.processes.alive(w.name)}
+        statuses = {w.name: self.observer.seen(w.name).status for w in members}
+        await self.autoscaler.decide(urls, observed, statuses, self.router.held, now)
+
     async def _quietly(self, call: Awaitable[object]) -> None:
         try:
             await call
         except Exception as exc:  # an admin call the next round repeats
             logger.info("router upkeep failed: %s", exc)
-
-    # -- the card -------------------------------------------------------------------------
-
-    def _check_cards(self) -> None:
-        """Apply an edit of the card file `loom up` was given, or a `loom apply`."""
-        if self._origin_watch.changed():
-            self._reload(self._origin, self._origin, install=True)
-        elif self._state_watch.changed():
-            applied = load_applied(self.paths)
-            origin = Path(applied.origin) if applied is not None else self.paths.card
-            self._reload(self.paths.card, origin, install=False)
-
-    def _reload(self, path: Path, origin: Path, install: bool) -> None:
-        try:
-            cards = parse_fleet_cards(path, origin=origin)
-        except (LocalCardError, OSError) as exc:
-            msg = f"{path}: not applied, still serving the previous card:\n{exc}"
-            self._events(FleetEvent("card", msg, level="error"))
-            return
-        if cards.name != self.cards.name:
-            msg = (
-                f"{path}: DeploymentCard {cards.name} is not {self.cards.name}: a state directory "
-                "runs one deployment (use another --state-dir)"
-            )
-            self._events(FleetEvent("card", msg, level="error"))
-            return
-        if install:
-            self._install(cards, origin)
-        before = self.cards.desired
-        self.cards = cards
-        after = cards.desired
-        what = [f"{t.role} ×{t.replicas}" for t in after.roles]
-        msg = f"card applied: {', '.join(what)} on {after.weights_version}"
-        if after.weights_version != before.weights_version:
-            msg += f" (weight sync {before.weights_version} → {after.weights_version}, "
-            msg += f"{after.sync.strategy})"
-        self._events(FleetEvent("card", msg))
 
     # -- status ---------------------------------------------------------------------------
 
@@ -342,11 +315,21 @@ class LocalFleet:
             weight_sync=weight_sync_row(
                 rec.conditions, self.pushes.desired(self.cards.desired).weights_version
             ),
+            scaling=self._scaling_rows(observed),
         )
         self.status = status
         if status_changed(self._written, status, now):
             save_status(self.paths, status)
             self._written = status
+
+    def _scaling_rows(self, observed: FleetObservation) -> tuple[ScalingRow, ...]:
+        plan = self.autoscaler.last if self.autoscaler is not None else None
+        if plan is None:
+            return ()
+        ready: dict[str, int] = {}
+        for w in observed.workers:
+            ready[w.role] = ready.get(w.role, 0) + int(w.routable)
+        return scaling_rows(plan.decisions, ready)
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -364,6 +347,8 @@ class LocalFleet:
                 save_status(self.paths, stopped)
         finally:
             await self.pushes.close()
+            if self.autoscaler is not None:
+                await self.autoscaler.close()
             if self._push_api is not None:
                 await self._push_api.cleanup()
             await self.observer.close()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.autoscale import RoleDecision
 from loom_operator.fleet.observed import WorkerState
 from loom_operator.local.state import StateError, StatePaths, WorkerEntry, write_atomic
 from loom_runtime.control_api.status import WorkerStatus
@@ -60,6 +61,19 @@ class WeightSyncRow:
 
 
 @dataclass(frozen=True)
+class ScalingRow:
+    """The planner's latest decision for one role (docs/autoscaling.md)."""
+
+    role: str
+    replicas: int
+    """What the planner holds the role to now."""
+    ready: int
+    """Workers of the role serving now."""
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class FleetStatus:
     deployment: str
     endpoint: str
@@ -73,6 +87,8 @@ class FleetStatus:
     conditions: tuple[ConditionRow, ...] = ()
     stopped: bool = False
     weight_sync: WeightSyncRow | None = None
+    scaling: tuple[ScalingRow, ...] = ()
+    """One row per role the planner moves; empty without autoscaling."""
 
     def condition(self, type_: str) -> ConditionRow | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -89,6 +105,7 @@ class FleetStatus:
         doc["conditions"] = tuple(ConditionRow(**c) for c in doc["conditions"])
         sync = doc.get("weight_sync")
         doc["weight_sync"] = WeightSyncRow(**sync) if isinstance(sync, dict) else None
+        doc["scaling"] = tuple(ScalingRow(**r) for r in doc.get("scaling", ()))
         return cls(**doc)
 
 
@@ -116,6 +133,14 @@ def worker_row(
         kv_free_blocks=status.num_free_blocks if status else 0,
         kv_blocks=status.num_blocks if status else 0,
         log=log,
+    )
+
+
+def scaling_rows(
+    decisions: tuple[RoleDecision, ...], ready: dict[str, int]
+) -> tuple[ScalingRow, ...]:
+    return tuple(
+        ScalingRow(d.role, d.desired, ready.get(d.role, 0), d.reason, d.message) for d in decisions
     )
 
 

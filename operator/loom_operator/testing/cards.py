@@ -45,7 +45,7 @@ spec:
     maxUnavailable: {max_unavailable}
     drainTimeoutSeconds: {drain}
   failover: {{healthTimeoutSeconds: {health_timeout}}}
-"""
+{autoscaling}"""
 ROLE = """\
     {role}:
       replicas: {replicas}
@@ -72,8 +72,10 @@ def card_text(
     dtype: str = "fp64",
     max_model_len: int = 512,
     max_num_seqs: int = 8,
+    autoscaling: str = "",
 ) -> str:
-    """A ModelCard + DeploymentCard for `loom up` as YAML (default: one aggregated worker)."""
+    """A ModelCard + DeploymentCard for `loom up` as YAML (default: one aggregated worker);
+    `autoscaling`: the section's YAML body (indented under `autoscaling:`), if any."""
     role_text = "".join(
         ROLE.format(
             role=r,
@@ -95,4 +97,5 @@ def card_text(
         drain=drain,
         health_timeout=health_timeout,
         min_uncached=min_uncached,
+        autoscaling=f"  autoscaling:\n{autoscaling}" if autoscaling else "",
     )

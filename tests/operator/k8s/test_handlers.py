@@ -1,0 +1,41 @@
+"""What the operator refuses before rendering: cards that do not parse together, and a section
+it cannot honour on Kubernetes yet (autoscaling) — a readable Valid=False, never ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loom_operator.k8s.handlers import load_cards
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def documents() -> tuple[dict[str, Any], dict[str, Any]]:
+    model, deployment = yaml.safe_load_all((EXAMPLES / "tiny-pd.yaml").read_text())
+    for doc in (model, deployment):
+        doc["metadata"]["namespace"] = "ns"
+    return model, deployment
+
+
+def test_valid_cards_load() -> None:
+    model, deployment = documents()
+    loaded = load_cards(model, deployment)
+    assert not isinstance(loaded, str)
+
+
+def test_an_autoscaling_section_is_refused_on_kubernetes_until_the_operator_runs_the_planner() -> (
+    None
+):
+    model, deployment = documents()
+    deployment["spec"]["autoscaling"] = {"decode": {"min": 1, "max": 3}}
+    problem = load_cards(model, deployment)
+    assert isinstance(problem, str) and problem.startswith("spec.autoscaling:")
+    assert "docs/autoscaling.md" in problem
+
+
+def test_a_missing_model_card_is_named() -> None:
+    _, deployment = documents()
+    assert load_cards(None, deployment) == "spec.modelCard: no ModelCard 'tiny' in ns"
