@@ -8,7 +8,7 @@ CARD      ?= examples/tiny-pd.yaml
 PORT      ?= 8000
 
 .PHONY: venv run test lint typecheck imports unit crds openai-fields bench clean proto tools e2e-build e2e-cluster e2e-down e2e
-.PHONY: e2e-node-build e2e-dns-build
+.PHONY: e2e-node-build e2e-node-deps e2e-dns-build
 .PHONY: status fuzz images kernels
 .PHONY: dashboards prometheus
 
@@ -50,7 +50,7 @@ imports: venv
 	$(BIN)/lint-imports
 
 unit: venv tools e2e-build kernels
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 unit: prometheus
 
 # Loom's CPU kernels (runtime/loom_runtime/kernels), compiled once per machine and CPU into
@@ -84,8 +84,13 @@ e2e-build:
 # The real node (kubelet, kube-proxy, containerd 2.x, CNI plugins, pause), built from Go modules
 # into ~/.cache/loom/e2e/node-<version> (first build ~8 min on 2 cores; then cached), and its
 # NetworkPolicy enforcement into ~/.cache/loom/e2e/netpol-<version> (~5 min once).
-e2e-node-build: e2e-build
+e2e-node-build: e2e-node-deps e2e-build
 	bash e2e/cluster/build_node.sh >/dev/null
+
+# The node's parts that do not share loom-k8s's module (containerd, CNI, pause, the NetworkPolicy
+# controller): with -j they build beside loom-k8s instead of after it.
+e2e-node-deps:
+	bash e2e/cluster/build_node.sh --deps >/dev/null
 	bash e2e/cluster/build_netpol.sh >/dev/null
 
 # E2E_PROVIDER=node: the control plane plus a real node running Loom's images (make images).
@@ -104,7 +109,9 @@ e2e-dns-build:
 e2e: venv tools e2e-build
 	$(BIN)/pytest -q e2e
 
-test: lint typecheck imports unit
+# The checks run beside the tests (the suite mostly waits on processes it starts).
+test:
+	$(MAKE) --no-print-directory -j4 lint typecheck imports unit
 
 crds: venv
 	$(BIN)/loom crds --out crds --docs docs/cards.md --chart charts/loom
