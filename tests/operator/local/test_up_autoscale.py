@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from openai import OpenAI
@@ -18,7 +19,6 @@ from loom_operator.local.snapshot import FleetStatus
 from loom_operator.local.state import StatePaths
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
-from loom_operator.testing.load import Stream, stream_once
 
 SCALE_S = 240.0
 
@@ -32,13 +32,38 @@ def workers(status: FleetStatus, role: str) -> int:
     return sum(1 for w in status.workers if w.role == role)
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """One streamed completion: how it ended and how many tokens it returned."""
+
+    finish_reason: str | None
+    tokens: int
+    error: str = ""
+
+
+def streamed(client: OpenAI, prompt: str, max_tokens: int) -> Streamed:
+    """A greedy streamed completion with its usage; an error is recorded, never raised."""
+    finish, tokens = None, 0
+    try:
+        for event in client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
+            stream_options={"include_usage": True},
+        ):  # fmt: skip
+            finish = next((c.finish_reason for c in event.choices if c.finish_reason), finish)
+            if event.usage is not None:
+                tokens = event.usage.completion_tokens
+    except Exception as exc:  # counted: the point is that there are none
+        return Streamed(finish, tokens, f"{type(exc).__name__}: {exc}")
+    return Streamed(finish, tokens)
+
+
 class Load:
     """`clients` threads streaming completions of `prompt` until stopped, each prompt led by a
     new number (so no prefix cache shortens its prefill); every stream kept."""
 
     def __init__(self, endpoint: str, clients: int, prompt: str, max_tokens: int) -> None:
         self.client = OpenAI(base_url=endpoint, api_key="unused", max_retries=0, timeout=180)
-        self.streams: list[Stream] = []
+        self.streams: list[Streamed] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sent = 0
@@ -53,22 +78,31 @@ class Load:
             with self._lock:
                 self._sent += 1
                 n = self._sent
-            s = stream_once(self.client, "tiny", f"{n} {prompt}", 0, max_tokens)
+            s = streamed(self.client, f"{n} {prompt}", max_tokens)
             with self._lock:
                 self.streams.append(s)
 
-    def stop(self) -> list[Stream]:
+    def stop(self) -> list[Streamed]:
         self._stop.set()
         for t in self._threads:
             t.join(240)
         return self.streams
 
 
-def whole(streams: list[Stream], max_tokens: int) -> None:
-    failed = [s.error for s in streams if not s.ok]
+def whole(streams: list[Streamed], max_tokens: int) -> None:
+    """Every stream ended well and whole: no error, and every token it asked for (or the
+    model's end of text): none cut by a scale-down."""
+    assert streams
+    failed = [s.error for s in streams if s.error]
     assert not failed, failed[:3]
-    cut = [len(s.chunks) for s in streams if len(s.chunks) != max_tokens]
-    assert not cut, cut[:10]  # greedy on a tiny model never stops early at these lengths
+    cut = [
+        (s.finish_reason, s.tokens)
+        for s in streams
+        if not (
+            (s.finish_reason == "length" and s.tokens == max_tokens) or s.finish_reason == "stop"
+        )
+    ]
+    assert not cut, cut[:10]  # ended by its length, or by the model's own end of text
 
 
 def until(fleet: FleetProcess, check: Callable[[FleetStatus], bool], what: str) -> FleetStatus:
