@@ -105,11 +105,10 @@ SHARED: Mapping[str, FieldRule] = {
         "token mask in the batched sampler (xgrammar); structural_tag is a 400"
     ),
     "structured_outputs": _h(
-        "vLLM's object: json, regex, choice, grammar (xgrammar's EBNF) or json_object, with "
-        "disable_any_whitespace; disable_additional_properties (make additionalProperties "
-        "default to false) is already Loom's default (xgrammar's strict mode, as vLLM's "
-        "xgrammar backend); "
-        "structural_tag and whitespace_pattern are a 400"
+        "vLLM's object: json, regex, choice, grammar (xgrammar's EBNF, or Lark) or "
+        "json_object, with disable_any_whitespace; disable_additional_properties (make "
+        "additionalProperties default to false) is already Loom's default (xgrammar's strict "
+        "mode, as vLLM's xgrammar backend); structural_tag and whitespace_pattern are a 400"
     ),
     "priority": _r("priority scheduling is not implemented (first come, first served)", 0),
     "request_id": _r("send the request id as the X-Request-Id header instead"),

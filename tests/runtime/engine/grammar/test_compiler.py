@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import xgrammar as xgr
 
-from loom_runtime.engine.grammar.compiler import GrammarCompiler, choice_ebnf
+from loom_runtime.engine.grammar.compiler import GrammarCompiler, choice_ebnf, is_lark
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.wire.openai.structured import GrammarSpec
 from loom_runtime.wire.tokenizer import Tokenizer
@@ -59,3 +60,25 @@ def test_the_tokenizer_is_part_of_the_key(tokenizer: Tokenizer) -> None:
 
 def test_choices_are_escaped_literals() -> None:
     assert choice_ebnf(['say "hi"', "a\nb"]) == 'root ::= "say \\"hi\\"" | "a\\nb"'
+
+
+def test_a_grammar_without_ebnf_rules_is_read_as_lark(tokenizer: Tokenizer) -> None:
+    assert is_lark('start: "yes" | "no"  // a comment')
+    assert not is_lark('root ::= "yes" | "no"\n# start: "x"')
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
+    for text in ('start: "yes" | "no"', 'root ::= "yes" | "no"'):
+        assert compiler.compile(GrammarSpec("grammar", text, "g")) is not None
+    with pytest.raises(InvalidRequestError, match="Lark"):
+        compiler.compile(GrammarSpec("grammar", "start: undefined_rule", "g"))
+
+
+def test_json_object_is_any_object_with_compact_separators_without_whitespace(
+    tokenizer: Tokenizer,
+) -> None:
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size)
+    compact = compiler.compile(GrammarSpec("json_object", "", "j", any_whitespace=False))
+    free = compiler.compile(GrammarSpec("json_object", "", "j"))
+    assert not xgr.GrammarMatcher(compact).accept_string("[1]")
+    assert xgr.GrammarMatcher(compact).accept_string('{"a":1,"b":2}')
+    assert not xgr.GrammarMatcher(compact).accept_string('{"a": 1')
+    assert xgr.GrammarMatcher(free).accept_string('{"a": 1')
