@@ -19,8 +19,8 @@ from loom_operator.k8s.settings import RenderSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
-# The runtime's (tensors, images, video): the operator and router never import them.
-HEAVY = {"torch", "safetensors", "pillow", "av"}
+# The runtime's (tensors, images, video, grammars): the operator and router never import them.
+HEAVY = {"torch", "safetensors", "pillow", "av", "xgrammar", "transformers"}
 
 
 def dockerfile(name: str) -> str:

@@ -16,6 +16,12 @@ held back). The replacement replays P + G[:k] for the last clean boundary k as a
 text the tracker skips (the client has them), and the rest is forwarded in the client's format
 under the original id. Without a boundary (or without P) it resends the original request and
 skips everything already sent: slower, equally exact.
+
+A structured output (response_format / structured_outputs) keeps its grammar's state on the
+worker that generated it, so it is never continued from a boundary: the original request is
+resent and regenerates the tokens sent so far through a fresh matcher, which is exact only when
+the request is deterministic (greedy or seeded); a sampled unseeded one is not moved (a clear
+error instead of a corrupted output).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loom_router.errors import MigrationFailedError
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
 from loom_runtime.wire.openai.logprobs import COMPLETION_FIELDS, chat_entry
@@ -34,6 +41,7 @@ from loom_runtime.wire.openai.response import (
     chunk_object,
     usage_chunk,
 )
+from loom_runtime.wire.openai.structured import is_constrained
 
 COMPLETIONS_PATH = "/v1/completions"
 _NOT_FOR_COMPLETIONS = frozenset(
@@ -139,6 +147,8 @@ class StreamTracker:
             skip_chars=self.text_len,
             expected=tuple(self.tokens),
         )
+        if is_constrained(original):
+            return _regenerated(restart, original)
         if self.prompt_ids is None:
             return restart
         total = max_tokens_of(self.kind, body, len(self.prompt_ids), max_model_len)
@@ -265,6 +275,24 @@ def max_tokens_of(
         if isinstance(value, int):
             return value
     return None if max_model_len is None else max_model_len - prompt_len
+
+
+def _regenerated(restart: Attempt, body: Mapping[str, Any]) -> Attempt:
+    """A structured output's replay: the original request again (its grammar restarts with
+    it), when it regenerates the same tokens; MigrationFailedError when it would not."""
+    if not restart.skip_tokens or _deterministic(body):
+        return restart
+    raise MigrationFailedError(
+        f"a structured output sampled without a seed cannot continue on another worker after "
+        f"{restart.skip_tokens} tokens: its grammar state stays on the failed worker and a "
+        "regenerated output would differ; retry the request (send a seed or temperature 0 to "
+        "make it resumable)"
+    )
+
+
+def _deterministic(body: Mapping[str, Any]) -> bool:
+    """Whether resending `body` regenerates the same tokens: greedy, or a seeded draw."""
+    return body.get("temperature") == 0 or body.get("top_k") == 1 or body.get("seed") is not None
 
 
 def completions_body(

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from loom_runtime.engine.grammar.matcher import CompileGrammar, GrammarState, request_grammar
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenWork
 from loom_runtime.engine.sampler import SampledToken, TokenHistory, is_greedy, make_generator
 from loom_runtime.engine.scheduler import RunningSeq, WaitingSeq
@@ -92,6 +93,7 @@ class ARDecodeState:
     hashes: list[BlockHash] = field(default_factory=list)  # memo of full-block prefix hashes
     kv_transfer_params: TransferParams | None = None  # P/D prefill: the lease it answers with
     transfer_error: str | None = None  # P/D decode: why the request failed (policy "fail")
+    grammar: GrammarState | None = None  # structured output: the matcher (None: free text)
 
     @property
     def request_id(self) -> str:
@@ -129,10 +131,12 @@ class ARDecodeLoop:
         prefix_caching: bool = True,
         on_free: Callable[[str], None] | None = None,
         draft_tokens: int = 0,
+        grammars: CompileGrammar | None = None,
     ) -> None:
         """`on_free(request_id)` runs whenever a state's blocks are freed (finish, abort,
         preemption), just before: per-request device state kept beside the blocks goes with
-        them (and may still write them)."""
+        them (and may still write them). `grammars` compiles a structured output's spec."""
+        self.grammars = grammars
         self.kv = kv
         self.on_free = on_free
         self.new_decoder = new_decoder
@@ -159,6 +163,7 @@ class ARDecodeLoop:
             history=TokenHistory(tokens, len(tokens), stop_ids),
             arrival_time=req.arrival_time or ctx.clock(),
             prompt_logprobs=None if params.prompt_logprobs is None else [None] * len(tokens),
+            grammar=request_grammar(req, self.grammars),
         )
 
     def next(self, state: ARDecodeState) -> WorkPlan[TokenResult] | Done:
@@ -195,6 +200,7 @@ class ARDecodeLoop:
     def finalize(self, state: ARDecodeState) -> CompletedRequest:
         """Release the blocks and stamp the end; the state must not be run again."""
         self._free(state)
+        state.grammar = None  # the matcher goes with the request
         if state.finish_reason is None:
             state.finish_reason = "abort"
         if state.finished_time is None:
@@ -228,6 +234,7 @@ class ARDecodeLoop:
             history=state.history,
             next_id=state.tokens[end] if end < len(state.tokens) else None,
             prompt_logprobs=self._prompt_logprobs(state, start),
+            grammar=state.grammar,
         )
         decode = num_tokens == 1 and end == len(state.tokens) and end > state.num_prompt_tokens
         new_blocks = max(0, self.kv.blocks_for(end) - len(state.table.block_ids))
@@ -294,6 +301,8 @@ class ARDecodeLoop:
             state.first_token_time = now
         state.last_token_time = now
         state.tokens.append(tok.token_id)
+        if state.grammar is not None:
+            state.grammar.accept(tok.token_id)
         if tok.logprob is not None:
             state.logprobs.append(tok.logprob)
         params = state.request.sampling
@@ -308,6 +317,7 @@ class ARDecodeLoop:
         if self._add_text(state, piece):
             return
         # At the end of the stream a trailing incomplete character still belongs to it.
+        stop_token = stop_token or (state.grammar is not None and state.grammar.terminated)
         ends = stop_token or state.num_output_tokens >= params.max_tokens
         if ends and not self._add_text(state, state.decoder.flush()):
             state.finish_reason = "stop" if stop_token else "length"

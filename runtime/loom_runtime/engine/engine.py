@@ -21,6 +21,8 @@ from loom_runtime.engine.build import build_forward, build_reloads, build_remote
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
+from loom_runtime.engine.grammar.check import check_grammar
+from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.pushed_weights import model_specs, swap_in
@@ -95,6 +97,7 @@ class Engine:
         self.config = config
         self.tokenizer = loaded.tokenizer
         self.model_config = loaded.config
+        self.grammars = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size)
         check_mtp(loaded.config, config)
         self._model = loaded.model
         mc, bs = loaded.config, config.block_size
@@ -120,6 +123,7 @@ class Engine:
             prefix_caching=config.use_prefix_cache,
             on_free=self._on_free(),
             draft_tokens=forward.draft_tokens,
+            grammars=self.grammars.compile,
         )
         self.disagg = disagg
         remote = build_remote(
@@ -213,6 +217,7 @@ class Engine:
         validate_request(req, self.max_model_len, self.model_config.vocab_size)
         check_transfer_request(req, self.disagg)
         check_prompt_logprobs(req, self._prompt_logprobs)
+        check_grammar(req, self.grammars, self._loop.draft_tokens)
         with self._lock:
             if self._thread.lost is not None:
                 raise AdmissionError(

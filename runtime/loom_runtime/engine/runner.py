@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from loom_runtime.engine.grammar.matcher import GrammarState
 from loom_runtime.engine.sampler import TokenHistory
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.kv.block_table import BlockTable
@@ -53,6 +54,7 @@ class TokenWork:
     draft_tokens: int = 0  # a speculative decode: drafts to propose after token_ids' one token
     next_id: int | None = None  # the token after the last of token_ids, when already known
     prompt_logprobs: int | None = None  # every row's logits wanted (top alternatives to report)
+    grammar: GrammarState | None = field(default=None, repr=False, compare=False)  # its mask
 
     @property
     def end(self) -> int:

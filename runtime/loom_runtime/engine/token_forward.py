@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loom_runtime.engine.grammar.mask import apply_grammar_masks
 from loom_runtime.engine.prompt_logprobs import chunk_prompt_logprobs
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenRunner, TokenWork
 from loom_runtime.engine.sampler import SampledToken, sample
@@ -72,12 +73,15 @@ def _prompt_lp(work: TokenWork, rows: torch.Tensor | None) -> tuple[TokenLogprob
 def sample_rows(
     works: Sequence[TokenWork], rows: Sequence[torch.Tensor | None]
 ) -> dict[int, SampledToken]:
-    """One token for each work with a logits row (by work index), all in one sample call."""
+    """One token for each work with a logits row (by work index), all in one sample call; the
+    rows of works with a grammar are masked first (one bitmask for them, the others untouched)."""
     wanted = [(i, row) for i, row in enumerate(rows) if row is not None]
     if not wanted:
         return {}
+    logits = torch.stack([row for _, row in wanted])
+    apply_grammar_masks(logits, [works[i].grammar for i, _ in wanted])
     tokens = sample(
-        torch.stack([row for _, row in wanted]),
+        logits,
         [works[i].sampling for i, _ in wanted],
         [works[i].generator for i, _ in wanted],
         [works[i].history for i, _ in wanted],

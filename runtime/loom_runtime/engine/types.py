@@ -10,6 +10,7 @@ from typing import Literal
 
 from loom_runtime.engine.transfer_port import TransferParams
 from loom_runtime.wire.openai.logprobs import TokenLogprob
+from loom_runtime.wire.openai.structured import GrammarSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -35,6 +36,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to report per token, None = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
     prompt_logprobs: int | None = None  # top alternatives per prompt token's logprob, None = off
+    grammar: GrammarSpec | None = None  # structured output: what the output must match
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError, TransferError
 from loom_runtime.serve.bridge import Mailbox, OutputStream, RequestSink, submitted
@@ -66,6 +67,9 @@ class ServingEngine(RequestSink, Protocol):
 
     @property
     def tokenizer(self) -> ServingTokenizer: ...
+
+    @property
+    def grammars(self) -> GrammarCompiler: ...
 
 
 @dataclass(frozen=True)
@@ -334,12 +338,20 @@ def _ignored(parsed: CompletionRequest | ChatCompletionRequest, rid: str) -> tup
     return ignored
 
 
+async def _compile_grammars(engine: ServingEngine, ereqs: Sequence[EngineRequest]) -> None:
+    """Compile the requests' grammars off the event loop (a large schema takes a while; a bad
+    one raises its 400 here): the engine's admission then finds them in its cache."""
+    for spec in {e.sampling.grammar for e in ereqs if e.sampling.grammar is not None}:
+        await asyncio.to_thread(engine.grammars.compile, spec)
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     ctx = request.app[API_CONTEXT]
     parsed = parse_request(CompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "cmpl")
     ereqs = prepare_completion(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    await _compile_grammars(ctx.engine, ereqs)
     return await _serve(request, "completion", parsed, ereqs, rid, _ignored(parsed, rid))
 
 
@@ -349,6 +361,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_request(ChatCompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "chatcmpl")
     ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    await _compile_grammars(ctx.engine, (ereq,))
     return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid))
 
 

@@ -89,6 +89,7 @@ def _sampling(
         logprobs=logprobs,
         logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
         prompt_logprobs=prompt_logprobs,
+        grammar=req.grammar,
     )
 
 

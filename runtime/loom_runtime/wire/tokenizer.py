@@ -66,6 +66,15 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return int(self._backend.get_vocab_size(with_added_tokens=True))
 
+    def vocabulary(self) -> list[str]:
+        """Every id's vocabulary string, in id order (what a grammar engine indexes)."""
+        backend = self._backend
+        return [backend.id_to_token(i) or "" for i in range(self.vocab_size)]
+
+    def backend_json(self) -> str:
+        """The tokenizer.json this tokenizer was loaded from (its model type and decoders)."""
+        return str(self._backend.to_str())
+
     def token_id(self, token: str | None) -> int | None:
         """The id of a token string, or None if it is not in the vocabulary."""
         return None if token is None else self._backend.token_to_id(token)

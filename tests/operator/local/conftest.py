@@ -1,16 +1,18 @@
-"""Fixtures for the local-substrate tests: tiny checkpoints, card files, and an environment for
-child processes (one torch thread each, a private model cache)."""
+"""Fixtures for the local-substrate tests: tiny checkpoints, card files, an environment for
+child processes (one torch thread each, a private model cache) and a module's example fleet."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.operator.local.sparse_helpers import example_fleet
 
 from loom_operator.testing.cards import card_text
+from loom_operator.testing.fleet import FleetProcess
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny import init_tiny
 
@@ -52,3 +54,18 @@ def child_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env["MKL_NUM_THREADS"] = "1"
     env["LOOM_CACHE"] = str(tmp_path_factory.mktemp("loom-cache"))
     return env
+
+
+@pytest.fixture(scope="module")
+def tiny_example(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoints: tuple[Path, Path],
+    child_env: dict[str, str],
+) -> Iterator[FleetProcess]:
+    """`loom up examples/<EXAMPLE>.yaml` (the module's EXAMPLE) on the tiny checkpoint, once
+    per module."""
+    name = str(request.module.EXAMPLE)
+    root = tmp_path_factory.mktemp(name)
+    with example_fleet(name, root, checkpoints[0], child_env, "loom://tiny") as fleet:
+        yield fleet

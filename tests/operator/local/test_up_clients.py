@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tests.operator.local.sparse_helpers import ROOT, example_fleet, post
+from tests.operator.local.sparse_helpers import ROOT, post
 
 from loom_operator.testing.fleet import FleetProcess
 
@@ -38,15 +37,12 @@ def need(tool: Path, target: str) -> Path:
     return tool
 
 
+EXAMPLE = "tiny-pd"
+
+
 @pytest.fixture(scope="module")
-def fleet(
-    tmp_path_factory: pytest.TempPathFactory,
-    checkpoints: tuple[Path, Path],
-    child_env: dict[str, str],
-) -> Iterator[FleetProcess]:
-    root = tmp_path_factory.mktemp("up-clients")
-    with example_fleet("tiny-pd", root, checkpoints[0], child_env, "loom://tiny") as f:
-        yield f
+def fleet(tiny_example: FleetProcess) -> FleetProcess:
+    return tiny_example
 
 
 def run_tool(cmd: list[str], cwd: Path, log: Path, timeout: float) -> None:

@@ -4,12 +4,11 @@ one-rank engine's on the same checkpoint, and the worker reports both ranks' hal
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from tests.operator.local.sparse_helpers import example_fleet, metrics, post, rank_labels, sample
+from tests.operator.local.sparse_helpers import metrics, post, rank_labels, sample
 
 from loom_operator.testing.fleet import FleetProcess
 from loom_runtime.engine.config import EngineConfig
@@ -20,15 +19,12 @@ from loom_runtime.models.loader import load_model
 STEPS = 12
 
 
+EXAMPLE = "tiny-tp"
+
+
 @pytest.fixture(scope="module")
-def fleet(
-    tmp_path_factory: pytest.TempPathFactory,
-    checkpoints: tuple[Path, Path],
-    child_env: dict[str, str],
-) -> Iterator[FleetProcess]:
-    root = tmp_path_factory.mktemp("up-tp")
-    with example_fleet("tiny-tp", root, checkpoints[0], child_env, "loom://tiny") as f:
-        yield f
+def fleet(tiny_example: FleetProcess) -> FleetProcess:
+    return tiny_example
 
 
 def one_rank(checkpoint: Path, prompt: list[int], steps: int) -> list[int]:

@@ -16,6 +16,7 @@ from loom_router.core.migration import (
     first_attempt,
     max_tokens_of,
 )
+from loom_router.errors import MigrationFailedError
 from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, chunk, usage_chunk
 from loom_runtime.wire.openai.sse import encode
 from loom_runtime.wire.openai.usage import usage
@@ -180,6 +181,39 @@ def test_without_prompt_ids_the_original_is_resent_and_everything_sent_is_skippe
     out = feed(t, [cmpl("AB", [10]), cmpl("CD", [11]), cmpl("E", [12], "length")])
     assert [c["choices"][0]["text"] for c in out] == ["D", "E"]
     assert t.text_len == 5 and t.tokens == [10, 11, 12]
+
+
+STRUCTURED = [
+    {"response_format": {"type": "json_object"}},
+    {"structured_outputs": {"regex": "[0-9]+"}},
+]
+
+
+@pytest.mark.parametrize("asks", STRUCTURED)
+@pytest.mark.parametrize("fixed", [{"temperature": 0}, {"temperature": 1.0, "seed": 4}])
+def test_a_structured_stream_is_regenerated_from_its_original_request(
+    asks: dict[str, Any], fixed: dict[str, Any]
+) -> None:
+    """Its grammar's state stays on the failed worker: the original request again (a fresh
+    matcher reads the regenerated tokens), never prompt + tokens, which would restart the
+    grammar in the middle of the output."""
+    t = started()
+    feed(t, [cmpl("A", [10], prompt_token_ids=PROMPT), cmpl("B", [11])])
+    body = {"model": "m", "prompt": "p", "max_tokens": 10, **fixed, **asks}
+    attempt = t.replay("/v1/completions", body)
+    assert attempt.body["prompt"] == "p" and attempt.token_base == 0
+    assert {k: attempt.body[k] for k in asks} == asks
+    assert (attempt.skip_tokens, attempt.expected) == (2, (10, 11))
+
+
+@pytest.mark.parametrize("asks", STRUCTURED)
+def test_a_sampled_unseeded_structured_stream_is_not_moved(asks: dict[str, Any]) -> None:
+    t = started()
+    feed(t, [cmpl("A", [10], prompt_token_ids=PROMPT)])
+    with pytest.raises(MigrationFailedError, match="structured output sampled without a seed"):
+        t.replay("/v1/completions", {"model": "m", "prompt": "p", "temperature": 1.0, **asks})
+    fresh = started()  # nothing sent yet: resending it is a plain retry
+    assert fresh.replay("/v1/completions", {"model": "m", "prompt": "p", **asks}).body["prompt"]
 
 
 def test_chat_resumes_as_a_completion_and_is_told_as_chat() -> None:

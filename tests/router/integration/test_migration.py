@@ -1,7 +1,8 @@
 """Request migration against real workers: kill -9 the worker serving a stream after 10 tokens
 and the client still receives exactly the tokens and text of an uninterrupted greedy run; an
-admin's migrate moves a live stream the same way; a worker that refuses connections is taken
-out of routing at once and put back when it answers again."""
+admin's migrate moves a live stream the same way (a structured output's too, regenerated from
+its original request; an unseeded sampled one ends with a clear error instead); a worker that
+refuses connections is taken out of routing at once and put back when it answers again."""
 
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def request_body(kind: str, **more: Any) -> tuple[str, dict[str, Any]]:
     return path, body
 
 
-def reference(worker: Any, kind: str) -> tuple[list[int], str]:
-    path, body = request_body(kind)
+def reference(worker: Any, kind: str, **more: Any) -> tuple[list[int], str]:
+    path, body = request_body(kind, **more)
     status, answer, _ = post(worker.url + path, body)
     assert status == 200, answer
     choice = answer["choices"][0]
@@ -94,6 +95,17 @@ def read(stream: Any, kind: str, after_10: Any) -> tuple[list[int], str, dict[st
     return tokens, text, usage, reason
 
 
+def migrated_after_3(router: Any, stream: Any) -> list[dict[str, Any]]:
+    """A stream's events, the mover's requests migrated after the third."""
+    events: list[dict[str, Any]] = []
+    for event in stream.events():
+        events.append(event)
+        if len(events) == 3:
+            router.admin("POST", "/admin/endpoints/mover/migrate")
+    stream.close()
+    return events
+
+
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 def test_killing_the_worker_mid_stream_loses_and_repeats_no_token(
     kind: str, survivor: Any, launch_worker: Any, launch_router: Any
@@ -139,15 +151,32 @@ def test_an_admin_migrate_moves_a_live_stream_exactly(
     with launch_router(
         [survivor, mover], router=NO_SESSIONS, failover={"migrationLimit": 0}
     ) as router:
-        stream = start_on(router, mover, "completion")
-        events: list[dict[str, Any]] = []
-        for event in stream.events():
-            events.append(event)
-            if len(events) == 3:
-                router.admin("POST", "/admin/endpoints/mover/migrate")
-        stream.close()
+        events = migrated_after_3(router, start_on(router, mover, "completion"))
         assert events[-1]["error"]["code"] == "migration_failed"
         assert "migrationLimit 0" in events[-1]["error"]["message"]
+
+
+LETTERS = {"structured_outputs": {"regex": "[a-z ]{60,120}"}}
+
+
+def test_an_admin_migrate_regenerates_a_greedy_structured_stream_exactly(
+    survivor: Any, mover: Any, launch_router: Any
+) -> None:
+    want_tokens, want_text = reference(survivor, "completion", **LETTERS)
+    assert len(want_tokens) > 10 and set(want_text) <= set("abcdefghijklmnopqrstuvwxyz ")
+    with launch_router([survivor, mover], router=NO_SESSIONS) as router:
+        stream = start_on(router, mover, "completion", **LETTERS)
+        moved: list[Any] = []
+        tokens, text, _, _ = read(stream, "completion", lambda: moved.append(
+            router.admin("POST", "/admin/endpoints/mover/migrate")))  # fmt: skip
+        assert moved[0][1]["migrated"] == 1
+        assert tokens == want_tokens and text == want_text
+        assert router.metric("loom_router:migrations_total", outcome="restarted") == 1
+        # sampled without a seed, the regenerated output would differ: a clear error instead
+        stream = start_on(router, mover, "completion", temperature=1.0, **LETTERS)
+        events = migrated_after_3(router, stream)
+        assert events[-1]["error"]["code"] == "migration_failed"
+        assert "structured output sampled without a seed" in events[-1]["error"]["message"]
 
 
 def test_a_non_streamed_request_moved_away_is_answered_whole(

@@ -100,11 +100,16 @@ SHARED: Mapping[str, FieldRule] = {
     "logprob_token_ids": _r("log-probs of chosen ids are not implemented: use logprobs"),
     "allowed_token_ids": _r("an allow-list of ids is not implemented: use logit_bias"),
     "bad_words": _r("bad_words is not implemented: ban their ids with logit_bias -100", []),
-    "response_format": _r(
-        f"only {{'type': 'text'}} is supported; structured outputs come later {_LATER}",
-        {"type": "text"},
+    "response_format": _h(
+        "text, json_object or json_schema (its schema enforced exactly, strict or not): a "
+        "token mask in the batched sampler (xgrammar); structural_tag is a 400"
     ),
-    "structured_outputs": _r(f"structured outputs are not implemented yet {_LATER}"),
+    "structured_outputs": _h(
+        "vLLM's object: json, regex, choice, grammar (xgrammar's EBNF, or Lark) or "
+        "json_object, with disable_any_whitespace; disable_additional_properties (make "
+        "additionalProperties default to false) is already Loom's default (xgrammar's strict "
+        "mode, as vLLM's xgrammar backend); structural_tag and whitespace_pattern are a 400"
+    ),
     "priority": _r("priority scheduling is not implemented (first come, first served)", 0),
     "request_id": _r("send the request id as the X-Request-Id header instead"),
     "return_tokens_as_token_ids": _r("not implemented: use return_token_ids", False),

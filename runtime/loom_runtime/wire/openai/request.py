@@ -36,6 +36,12 @@ from loom_runtime.wire.openai.fields import (
     required,
     stop_value,
 )
+from loom_runtime.wire.openai.structured import (
+    GrammarSpec,
+    ResponseFormat,
+    StructuredOutputs,
+    grammar_spec,
+)
 
 Prompts = Annotated[tuple[str | tuple[int, ...], ...], PlainValidator(prompt_value)]
 Stop = Annotated[tuple[str, ...], PlainValidator(stop_value)]
@@ -96,6 +102,8 @@ class _SamplingRequest(StrictBody):
     user: str | None = None  # accepted and ignored, as OpenAI does for abuse tracking
     kv_transfer_params: dict[str, Any] | None = None  # P/D (vLLM NixlConnector's object)
     return_token_ids: bool = False  # vLLM extension: prompt_token_ids + token_ids answered
+    response_format: ResponseFormat | None = None  # text, json_object or json_schema
+    structured_outputs: StructuredOutputs | None = None  # vLLM extension (structured.py)
 
     @field_validator("logit_bias")
     @classmethod
@@ -109,6 +117,16 @@ class _SamplingRequest(StrictBody):
                 "stream_options is only allowed when stream is true", param="stream_options"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> _SamplingRequest:
+        grammar_spec(self.response_format, self.structured_outputs)  # a 400 when malformed
+        return self
+
+    @property
+    def grammar(self) -> GrammarSpec | None:
+        """What the output must match (response_format / structured_outputs), None if free."""
+        return grammar_spec(self.response_format, self.structured_outputs)
 
     @property
     def include_usage_chunk(self) -> bool:

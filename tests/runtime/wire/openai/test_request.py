@@ -117,8 +117,10 @@ BAD = [
      "messages[0].content", "only 'text'"),
     (ChatCompletionRequest, _body(CHAT, top_logprobs=2), "top_logprobs", "logprobs: true"),
     (ChatCompletionRequest, _body(CHAT, tools=[{"type": "function"}]), "tools", "not supported"),
-    (ChatCompletionRequest, _body(CHAT, response_format={"type": "json_object"}),
-     "response_format", "text"),
+    (ChatCompletionRequest, _body(CHAT, response_format={"type": "json_schema"}),
+     "response_format.json_schema", "required"),
+    (ChatCompletionRequest, _body(CHAT, structured_outputs={"regex": "a", "choice": ["b"]}),
+     "structured_outputs.choice", "only one kind"),
     (ChatCompletionRequest, _body(CHAT, add_generation_prompt=1), "add_generation_prompt",
      "boolean"),
 ]  # fmt: skip
