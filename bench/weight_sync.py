@@ -21,7 +21,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -30,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from run_record import RunRecord
 
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet
@@ -217,30 +218,19 @@ def main() -> int:
     args = p.parse_args()
     strategies = [s.strip() for s in args.strategies.split(",")]
     results: list[SyncResult] = []
-    started = time.time()
-    load_before = os.getloadavg()
+    record = RunRecord("weight_sync")
     for n in (int(x) for x in args.decodes.split(",")):
         print(f"fleet: 1 prefill + {n} decode, {args.clients} clients", flush=True)
         with tempfile.TemporaryDirectory(prefix=f"loom-bench-sync-{n}-") as tmp:
             results += bench_fleet(n, strategies, args, Path(tmp))
     summary = summarize(results)
     print(summary)
-    doc = {
-        "bench": "weight_sync",
-        "command": "python bench/weight_sync.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-        },
-        "wall_s": round(time.time() - started, 1),
-        "settings": {k: str(v) for k, v in vars(args).items()},
-        "results": [asdict(r) for r in results],
-        "summary": summary,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    record.write(
+        args.out,
+        settings={k: str(v) for k, v in vars(args).items()},
+        results=[asdict(r) for r in results],
+        summary=summary,
+    )
     return 1 if any(r.failed or r.mixed for r in results) else 0
 
 

@@ -12,7 +12,9 @@ from loom_runtime.card import load_model_card
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(EXAMPLES.rglob("*.yaml")), ids=lambda p: str(p.relative_to(EXAMPLES))
+)
 def test_example_loads_through_the_models(path: Path) -> None:
     cards = load_documents(path)
     assert cards.model_cards or cards.deployment_cards

@@ -15,6 +15,7 @@ from loom_trainer.protocol import (
     decode_manifest,
     encode_manifest,
     pack,
+    pieces,
     plan_buckets,
     spec_of,
     unpack,
@@ -33,6 +34,29 @@ def test_buckets_keep_order_and_stay_within_the_bound(sizes: list[int], bound: i
     assert all(b.nbytes <= max(bound, largest) for b in buckets)
     assert all(off % 16 == 0 for b in buckets for off in b.offsets)
     assert [b.index for b in buckets] == list(range(len(buckets)))
+
+
+@given(
+    st.lists(st.integers(min_value=0, max_value=300), min_size=0, max_size=12),
+    st.integers(min_value=1, max_value=64),
+)
+def test_pieces_cover_every_tensor_byte_once_within_their_bound(
+    sizes: list[int], piece_bytes: int
+) -> None:
+    bucket = Bucket(0, tuple(TensorSpec(f"t{i}", (n,), "int8") for i, n in enumerate(sizes)))
+    parts = pieces(bucket, piece_bytes)
+    assert all(0 < p.nbytes <= piece_bytes for p in parts)
+    for spec, offset in zip(bucket.specs, bucket.offsets, strict=True):
+        mine = [p for p in parts if p.name == spec.name]
+        assert [p.start for p in mine] == list(range(0, spec.nbytes, piece_bytes))
+        assert sum(p.nbytes for p in mine) == spec.nbytes
+        assert all(p.offset == offset + p.start for p in mine)
+    assert [p.offset for p in parts] == sorted(p.offset for p in parts)
+
+
+def test_a_checksum_continued_over_pieces_equals_the_checksum_of_their_bytes() -> None:
+    buf = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
+    assert checksum(buf[600:], checksum(buf[:600])) == checksum(buf)
 
 
 def test_packed_bytes_unpack_to_equal_tensors_of_every_dtype() -> None:

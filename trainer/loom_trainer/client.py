@@ -51,7 +51,11 @@ class PushResult:
     largest_bucket: int
     """Bytes of the largest bucket: the extra memory a push costs a worker (and the trainer)."""
     transfer_s: float
+    """Open → every worker staged every bucket (the fleet served meanwhile)."""
+    send_s: float
+    """First bucket → commit: the bytes moving (`bytes_sent / send_s` is the push's rate)."""
     total_s: float
+    """Open → every worker serves `version`."""
 
 
 class WeightSync:
@@ -96,7 +100,7 @@ class WeightSync:
         )
         try:
             group = TransferGroup(rv)
-            send_push(group, opened.workers, buckets, named_tensors, on_bucket)
+            send_s = send_push(group, opened.workers, buckets, named_tensors, on_bucket)
         except RuntimeError as exc:  # a collective failed or timed out (a worker died)
             raise PushFailed(self._broken(opened.update_id, version, exc)) from exc
         transfer_s = time.monotonic() - started
@@ -104,7 +108,7 @@ class WeightSync:
         return PushResult(
             version, opened.update_id, opened.workers, len(buckets),
             sum(b.nbytes for b in buckets), max((b.nbytes for b in buckets), default=0),
-            transfer_s, time.monotonic() - started,
+            transfer_s, send_s, time.monotonic() - started,
         )  # fmt: skip
 
     def latest(self) -> dict[str, object] | None:

@@ -60,10 +60,16 @@ class TransferGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every rank's `tensor` (same shape and dtype everywhere)."""
+        self.start_broadcast(tensor).wait()
+
+    def start_broadcast(self, tensor: torch.Tensor) -> Work:
+        """`broadcast` started, not awaited: its `wait()` returns once `tensor` has moved (every
+        rank must start the same broadcasts in the same order; the caller leaves `tensor` alone
+        until then)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.timeout = datetime.timedelta(seconds=self.rv.timeout_s)
-        self._pg.broadcast([tensor], opts).wait()
+        return self._pg.broadcast([tensor], opts)
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
         """Rank 0's `data` on every rank (others pass None)."""

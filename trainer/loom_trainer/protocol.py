@@ -18,6 +18,9 @@ DEFAULT_BUCKET_BYTES = 64 << 20
 """Bytes per broadcast when the trainer does not say: bounds the extra memory of a push."""
 ALIGN = 16
 """Each tensor starts at a multiple of this in its bucket, so it can be viewed in place."""
+PIECE_BYTES = 4 << 20
+"""The most one broadcast moves: a bucket travels as pieces of its tensors, so a worker checks
+and stages one piece while the next arrives, and the trainer sends from its own tensors."""
 
 
 def _aligned(n: int) -> int:
@@ -62,6 +65,27 @@ class Bucket:
         if not self.specs:
             return 0
         return self.offsets[-1] + self.specs[-1].nbytes
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One broadcast of a push: `nbytes` bytes of tensor `name` from byte `start` of the tensor,
+    landing at byte `offset` of its bucket."""
+
+    name: str
+    start: int
+    offset: int
+    nbytes: int
+
+
+def pieces(bucket: Bucket, piece_bytes: int = PIECE_BYTES) -> tuple[Piece, ...]:
+    """The bucket's tensors cut into pieces of at most `piece_bytes`, in bucket order (an empty
+    tensor has none)."""
+    return tuple(
+        Piece(s.name, start, offset + start, min(piece_bytes, s.nbytes - start))
+        for s, offset in zip(bucket.specs, bucket.offsets, strict=True)
+        for start in range(0, s.nbytes, piece_bytes)
+    )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -163,6 +187,8 @@ def unpack(bucket: Bucket, buf: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def checksum(buf: torch.Tensor) -> int:
-    """CRC-32 of a uint8 CPU tensor's bytes (read in place, no copy)."""
-    return zlib.crc32(buf.numpy().data)
+def checksum(buf: torch.Tensor, running: int = 0) -> int:
+    """CRC-32 of a uint8 CPU tensor's bytes (read in place, no copy), continuing `running`: a
+    bucket's checksum is that of its pieces' bytes in order (the padding between tensors is
+    not sent, so not checked)."""
+    return zlib.crc32(buf.numpy().data, running)

@@ -1,19 +1,21 @@
 """The trainer's side of one push over its transfer group: the manifest, the refusal check,
-then each bucket with its checksum, then the commit.
+then each bucket piece by piece with its checksum, then the commit.
 
 Owns the order of collectives on rank 0 (the workers' side, transfer/weight_push.py in the
-runtime, runs the same order); holds one packed bucket at a time, never a copy of the model.
+runtime, runs the same order); sends from the trainer's own tensors (a copy of one bucket's
+tensors only when they are not contiguous on the CPU), never a copy of the model.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from loom_trainer.errors import PushFailed, PushRefused
 from loom_trainer.group import TransferGroup
-from loom_trainer.protocol import Bucket, checksum, encode_manifest, pack
+from loom_trainer.protocol import Bucket, as_bytes, checksum, encode_manifest, pieces
 
 
 def send_push(
@@ -22,8 +24,9 @@ def send_push(
     buckets: Sequence[Bucket],
     tensors: Mapping[str, torch.Tensor],
     on_bucket: Callable[[int, int], None] | None = None,
-) -> None:
-    """Send `tensors` in `buckets` to `workers` (rank i + 1 is workers[i]).
+) -> float:
+    """Send `tensors` in `buckets` to `workers` (rank i + 1 is workers[i]); the seconds from the
+    first bucket to the commit (the bytes moving: the group and the manifest check excluded).
 
     PushRefused (no bucket moved) with each worker's problems when the manifest does not fit;
     PushFailed when a worker's checksum differs; RuntimeError when the group breaks.
@@ -37,15 +40,27 @@ def send_push(
                 problems[name] = [str(p) for p in note]
         lines = "; ".join(f"{w}: {', '.join(p)}" for w, p in problems.items())
         raise PushRefused(f"the pushed weights do not fit the fleet's model: {lines}", problems)
-    whole = torch.empty(max((b.nbytes for b in buckets), default=0), dtype=torch.uint8)
+    started = time.monotonic()
     for b in buckets:
-        buf = whole[: b.nbytes]
-        pack(b, tensors, buf)
-        group.broadcast(buf)
-        group.broadcast(torch.tensor([checksum(buf)], dtype=torch.int64))
-        if not group.agree(True):
-            raise PushFailed(f"bucket {b.index}: a worker's checksum differs from the trainer's")
+        send_bucket(group, b, tensors)
         if on_bucket is not None:
             on_bucket(b.index, len(buckets))
     if not group.agree(True):  # the commit: every worker has staged every bucket
         raise PushFailed("not every worker staged the push")
+    return time.monotonic() - started
+
+
+def send_bucket(group: TransferGroup, bucket: Bucket, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Every piece of the bucket started at once, the checksum computed while they move, then
+    the checksum and the workers' verdict."""
+    sources = {s.name: as_bytes(tensors[s.name]) for s in bucket.specs}
+    crc, moving = 0, []
+    for p in pieces(bucket):
+        data = sources[p.name][p.start : p.start + p.nbytes]
+        moving.append(group.start_broadcast(data))
+        crc = checksum(data, crc)
+    for work in moving:
+        work.wait()
+    group.broadcast(torch.tensor([crc], dtype=torch.int64))
+    if not group.agree(True):
+        raise PushFailed(f"bucket {bucket.index}: a worker's checksum differs from the trainer's")

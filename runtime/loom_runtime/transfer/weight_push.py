@@ -1,5 +1,6 @@
 """A worker's side of a trainer's weight push: join the push's gloo group, check the manifest
-against the model before any byte moves, then stage each bucket on local disk.
+against the model before any byte moves, then stage each bucket on local disk (each piece
+checked and written while the next arrives).
 
 Owns the staged copy of one push (one bucket in memory at a time, the rest on disk) and
 discarding it when the push breaks; never touches the model (the engine swaps a staged push in
@@ -19,7 +20,15 @@ import torch
 
 from loom_runtime.errors import CheckpointError, TransferError
 from loom_trainer.group import Rendezvous, TransferGroup
-from loom_trainer.protocol import Bucket, TensorSpec, check_specs, checksum, decode_manifest, unpack
+from loom_trainer.protocol import (
+    Bucket,
+    TensorSpec,
+    check_specs,
+    checksum,
+    decode_manifest,
+    pieces,
+    unpack,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +109,10 @@ def _receive_buckets(group: TransferGroup, staged: StagedPush) -> None:
     whole = torch.empty(staged.largest_bucket, dtype=torch.uint8)  # one buffer for every bucket
     try:
         for b in staged.buckets:
-            buf = whole[: b.nbytes]
-            group.broadcast(buf)
+            crc = _receive_bucket(group, b, whole[: b.nbytes], staged.bucket_file(b.index))
             expected = torch.zeros(1, dtype=torch.int64)
             group.broadcast(expected)
-            ok = checksum(buf) == int(expected.item())
-            if ok:
-                buf.numpy().tofile(staged.bucket_file(b.index))
+            ok = crc == int(expected.item())
             if not group.agree(ok):
                 raise TransferError(
                     f"push {staged.update_id}: bucket {b.index}'s checksum differs on "
@@ -116,3 +122,19 @@ def _receive_buckets(group: TransferGroup, staged: StagedPush) -> None:
             raise TransferError(f"push {staged.update_id}: not every worker staged it")
     except RuntimeError as exc:
         raise TransferError(f"push {staged.update_id}: the transfer group broke: {exc}") from exc
+
+
+def _receive_bucket(group: TransferGroup, bucket: Bucket, buf: torch.Tensor, path: Path) -> int:
+    """Every piece of the bucket started at once into `buf`; each piece checksummed and written
+    to `path` as soon as it has arrived, while the next ones move. The bucket's checksum."""
+    parts = pieces(bucket)
+    moving = [group.start_broadcast(buf[p.offset : p.offset + p.nbytes]) for p in parts]
+    crc, written = 0, 0
+    with path.open("wb") as f:
+        for p, work in zip(parts, moving, strict=True):
+            work.wait()
+            crc = checksum(buf[p.offset : p.offset + p.nbytes], crc)
+            f.write(buf[written : p.offset + p.nbytes].numpy().data)  # the padding before it too
+            written = p.offset + p.nbytes
+        f.write(buf[written:].numpy().data)
+    return crc

@@ -16,7 +16,7 @@ from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.transfer.weight_push import StagedPush, receive_push
 from loom_trainer.errors import PushRefused
 from loom_trainer.group import Rendezvous, TransferGroup
-from loom_trainer.protocol import TensorSpec, plan_buckets, spec_of
+from loom_trainer.protocol import PIECE_BYTES, TensorSpec, plan_buckets, spec_of
 from loom_trainer.sender import send_push
 
 WORKERS = ("w-a", "w-b")
@@ -82,6 +82,26 @@ def test_every_worker_stages_the_same_bytes_one_bucket_at_a_time(tmp_path: Path)
         assert all(torch.equal(got[n], tensors[n]) for n in tensors)
         staged.discard()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tensors_larger_than_a_piece_odd_sizes_and_empty_ones_arrive_whole(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(1)
+    tensors = {
+        "big": torch.randn(PIECE_BYTES // 4 + 1000, generator=g),  # two pieces
+        "odd": torch.randn(3, generator=g, dtype=torch.float64),  # padding after it
+        "empty": torch.zeros(0),
+        "half": torch.randn(5, generator=g).to(torch.bfloat16),
+        "last_empty": torch.zeros(0, 4),
+    }
+    expected = {n: spec_of(n, t) for n, t in tensors.items()}
+    err, results = run_push(tensors, [expected, expected], tmp_path, 2 * PIECE_BYTES)
+    assert err is None
+    for staged in results:
+        assert isinstance(staged, StagedPush), staged
+        got = {n: t.clone() for part in staged.tensors() for n, t in part.items()}
+        assert got.keys() == tensors.keys()
+        assert all(torch.equal(got[n], t) and got[n].dtype == t.dtype for n, t in tensors.items())
+        staged.discard()
 
 
 def test_a_manifest_that_does_not_fit_one_worker_is_refused_everywhere_before_bytes_move(
