@@ -31,6 +31,10 @@ class RoleBounds:
     min: int = 1
     max: int = 1
 
+    def clamp(self, replicas: int) -> int:
+        """`replicas` within the bounds."""
+        return max(self.min, min(self.max, replicas))
+
 
 @dataclass(frozen=True)
 class Targets:
@@ -241,7 +245,7 @@ def decide(
         elif rec > current:
             reason = "StabilisingUp"
             message = f"{message}; keeping {current} for the {policy.scale_up_s:g}s window"
-    desired = max(bounds.min, min(bounds.max, desired))
+    desired = bounds.clamp(desired)
     decision = RoleDecision(s.role, current, desired, reason, message, rec)
     return decision, recs
 

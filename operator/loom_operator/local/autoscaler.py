@@ -143,7 +143,7 @@ def autoscaler_for(
 
 def _within(policy: AutoscalePolicy, role: RoleName, replicas: int) -> int:
     bounds = policy.roles.get(role)
-    return replicas if bounds is None else max(bounds.min, min(bounds.max, replicas))
+    return replicas if bounds is None else bounds.clamp(replicas)
 
 
 async def _get(session: aiohttp.ClientSession, url: str) -> str | None:
