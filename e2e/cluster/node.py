@@ -13,8 +13,10 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -169,15 +171,11 @@ def load_images(layout: NodeLayout, images: list[str]) -> None:
         keep.add(image_id)  # the CRI refers to an image by its id too
         if imported.get(image) == image_id and image in held:
             continue
+        earlier = [n for n in (image, imported.get(image)) if n is not None and n in held]
+        if earlier:  # the earlier version goes first: the disk need not hold both at once
+            _run([*ctr, "images", "rm", *earlier], layout, check=False)
         start = time.monotonic()
-        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-        out = subprocess.run([*ctr, "images", "import", "-"], stdin=save.stdout,
-                             capture_output=True, text=True, env=_env(layout))  # fmt: skip
-        _, saved = save.communicate()
-        if out.returncode != 0 or save.returncode != 0:
-            raise ClusterError(f"loading {image} into containerd failed: docker save: "
-                               f"{saved[-1000:]}; ctr import: {out.stderr[-1000:]}")  # fmt: skip
+        _import_image(ctr, image, layout)
         imported[image] = image_id
         record.write_text(json.dumps(imported, indent=2))
         logger.info("loaded %s into containerd in %.0f s", image, time.monotonic() - start)
@@ -186,6 +184,26 @@ def load_images(layout: NodeLayout, images: list[str]) -> None:
     stale = set(_run([*ctr, "images", "ls", "-q"], layout).split()) - keep
     if stale:
         _run([*ctr, "images", "rm", *sorted(stale)], layout, check=False)
+
+
+def _import_image(ctr: list[str], image: str, layout: NodeLayout) -> None:
+    """`docker save IMAGE | ctr images import -`; either side's error, as each printed it."""
+    with tempfile.TemporaryFile() as save_err:
+        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE, stderr=save_err)
+        assert save.stdout is not None
+        out = subprocess.run([*ctr, "images", "import", "-"], stdin=save.stdout,
+                             capture_output=True, text=True, env=_env(layout))  # fmt: skip
+        save.stdout.close()  # ctr stopped reading: docker save ends (SIGPIPE) rather than waits
+        save.wait()
+        save_err.seek(0)
+        saved = save_err.read().decode(errors="replace")
+    if out.returncode != 0 or save.returncode != 0:
+        free = shutil.disk_usage(layout.images_root).free / 2**30
+        raise ClusterError(
+            f"loading {image} into containerd failed ({free:.1f} GiB free under "
+            f"{layout.images_root}): ctr import: {out.stderr[-1000:].strip() or out.returncode}; "
+            f"docker save: {saved[-1000:].strip() or save.returncode}"
+        )
 
 
 def _ensure_pause_image(layout: NodeLayout) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ class StagedPush:
     buckets: tuple[Bucket, ...]
     largest_bucket: int
     """Bytes of the largest bucket: the most memory receiving (or swapping in) holds at once."""
+    _removal: weakref.finalize[..., None] = field(init=False, repr=False, compare=False)
 
     def bucket_file(self, index: int) -> Path:
         return self.directory / f"bucket-{index:05d}.bin"
@@ -58,8 +60,14 @@ class StagedPush:
                     raise TransferError(f"{self.bucket_file(b.index)}: staged bucket is short")
             yield unpack(b, buf)
 
+    def __post_init__(self) -> None:
+        # Gone at the latest when nothing refers to it or the worker exits (a worker killed
+        # outright leaves it: in a pod its scratch folder goes with the pod).
+        removal = weakref.finalize(self, shutil.rmtree, self.directory, ignore_errors=True)
+        object.__setattr__(self, "_removal", removal)
+
     def discard(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self._removal()
 
 
 def receive_push(

@@ -4,6 +4,8 @@ refused before any byte moves, and a trainer that stops mid-push leaves nothing 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -155,3 +157,27 @@ def test_the_extra_memory_of_a_push_is_one_bucket(tmp_path: Path, bucket_bytes: 
     assert err is None and isinstance(staged, StagedPush)
     assert staged.largest_bucket == min(bucket_bytes, total)
     staged.discard()
+
+
+def test_a_staged_push_no_one_swaps_in_is_removed_when_the_worker_exits(tmp_path: Path) -> None:
+    """A push staged and never loaded (the worker stops first) leaves no folder behind."""
+    script = f"""
+import sys
+from pathlib import Path
+sys.path[:0] = {sys.path!r}
+from tests.runtime.transfer.test_weight_push import model, run_push
+from loom_trainer.protocol import spec_of
+tensors = model()
+expected = {{n: spec_of(n, t) for n, t in tensors.items()}}
+_, results = run_push(tensors, [expected], Path({str(tmp_path)!r}), 8192)
+KEPT = results[0]  # held until the interpreter exits, as a worker's PushReceiver holds it
+print(KEPT.directory, KEPT.bucket_file(0).exists())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    directory, existed = out.stdout.split()
+    assert existed == "True"
+    assert not Path(directory).exists()
+    assert list(tmp_path.iterdir()) == []
