@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from loom_runtime.card.chat_parsers import ChatParsers
 from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError, TransferError
@@ -34,6 +35,12 @@ from loom_runtime.serve.prepare import (
 from loom_runtime.serve.responses import Accumulated
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
+from loom_runtime.wire.openai.chat.output import (
+    DeltaStream,
+    OutputPlan,
+    finish_reason,
+    output_plan,
+)
 from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
@@ -56,7 +63,10 @@ class ServingTokenizer(PromptTokenizer, Protocol):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str: ...
 
     def token_strings(self, ids: Sequence[int]) -> list[str]: ...
@@ -81,6 +91,7 @@ class ApiContext:
     started: int  # unix time the worker started (the model's `created`)
     strict_fields: bool = False  # refuse fields the schema does not define (else: ignore, name)
     mailbox: Mailbox | None = None  # the server's: a step's outputs wake the event loop once
+    chat_parsers: ChatParsers = field(default_factory=ChatParsers)  # how chat output is read
 
 
 @dataclass(frozen=True)
@@ -108,9 +119,11 @@ class _Run:
         num_logprobs: int | None,
         prompt_ids: tuple[int, ...] | None = None,
         echo: PromptEcho | None = None,
+        plan: OutputPlan | None = None,
     ) -> None:
         self.ctx = ctx
         self.kind = kind
+        self.plan = plan  # a chat's: how its output is read (reasoning, tool calls)
         self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
         self.echo = echo  # completions: what the choice shows of its prompt
         self.want_logprobs = num_logprobs is not None
@@ -195,15 +208,21 @@ async def _events(
         yield chunk("chat", meta.chunk_head("chat"), "", None, None, usage.final, True, None,
                     prompt_ids, start if usage.every_chunk else None)  # fmt: skip
         prompt_ids = None
+    plan = run.plan
+    reader = None if plan is None or plan.plain else DeltaStream(plan)
     while True:
         run.take(out)
-        if out.new_text or out.logprobs or out.finished or (ids and out.new_token_ids):
+        fields = None if reader is None else reader.step(out.new_text, out.finished)
+        said = bool(fields) if reader is not None else bool(out.new_text)
+        if said or out.logprobs or out.finished or (ids and out.new_token_ids):
             lp = run.logprobs(out)
             reason = run.acc.finish_reason if out.finished else None
+            if reader is not None and plan is not None:
+                reason = finish_reason(plan, reader.called, reason)
             tokens = out.new_token_ids if ids else None
             so_far = run.acc.usage() if usage.every_chunk else None
             yield chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
-                        usage.final, False, tokens, prompt_ids, so_far)  # fmt: skip
+                        usage.final, False, tokens, prompt_ids, so_far, fields)  # fmt: skip
             prompt_ids = None
             run.text_len += len(out.new_text)
         if out.finished:
@@ -262,7 +281,8 @@ def _body(flights: Sequence[_Flight], meta: ResponseMeta) -> dict[str, Any]:
         echo = f.run.echo
         if echo is not None and echo.alone:  # the token run after the prompt is not returned
             f.run.acc.completion_tokens = 0
-        body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids)
+        body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids,
+                              f.run.plan)  # fmt: skip
         choice = body["choices"][0] | {"index": index}
         if echo is not None and echo.wanted:
             choice = echo_choice(choice, echo, f.run.acc, f.run.token_text)
@@ -282,8 +302,9 @@ async def _serve(
     ereqs: Sequence[EngineRequest],
     rid: str,
     ignored: tuple[str, ...],
+    plan: OutputPlan | None = None,
 ) -> web.StreamResponse:
-    """Run `ereqs` (one per prompt) as one response, `rid`."""
+    """Run `ereqs` (one per prompt) as one response, `rid`; a chat's output read as `plan`."""
     ctx = request.app[API_CONTEXT]
     echoes: list[PromptEcho | None] = [None] * len(ereqs)
     if isinstance(parsed, CompletionRequest):
@@ -297,7 +318,7 @@ async def _serve(
             flights = []
             for ereq, outputs, echo in zip(ereqs, streams, echoes, strict=True):
                 ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-                run = _Run(ctx, kind, ereq.sampling.logprobs, ids, echo)
+                run = _Run(ctx, kind, ereq.sampling.logprobs, ids, echo, plan)
                 first = await outputs.next(ctx.stall_timeout_s)
                 if first.finished and first.finish_reason == "abort":
                     run.take(first)  # raises RequestAbortedError before any header is sent
@@ -361,8 +382,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_request(ChatCompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "chatcmpl")
     ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    parsers = ctx.chat_parsers
+    plan = output_plan(parsed.tool_plan, parsers.tool_call_parser,
+                       parsers.reasoning_parser is not None, parsed.output_grammar is not None,
+                       parsed.include_reasoning)  # fmt: skip
     await _compile_grammars(ctx.engine, (ereq,))
-    return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid))
+    return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid), plan)
 
 
 def model_card(ctx: ApiContext) -> dict[str, Any]:
