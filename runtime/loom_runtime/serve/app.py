@@ -21,6 +21,7 @@ from loom_runtime.card.chat_parsers import ChatParsers
 from loom_runtime.engine.engine import Engine
 from loom_runtime.errors import LoomError
 from loom_runtime.serve import openai_api, probes, tokenize_api
+from loom_runtime.serve.api_context import ApiContext
 from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.control_service import (
     ControlledEngine,
@@ -93,13 +94,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 def api_context(
     engine: Engine, settings: ServeSettings, metrics: ServerMetrics, mailbox: Mailbox | None
-) -> openai_api.ApiContext:
+) -> ApiContext:
     limits = ModelLimits(
         model_name=engine.config.model_name,
         max_model_len=engine.max_model_len,
         vocab_size=engine.model_config.vocab_size,
     )
-    return openai_api.ApiContext(
+    return ApiContext(
         engine, limits, metrics, settings.stall_timeout_s, int(time.time()), settings.strict_fields,
         mailbox, settings.chat_parsers,
     )  # fmt: skip

@@ -11,36 +11,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
-from loom_runtime.card.chat_parsers import ChatParsers
-from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError, TransferError
-from loom_runtime.serve.bridge import Mailbox, OutputStream, RequestSink, submitted
+from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingEngine, ServingTokenizer
+from loom_runtime.serve.bridge import OutputStream, submitted
 from loom_runtime.serve.echo import PromptEcho, echo_choice, prompt_echo
 from loom_runtime.serve.errors import RequestAbortedError, classify
-from loom_runtime.serve.metrics import ServerMetrics
-from loom_runtime.serve.prepare import (
-    ModelLimits,
-    PromptTokenizer,
-    prepare_chat,
-    prepare_completion,
-)
+from loom_runtime.serve.prepare import prepare_chat, prepare_completion
 from loom_runtime.serve.responses import Accumulated
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
-from loom_runtime.wire.openai.chat.output import (
-    DeltaStream,
-    OutputPlan,
-    finish_reason,
-    output_plan,
-)
+from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, finish_reason, output_plan
 from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
@@ -57,52 +45,12 @@ from loom_runtime.wire.openai.usage import usage
 logger = logging.getLogger(__name__)
 
 
-class ServingTokenizer(PromptTokenizer, Protocol):
-    def encode(self, text: str, add_special_tokens: bool = True) -> Sequence[int]: ...
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        add_generation_prompt: bool = True,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-    ) -> str: ...
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]: ...
-
-
-class ServingEngine(RequestSink, Protocol):
-    """What the routes need of the engine (the Engine satisfies it)."""
-
-    @property
-    def tokenizer(self) -> ServingTokenizer: ...
-
-    @property
-    def grammars(self) -> GrammarCompiler: ...
-
-
-@dataclass(frozen=True)
-class ApiContext:
-    engine: ServingEngine
-    limits: ModelLimits
-    metrics: ServerMetrics
-    stall_timeout_s: float  # longest wait for the engine's next output before giving up
-    started: int  # unix time the worker started (the model's `created`)
-    strict_fields: bool = False  # refuse fields the schema does not define (else: ignore, name)
-    mailbox: Mailbox | None = None  # the server's: a step's outputs wake the event loop once
-    chat_parsers: ChatParsers = field(default_factory=ChatParsers)  # how chat output is read
-
-
 @dataclass(frozen=True)
 class UsageMode:
     """Where a stream reports usage: a last usage-only chunk, and/or on every chunk (vLLM)."""
 
     final: bool = False
     every_chunk: bool = False
-
-
-API_CONTEXT = web.AppKey("api_context", ApiContext)
 
 
 def _request_id(request: web.Request, prefix: str) -> str:

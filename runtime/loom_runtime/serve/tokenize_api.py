@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.serve.openai_api import API_CONTEXT, ApiContext
+from loom_runtime.serve.api_context import API_CONTEXT, ApiContext
 from loom_runtime.serve.prepare import chat_messages, check_model
 from loom_runtime.wire.openai.request import parse_request
 from loom_runtime.wire.openai.tokenize import (
