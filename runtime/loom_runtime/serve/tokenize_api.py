@@ -20,6 +20,7 @@ from loom_runtime.wire.openai.tokenize import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from loom_runtime.wire.prompt import template_tools
 
 
 def _is_chat(raw: bytes) -> bool:
@@ -37,7 +38,7 @@ def tokenize_body(ctx: ApiContext, raw: bytes) -> dict[str, Any]:
     req: TokenizeChatRequest | TokenizeCompletionRequest
     if _is_chat(raw):
         req = parse_request(TokenizeChatRequest, raw, ctx.strict_fields)
-        tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+        tools = None if req.tools is None else template_tools([t.model_dump() for t in req.tools])
         text = tokenizer.apply_chat_template(
             chat_messages(req.messages), req.add_generation_prompt, tools
         )

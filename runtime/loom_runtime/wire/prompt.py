@@ -66,6 +66,19 @@ def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": call.get("id"), "type": "function", "function": called}
 
 
+def template_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as the chat template sees them: each tool and its function without null fields
+    (as if the client had left them out), the parameters' schema as given."""
+    out = []
+    for tool in tools:
+        plain = {k: v for k, v in tool.items() if v is not None}
+        function = plain.get("function")
+        if isinstance(function, Mapping):
+            plain["function"] = {k: v for k, v in function.items() if v is not None}
+        out.append(plain)
+    return out
+
+
 def call_arguments(text: str) -> Any:
     """A call's arguments text as the JSON value it holds; ValueError if it is not JSON."""
     try:
@@ -108,7 +121,8 @@ def chat_ids(tokenizer: Tokenizer, messages: Any, tools: Any = None) -> list[int
     if size > MAX_PROMPT_CHARS:
         return None
     try:
-        return tokenizer.encode_chat(plain, add_generation_prompt=True, tools=tools)
+        rendered = None if tools is None else template_tools(tools)
+        return tokenizer.encode_chat(plain, add_generation_prompt=True, tools=rendered)
     except InvalidRequestError:
         return None
 

@@ -35,10 +35,12 @@ def glm_tokenizer(tiny_dir: Path) -> Tokenizer:
 
 
 def test_the_routers_ids_are_the_workers_with_tools_and_calls(glm_tokenizer: Tokenizer) -> None:
-    body = {"model": "m", "messages": MESSAGES, "tools": TOOLS}
+    tools = [TOOLS[0] | {"x-note": None, "function": TOOLS[0]["function"] | {"strict": None}}]
+    body = {"model": "m", "messages": MESSAGES, "tools": tools}
     req = parse_request(ChatCompletionRequest, json.dumps(body).encode())
-    tools = [t.model_dump(exclude_none=True) for t in req.tools or ()]
-    worker = glm_tokenizer.encode_chat(chat_messages(req.messages), True, tools)
+    rendered = list(req.tool_plan.tools)
+    worker = glm_tokenizer.encode_chat(chat_messages(req.messages), True, rendered)
+    assert chat_ids(glm_tokenizer, MESSAGES, tools) == worker  # explicit nulls left out alike
     assert chat_ids(glm_tokenizer, MESSAGES, TOOLS) == worker
     assert chat_ids(glm_tokenizer, MESSAGES) != worker  # the tools are part of the prompt
 

@@ -19,6 +19,7 @@ from pydantic import Field
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.wire.openai.body import StrictBody
 from loom_runtime.wire.openai.structured import GrammarSpec
+from loom_runtime.wire.prompt import template_tools
 
 MAX_TOOLS = 128  # as OpenAI allows
 ToolMode = Literal["none", "auto", "required", "named"]
@@ -68,7 +69,7 @@ def tool_plan(
     contradict each other."""
     if tools is not None and len(tools) > MAX_TOOLS:
         raise InvalidRequestError(f"at most {MAX_TOOLS} tools, got {len(tools)}", param="tools")
-    given = tuple(t.model_dump(exclude_none=True) for t in tools or ())
+    given = tuple(template_tools([t.model_dump() for t in tools or ()]))
     mode: ToolMode = ("auto" if tools else "none") if choice is None else _mode(choice)
     if mode != "none" and not tools:
         raise InvalidRequestError(
