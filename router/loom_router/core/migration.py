@@ -17,6 +17,12 @@ text the tracker skips (the client has them), and the rest is forwarded in the c
 under the original id. Without a boundary (or without P) it resends the original request and
 skips everything already sent: slower, equally exact.
 
+A chat output the worker reads back (tool calls, with `tools` and a tool_choice other than
+none; reasoning, seen as `reasoning` in a delta) streams as deltas that are not its text, and the
+reader's state stays on the worker: its chunks pass through as the worker wrote them, and such a
+stream moves only before it has sent anything (the original request again); after that the
+client gets `migration_failed` saying why.
+
 A structured output (response_format / structured_outputs) keeps its grammar's state on the
 worker that generated it, so it is never continued from a boundary: the original request is
 resent and regenerates the tokens sent so far through a fresh matcher, which is exact only when
@@ -42,6 +48,7 @@ from loom_runtime.wire.openai.response import (
     usage_chunk,
 )
 from loom_runtime.wire.openai.structured import is_constrained
+from loom_runtime.wire.openai.tools import calls_are_read
 
 COMPLETIONS_PATH = "/v1/completions"
 _NOT_FOR_COMPLETIONS = frozenset(
@@ -103,6 +110,7 @@ class StreamTracker:
     def __init__(self, kind: ResponseKind, body: Mapping[str, Any]) -> None:
         self.kind = kind
         self.want_ids = body.get("return_token_ids") is True
+        self.read_back = kind == "chat" and calls_are_read(body)  # deltas are not the text
         self.stops = stop_strings(body)
         self.prompt_ids: tuple[int, ...] | None = None
         self.tokens: list[int] = []
@@ -147,6 +155,8 @@ class StreamTracker:
             skip_chars=self.text_len,
             expected=tuple(self.tokens),
         )
+        if self.read_back:
+            return _unread(restart)
         if is_constrained(original):
             return _regenerated(restart, original)
         if self.prompt_ids is None:
@@ -189,6 +199,8 @@ class StreamTracker:
             if isinstance(ids, list):
                 self.prompt_ids = tuple(ids)
         role = attempt.source_kind == "chat" and "role" in (choice.get("delta") or {})
+        read = _read_fields(attempt.source_kind, choice)
+        self.read_back = self.read_back or bool(read)
         raw_ids = choice.get("token_ids")
         ids = list(raw_ids) if isinstance(raw_ids, list) else []
         text = _text(attempt.source_kind, choice)
@@ -208,10 +220,12 @@ class StreamTracker:
         out_text = text[cut:]
         if role and self.role_sent:
             role = False
-        if not (role or out_ids or out_text or reason is not None or _has_entries(logprobs)):
+        if not (role or out_ids or out_text or read or reason is not None
+                or _has_entries(logprobs)):  # fmt: skip
             return None
         self.role_sent = self.role_sent or role
-        return self._chunk(event, role, out_text, out_ids, logprobs, reason)
+        fields = None if not read else ({"content": out_text} if out_text else {}) | read
+        return self._chunk(event, role, out_text, out_ids, logprobs, reason, fields)
 
     def _track(self, ids: list[int], text: str, skipped: int, cut: int) -> None:
         new_text = text[cut:]
@@ -239,15 +253,17 @@ class StreamTracker:
         ids: list[int],
         logprobs: Any,
         reason: Any,
+        fields: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The client's chunk, encoded as the worker encodes one (the prompt's ids once)."""
+        """The client's chunk, encoded as the worker encodes one (the prompt's ids once); a
+        read-back delta's `fields` (reasoning, tool_calls) as the worker wrote them."""
         prompt_ids: tuple[int, ...] | None = None
         if self.want_ids and not self.prompt_sent and self.prompt_ids is not None:
             self.prompt_sent = True
             prompt_ids = self.prompt_ids
         token_ids = ids if self.want_ids else None
         return chunk(self.kind, self.head or {}, text, logprobs, reason, "usage" in event, role,
-                     token_ids, prompt_ids, event.get("usage"))  # fmt: skip
+                     token_ids, prompt_ids, event.get("usage"), fields)  # fmt: skip
 
     def _usage(self, event: Mapping[str, Any], attempt: Attempt) -> dict[str, Any]:
         """The usage chunk, counting the whole request: a replay's prompt held k output ids."""
@@ -288,6 +304,25 @@ def _regenerated(restart: Attempt, body: Mapping[str, Any]) -> Attempt:
         "regenerated output would differ; retry the request (send a seed or temperature 0 to "
         "make it resumable)"
     )
+
+
+def _unread(restart: Attempt) -> Attempt:
+    """A read-back chat stream's replay: the original request, only while nothing was sent."""
+    if not restart.skip_tokens and not restart.skip_chars:
+        return restart
+    raise MigrationFailedError(
+        f"a chat stream whose output the worker reads back (tool calls or reasoning) cannot "
+        f"continue on another worker after {restart.skip_tokens} tokens: the reader's state "
+        "stays on the failed worker and its deltas are not the output's text; retry the request"
+    )
+
+
+def _read_fields(kind: ResponseKind, choice: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat delta's fields beside role and content (reasoning, tool_calls), as written."""
+    delta = choice.get("delta") if kind == "chat" else None
+    if not isinstance(delta, Mapping):
+        return {}
+    return {k: v for k, v in delta.items() if k not in ("role", "content")}
 
 
 def _deterministic(body: Mapping[str, Any]) -> bool:

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Literal
 
+from loom_runtime.card.chat_parsers import ReasoningParserName, ToolCallParserName
+
 PLUGINS_ENV = "LOOM_PLUGINS"
 PLUGIN_ATTRIBUTE = "LOOM_FAMILIES"
 
@@ -61,6 +63,10 @@ class Family:
     """The `loom://` checkpoint Loom generates for it (its runtime half writes it)."""
     vllm_context_parallel: Mapping[str, object] = field(default_factory=dict)
     """vLLM `--attention-config` entries its PCP/DCP roles need."""
+    tool_call_parser: ToolCallParserName | None = None
+    """How its chat templates write tool calls (a card's chat.toolCallParser overrides it)."""
+    reasoning_parser: ReasoningParserName | None = None
+    """How its chat templates write thinking; None: no reasoning is parsed out."""
 
 
 BUILTIN = (
@@ -73,6 +79,7 @@ BUILTIN = (
         splits=frozenset({"tp"}),
         ranks="tp",
         tiny="tiny",
+        tool_call_parser="llama3_json",
     ),
     Family(
         name="sparse-mla",
@@ -86,6 +93,8 @@ BUILTIN = (
         ranks="ranked",
         tiny="tiny-sparse-mla",
         vllm_context_parallel=MappingProxyType({"sparse_mla_force_mqa": True}),
+        tool_call_parser="glm47",
+        reasoning_parser="glm45",
     ),
     Family(
         name="dit",

@@ -23,6 +23,7 @@ from loom_runtime.card.base import (
     list_map,
     list_set,
 )
+from loom_runtime.card.chat_parsers import ChatParsers
 from loom_runtime.card.checks import validate_with_rules
 from loom_runtime.card.component import Component
 from loom_runtime.card.conditions import Condition
@@ -81,6 +82,9 @@ class ModelCardSpec(CardModel):
         default_factory=list, max_length=32, json_schema_extra=list_set()
     )
     """Free-form features the model offers, e.g. chat, tools, reasoning."""
+    chat: ChatParsers = Field(default_factory=ChatParsers)
+    """Which parsers read tool calls and reasoning out of its chat output (default: the
+    family's: llama3_json for llama, glm47 and glm45 for sparse-mla)."""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -128,6 +132,16 @@ class ModelCard(CardModel):
             if loop.name == name:
                 return loop
         raise KeyError(name)
+
+    def chat_parsers(self) -> ChatParsers:
+        """The tool-call and reasoning parsers its chat output is read with: the card's
+        `chat` section, else its family's."""
+        own = self.spec.chat
+        fam = families.family(self.spec.family)
+        return ChatParsers(
+            tool_call_parser=own.tool_call_parser or fam.tool_call_parser,
+            reasoning_parser=own.reasoning_parser or fam.reasoning_parser,
+        )
 
     def weights_versions(self) -> dict[str, str]:
         """Component name -> weightsVersion: what a worker of this card must report."""

@@ -10,16 +10,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import grpc
 from aiohttp import web
 
+from loom_runtime.card.chat_parsers import ChatParsers
 from loom_runtime.engine.engine import Engine
 from loom_runtime.errors import LoomError
 from loom_runtime.serve import openai_api, probes, tokenize_api
+from loom_runtime.serve.api_context import ApiContext
 from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.control_service import (
     ControlledEngine,
@@ -51,6 +53,9 @@ class ServeSettings:
     shutdown_drain_s: float = 30.0  # on SIGTERM: how long in-flight requests may finish
     max_body_bytes: int = 16 * 1024 * 1024  # largest request body accepted (413 beyond)
     strict_fields: bool = False  # refuse unknown request fields (default: ignore and name them)
+    # How chat output is read back: the tool-call and reasoning parsers (the card's, else its
+    # family's; --tool-call-parser / --reasoning-parser override them). None: neither.
+    chat_parsers: ChatParsers = field(default_factory=ChatParsers)
 
 
 class EngineHealth:
@@ -89,15 +94,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 def api_context(
     engine: Engine, settings: ServeSettings, metrics: ServerMetrics, mailbox: Mailbox | None
-) -> openai_api.ApiContext:
+) -> ApiContext:
     limits = ModelLimits(
         model_name=engine.config.model_name,
         max_model_len=engine.max_model_len,
         vocab_size=engine.model_config.vocab_size,
     )
-    return openai_api.ApiContext(
+    return ApiContext(
         engine, limits, metrics, settings.stall_timeout_s, int(time.time()), settings.strict_fields,
-        mailbox,
+        mailbox, settings.chat_parsers,
     )  # fmt: skip
 
 

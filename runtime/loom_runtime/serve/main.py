@@ -13,11 +13,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
 from loom_runtime.card import CardError, Component, ModelCard, load_model_card
+from loom_runtime.card.chat_parsers import ChatParsers, ReasoningParserName, ToolCallParserName
 from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
@@ -80,6 +81,16 @@ def add_parser(sub: Any) -> None:
         default=ServeSettings.max_body_bytes,
         help="largest request body accepted; larger ones get 413 (default 16 MiB)",
     )
+    p.add_argument(
+        "--tool-call-parser", choices=get_args(ToolCallParserName),
+        help="how tool calls are read from chat output, as vLLM's flag (default: the card's "
+        "chat.toolCallParser, else its family's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--reasoning-parser", choices=get_args(ReasoningParserName),
+        help="how reasoning is read from chat output, as vLLM's flag (default: the card's "
+        "chat.reasoningParser, else its family's)",
+    )  # fmt: skip
     p.add_argument(
         "--strict-fields",
         action="store_true",
@@ -184,10 +195,20 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         drain_timeout_s=args.drain_timeout,
         max_body_bytes=args.max_body_bytes,
         strict_fields=args.strict_fields,
+        chat_parsers=chat_parsers(card, args),
     )
     if serve.max_body_bytes < 1024:
         raise UsageError(f"--max-body-bytes must be at least 1024, got {serve.max_body_bytes}")
     return WorkerPlan(path, engine, serve, *(pd or (None, None)))
+
+
+def chat_parsers(card: ModelCard, args: argparse.Namespace) -> ChatParsers:
+    """How chat output is read: the flags, else the card's chat section, else its family's."""
+    own = card.chat_parsers()
+    return ChatParsers(
+        tool_call_parser=args.tool_call_parser or own.tool_call_parser,
+        reasoning_parser=args.reasoning_parser or own.reasoning_parser,
+    )
 
 
 def kv_fp8_format(card: ModelCard, component: Component) -> Fp8Format | None:

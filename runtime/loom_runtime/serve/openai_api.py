@@ -14,26 +14,21 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
-from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError, TransferError
-from loom_runtime.serve.bridge import Mailbox, OutputStream, RequestSink, submitted
+from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingEngine, ServingTokenizer
+from loom_runtime.serve.bridge import OutputStream, submitted
 from loom_runtime.serve.echo import PromptEcho, echo_choice, prompt_echo
 from loom_runtime.serve.errors import RequestAbortedError, classify
-from loom_runtime.serve.metrics import ServerMetrics
-from loom_runtime.serve.prepare import (
-    ModelLimits,
-    PromptTokenizer,
-    prepare_chat,
-    prepare_completion,
-)
+from loom_runtime.serve.prepare import prepare_chat, prepare_completion
 from loom_runtime.serve.responses import Accumulated
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
+from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, finish_reason, output_plan
 from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
@@ -50,48 +45,12 @@ from loom_runtime.wire.openai.usage import usage
 logger = logging.getLogger(__name__)
 
 
-class ServingTokenizer(PromptTokenizer, Protocol):
-    def encode(self, text: str, add_special_tokens: bool = True) -> Sequence[int]: ...
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
-
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]: ...
-
-
-class ServingEngine(RequestSink, Protocol):
-    """What the routes need of the engine (the Engine satisfies it)."""
-
-    @property
-    def tokenizer(self) -> ServingTokenizer: ...
-
-    @property
-    def grammars(self) -> GrammarCompiler: ...
-
-
-@dataclass(frozen=True)
-class ApiContext:
-    engine: ServingEngine
-    limits: ModelLimits
-    metrics: ServerMetrics
-    stall_timeout_s: float  # longest wait for the engine's next output before giving up
-    started: int  # unix time the worker started (the model's `created`)
-    strict_fields: bool = False  # refuse fields the schema does not define (else: ignore, name)
-    mailbox: Mailbox | None = None  # the server's: a step's outputs wake the event loop once
-
-
 @dataclass(frozen=True)
 class UsageMode:
     """Where a stream reports usage: a last usage-only chunk, and/or on every chunk (vLLM)."""
 
     final: bool = False
     every_chunk: bool = False
-
-
-API_CONTEXT = web.AppKey("api_context", ApiContext)
 
 
 def _request_id(request: web.Request, prefix: str) -> str:
@@ -108,9 +67,11 @@ class _Run:
         num_logprobs: int | None,
         prompt_ids: tuple[int, ...] | None = None,
         echo: PromptEcho | None = None,
+        plan: OutputPlan | None = None,
     ) -> None:
         self.ctx = ctx
         self.kind = kind
+        self.plan = plan  # a chat's: how its output is read (reasoning, tool calls)
         self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
         self.echo = echo  # completions: what the choice shows of its prompt
         self.want_logprobs = num_logprobs is not None
@@ -195,15 +156,21 @@ async def _events(
         yield chunk("chat", meta.chunk_head("chat"), "", None, None, usage.final, True, None,
                     prompt_ids, start if usage.every_chunk else None)  # fmt: skip
         prompt_ids = None
+    plan = run.plan
+    reader = None if plan is None or plan.plain else DeltaStream(plan)
     while True:
         run.take(out)
-        if out.new_text or out.logprobs or out.finished or (ids and out.new_token_ids):
+        fields = None if reader is None else reader.step(out.new_text, out.finished)
+        said = bool(fields) if reader is not None else bool(out.new_text)
+        if said or out.logprobs or out.finished or (ids and out.new_token_ids):
             lp = run.logprobs(out)
             reason = run.acc.finish_reason if out.finished else None
+            if reader is not None and plan is not None:
+                reason = finish_reason(plan, reader.called, reason)
             tokens = out.new_token_ids if ids else None
             so_far = run.acc.usage() if usage.every_chunk else None
             yield chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
-                        usage.final, False, tokens, prompt_ids, so_far)  # fmt: skip
+                        usage.final, False, tokens, prompt_ids, so_far, fields)  # fmt: skip
             prompt_ids = None
             run.text_len += len(out.new_text)
         if out.finished:
@@ -262,7 +229,8 @@ def _body(flights: Sequence[_Flight], meta: ResponseMeta) -> dict[str, Any]:
         echo = f.run.echo
         if echo is not None and echo.alone:  # the token run after the prompt is not returned
             f.run.acc.completion_tokens = 0
-        body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids)
+        body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids,
+                              f.run.plan)  # fmt: skip
         choice = body["choices"][0] | {"index": index}
         if echo is not None and echo.wanted:
             choice = echo_choice(choice, echo, f.run.acc, f.run.token_text)
@@ -282,8 +250,9 @@ async def _serve(
     ereqs: Sequence[EngineRequest],
     rid: str,
     ignored: tuple[str, ...],
+    plan: OutputPlan | None = None,
 ) -> web.StreamResponse:
-    """Run `ereqs` (one per prompt) as one response, `rid`."""
+    """Run `ereqs` (one per prompt) as one response, `rid`; a chat's output read as `plan`."""
     ctx = request.app[API_CONTEXT]
     echoes: list[PromptEcho | None] = [None] * len(ereqs)
     if isinstance(parsed, CompletionRequest):
@@ -297,7 +266,7 @@ async def _serve(
             flights = []
             for ereq, outputs, echo in zip(ereqs, streams, echoes, strict=True):
                 ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-                run = _Run(ctx, kind, ereq.sampling.logprobs, ids, echo)
+                run = _Run(ctx, kind, ereq.sampling.logprobs, ids, echo, plan)
                 first = await outputs.next(ctx.stall_timeout_s)
                 if first.finished and first.finish_reason == "abort":
                     run.take(first)  # raises RequestAbortedError before any header is sent
@@ -361,8 +330,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_request(ChatCompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "chatcmpl")
     ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    parsers = ctx.chat_parsers
+    plan = output_plan(parsed.tool_plan, parsers.tool_call_parser,
+                       parsers.reasoning_parser is not None, parsed.output_grammar is not None,
+                       parsed.include_reasoning)  # fmt: skip
     await _compile_grammars(ctx.engine, (ereq,))
-    return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid))
+    return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid), plan)
 
 
 def model_card(ctx: ApiContext) -> dict[str, Any]:

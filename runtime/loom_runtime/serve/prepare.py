@@ -5,7 +5,7 @@ Owns the context-length and max_tokens rules; never talks to the engine or the n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -14,7 +14,12 @@ from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
 from loom_runtime.wire import context_length
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
 from loom_runtime.wire.kv_transfer import FIELD, KVTransferParams
-from loom_runtime.wire.openai.request import ChatCompletionRequest, CompletionRequest
+from loom_runtime.wire.openai.request import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+)
+from loom_runtime.wire.openai.structured import GrammarSpec
 from loom_runtime.wire.prompt import template_message
 
 
@@ -24,7 +29,10 @@ class PromptTokenizer(Protocol):
     def encode(self, text: str) -> Sequence[int]: ...
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Sequence[int]: ...
 
 
@@ -68,6 +76,7 @@ def _sampling(
     max_tokens: int,
     logprobs: int | None,
     prompt_logprobs: int | None = None,
+    grammar: GrammarSpec | None = None,
 ) -> SamplingParams:
     """The engine's sampling params. spaces_between_special_tokens is accepted and has no
     effect: Loom detokenizes with the checkpoint's fast tokenizer (tokenizer.json), whose decode
@@ -89,7 +98,7 @@ def _sampling(
         logprobs=logprobs,
         logit_bias=tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items()),
         prompt_logprobs=prompt_logprobs,
-        grammar=req.grammar,
+        grammar=grammar or req.grammar,
     )
 
 
@@ -159,15 +168,30 @@ def prepare_chat(
     arrival: float,
 ) -> EngineRequest:
     check_model(req.model, limits)
-    messages = [template_message(m.role, m.content, m.name) for m in req.messages]
-    ids = tuple(tokenizer.encode_chat(messages, add_generation_prompt=req.add_generation_prompt))
+    tools = list(req.tool_plan.tools) if req.tools is not None else None
+    messages = chat_messages(req.messages)
+    ids = tuple(tokenizer.encode_chat(messages, req.add_generation_prompt, tools))
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")
     return EngineRequest(
         request_id,
         ids,
-        _sampling(req, max_tokens, req.num_logprobs),
+        _sampling(req, max_tokens, req.num_logprobs, grammar=req.output_grammar),
         arrival_time=arrival,
         kv_transfer=_transfer(req),
     )
+
+
+def chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """A request's messages as the chat template sees them (with their calls and call ids)."""
+    return [
+        template_message(
+            m.role,
+            m.content,
+            m.name,
+            None if m.tool_calls is None else [c.model_dump() for c in m.tool_calls],
+            m.tool_call_id,
+        )
+        for m in messages
+    ]

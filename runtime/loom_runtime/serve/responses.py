@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loom_runtime.engine.types import RequestOutput
+from loom_runtime.wire.openai.chat.output import OutputPlan, finish_reason, read_message
 from loom_runtime.wire.openai.logprobs import TokenLogprob
 from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, full_body
 from loom_runtime.wire.openai.usage import usage
@@ -50,8 +51,15 @@ class Accumulated:
         meta: ResponseMeta,
         logprobs: dict[str, Any] | None,
         prompt_token_ids: Sequence[int] | None = None,
+        plan: OutputPlan | None = None,
     ) -> dict[str, Any]:
-        """The non-streamed response; with `prompt_token_ids` (return_token_ids) every id."""
+        """The non-streamed response; with `prompt_token_ids` (return_token_ids) every id; a
+        chat's output read as `plan` says (reasoning, tool calls)."""
         text = "".join(self.text)
-        return full_body(kind, meta, text, self.finish_reason, self.usage(), logprobs,
-                         self.token_ids, prompt_token_ids)  # fmt: skip
+        reason, message = self.finish_reason, None
+        if plan is not None and not plan.plain:
+            parts = read_message(plan, text)
+            message = parts.fields(plan)
+            reason = finish_reason(plan, bool(parts.tool_calls), reason)
+        return full_body(kind, meta, text, reason, self.usage(), logprobs, self.token_ids,
+                         prompt_token_ids, message)  # fmt: skip

@@ -12,15 +12,15 @@ from typing import Any
 from aiohttp import web
 
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.serve.openai_api import API_CONTEXT, ApiContext
-from loom_runtime.serve.prepare import check_model
+from loom_runtime.serve.api_context import API_CONTEXT, ApiContext
+from loom_runtime.serve.prepare import chat_messages, check_model
 from loom_runtime.wire.openai.request import parse_request
 from loom_runtime.wire.openai.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from loom_runtime.wire.prompt import template_message
+from loom_runtime.wire.prompt import template_tools
 
 
 def _is_chat(raw: bytes) -> bool:
@@ -38,8 +38,10 @@ def tokenize_body(ctx: ApiContext, raw: bytes) -> dict[str, Any]:
     req: TokenizeChatRequest | TokenizeCompletionRequest
     if _is_chat(raw):
         req = parse_request(TokenizeChatRequest, raw, ctx.strict_fields)
-        messages = [template_message(m.role, m.content, m.name) for m in req.messages]
-        text = tokenizer.apply_chat_template(messages, req.add_generation_prompt)
+        tools = None if req.tools is None else template_tools([t.model_dump() for t in req.tools])
+        text = tokenizer.apply_chat_template(
+            chat_messages(req.messages), req.add_generation_prompt, tools
+        )
         ids = list(tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
     else:
         req = parse_request(TokenizeCompletionRequest, raw, ctx.strict_fields)

@@ -7,7 +7,8 @@ fields, and the body readers never raise (the worker validates requests, the rou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loom_runtime.errors import InvalidRequestError
@@ -35,9 +36,55 @@ def join_text_parts(content: object) -> str:
     raise ValueError("content must be a string or a list of text parts")
 
 
-def template_message(role: str, content: str, name: str | None) -> dict[str, Any]:
-    """One message as the chat template sees it (a name only when one is given)."""
-    return {"role": role, "content": content} | ({"name": name} if name else {})
+def template_message(
+    role: str,
+    content: str | None,
+    name: str | None,
+    tool_calls: Sequence[Mapping[str, Any]] | None = None,
+    tool_call_id: str | None = None,
+) -> dict[str, Any]:
+    """One message as the chat template sees it (a name only when one is given). An assistant's
+    calls carry their arguments as a JSON value, not text (templates iterate them, as vLLM
+    passes them); a tool message names the call it answers. ValueError on unreadable
+    arguments."""
+    out: dict[str, Any] = {"role": role, "content": content} | ({"name": name} if name else {})
+    if tool_calls:
+        out["tool_calls"] = [_template_call(c) for c in tool_calls]
+    if tool_call_id is not None:
+        out["tool_call_id"] = tool_call_id
+    return out
+
+
+def _template_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise ValueError("a tool call needs function.name")
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        raise ValueError("a tool call's function.arguments must be JSON text")
+    called = {"name": function["name"], "arguments": call_arguments(arguments)}
+    return {"id": call.get("id"), "type": "function", "function": called}
+
+
+def template_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Tools as the chat template sees them: each tool and its function without null fields
+    (as if the client had left them out), the parameters' schema as given."""
+    out = []
+    for tool in tools:
+        plain = {k: v for k, v in tool.items() if v is not None}
+        function = plain.get("function")
+        if isinstance(function, Mapping):
+            plain["function"] = {k: v for k, v in function.items() if v is not None}
+        out.append(plain)
+    return out
+
+
+def call_arguments(text: str) -> Any:
+    """A call's arguments text as the JSON value it holds; ValueError if it is not JSON."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
 
 
 def completion_ids(tokenizer: Tokenizer, prompt: Any) -> list[int] | None:
@@ -53,10 +100,13 @@ def completion_ids(tokenizer: Tokenizer, prompt: Any) -> list[int] | None:
     return None
 
 
-def chat_ids(tokenizer: Tokenizer, messages: Any) -> list[int] | None:
-    """A /v1/chat/completions prompt's ids (the template with a generation prompt); None when
-    the messages cannot be rendered."""
+def chat_ids(tokenizer: Tokenizer, messages: Any, tools: Any = None) -> list[int] | None:
+    """A /v1/chat/completions prompt's ids (the template with a generation prompt, and the
+    request's tools); None when the messages cannot be rendered."""
     if not isinstance(messages, list) or not messages:
+        return None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, Mapping)
+                                                                  for t in tools)):  # fmt: skip
         return None
     plain: list[dict[str, Any]] = []
     size = 0
@@ -64,18 +114,30 @@ def chat_ids(tokenizer: Tokenizer, messages: Any) -> list[int] | None:
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             return None
         try:
-            content = join_text_parts(message.get("content"))
+            plain.append(_raw_message(message))
         except ValueError:
             return None
-        name = message.get("name")
-        size += len(content)
-        plain.append(template_message(message["role"], content, name if _text(name) else None))
+        size += len(plain[-1]["content"] or "")
     if size > MAX_PROMPT_CHARS:
         return None
     try:
-        return tokenizer.encode_chat(plain, add_generation_prompt=True)
+        rendered = None if tools is None else template_tools(tools)
+        return tokenizer.encode_chat(plain, add_generation_prompt=True, tools=rendered)
     except InvalidRequestError:
         return None
+
+
+def _raw_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A raw body's message as the template sees it; ValueError where the worker refuses it."""
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, Mapping)
+                                                                  for c in calls)):  # fmt: skip
+        raise ValueError("tool_calls must be a list of calls")
+    raw = message.get("content")
+    content = None if raw is None and calls else join_text_parts(raw)
+    name, call_id = message.get("name"), message.get("tool_call_id")
+    return template_message(message["role"], content, name if _text(name) else None, calls,
+                            call_id if isinstance(call_id, str) else None)  # fmt: skip
 
 
 def _is_id(value: Any) -> bool:

@@ -214,3 +214,17 @@ def test_mtp_draft_tokens_become_the_engines_draft_count(tmp_path: Path) -> None
     both = _args(_card(tmp_path), "--mtp-draft-tokens", "2", "--hisparse-host-pool-gib", "1")
     beside = plan_worker(both, {}).engine  # MTP's rows are one more layer of HiSparse's tiers
     assert (beside.mtp_draft_tokens, beside.hisparse_host_pool_gib) == (2, 1.0)
+
+
+def test_chat_output_is_read_by_the_flags_else_the_cards_parsers_else_the_familys(
+    tmp_path: Path,
+) -> None:
+    def parsers(card: Path, *flags: str) -> tuple[str | None, str | None]:
+        chat = plan_worker(_args(card, *flags), {}).serve.chat_parsers
+        return chat.tool_call_parser, chat.reasoning_parser
+
+    assert parsers(_card(tmp_path)) == ("llama3_json", None)  # the llama family's
+    own = _card(tmp_path, arch="  chat: {toolCallParser: glm45, reasoningParser: deepseek_r1}\n")
+    assert parsers(own) == ("glm45", "deepseek_r1")
+    flags = ("--tool-call-parser", "glm47", "--reasoning-parser", "glm45")
+    assert parsers(own, *flags) == ("glm47", "glm45")

@@ -4,7 +4,7 @@ sampling fields reach the engine's SamplingParams."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -70,7 +70,10 @@ class _Tokenizer:
         return [1, 2, 3]
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Sequence[int]:
         return [1, 2]
 

@@ -61,7 +61,12 @@ def test_detokenize_returns_the_text_of_the_ids(worker: Any) -> None:
         ("/detokenize", {"tokens": [10**6]}, 400, "tokens"),
         ("/detokenize", {"tokens": [-1]}, 400, "tokens[0]"),
         ("/tokenize", {}, 400, "prompt"),
-        ("/tokenize", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
+        (
+            "/tokenize",
+            {"messages": CHAT, "tools": [{"type": "function"}]},
+            400,
+            "tools[0].function",
+        ),
         ("/tokenize", {"model": "other", "prompt": "x"}, 404, None),
     ],
 )

@@ -153,8 +153,9 @@ COMPLETION: Mapping[str, FieldRule] = {
 CHAT: Mapping[str, FieldRule] = {
     **SHARED,
     "messages": _h(
-        "system, developer (rendered as system where the template has no such role), user "
-        "and assistant text messages"
+        "system, developer (rendered as system where the template has no such role), user, "
+        "assistant (with tool_calls, whose arguments the template sees as JSON) and tool "
+        "(with tool_call_id) text messages"
     ),
     "logprobs": _h("true: the sampled token's log-prob (top_logprobs for alternatives)"),
     "top_logprobs": _h("0..20 top alternatives per token; needs logprobs"),
@@ -168,19 +169,27 @@ CHAT: Mapping[str, FieldRule] = {
     "prompt_cache_options": _m("OpenAI's cache breakpoints; Loom caches every full block"),
     "prompt_cache_retention": _m("OpenAI's cache lifetime; Loom's cache evicts by use"),
     "prediction": _m("a latency hint (predicted output); the output does not depend on it"),
-    "parallel_tool_calls": _m("only shapes tool calls, and tools are refused for now"),
-    "tools": _r(f"tool calling is not implemented yet {_LATER}"),
-    "tool_choice": _r(f"tool calling is not implemented yet {_LATER}", "none"),
-    "functions": _r(f"function calling is not implemented yet {_LATER}"),
-    "function_call": _r(f"function calling is not implemented yet {_LATER}", "none"),
+    "tools": _h(
+        "function tools, rendered by the checkpoint's chat template (docs/tools.md); the "
+        "assistant's tool_calls and tool messages in the history too"
+    ),
+    "tool_choice": _h(
+        "auto (the model's calls read by its tool-call parser), none, required or a named "
+        "function (the output held to the call's JSON schema by the grammar mask)"
+    ),
+    "parallel_tool_calls": _h("false: one call at most (required's array holds one item)"),
+    "functions": _r("the legacy functions field is not implemented (as in vLLM): use tools"),
+    "function_call": _r(
+        "the legacy function_call field is not implemented (as in vLLM): use tool_choice", "none"
+    ),
     "audio": _r("audio output is not supported: the model answers in text"),
     "modalities": _r("only text output is supported", ["text"]),
     "moderation": _r("moderation is not implemented: leave it out"),
     "verbosity": _r("verbosity is not implemented: leave it out"),
     "web_search_options": _r("web search is not implemented: leave it out"),
     "reasoning_effort": _r("reasoning effort is not implemented: leave it out"),
-    "include_reasoning": _r(
-        "reasoning is not parsed out of the content, so it cannot be dropped", True
+    "include_reasoning": _h(
+        "vLLM extension: false drops the reasoning a reasoning parser read out (docs/tools.md)"
     ),
     "echo": _r("vLLM's chat echo (prepending the last message) is not implemented", False),
     "prompt_logprobs": _r(

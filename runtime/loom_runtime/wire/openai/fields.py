@@ -77,6 +77,11 @@ def message_content(value: object) -> str:
     return join_text_parts(value)
 
 
+def optional_content(value: object) -> str | None:
+    """Message content that may be null (an assistant message that only made calls)."""
+    return None if value is None else join_text_parts(value)
+
+
 def logit_bias_value(value: dict[str, float]) -> dict[str, float]:
     """`logit_bias`: token ids written in decimal, each with a bias in [-100, 100] (OpenAI's
     rules; the vocabulary is checked at the engine's door)."""

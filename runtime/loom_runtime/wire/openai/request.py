@@ -12,15 +12,16 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     PlainValidator,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire.openai.body import StrictBody
 from loom_runtime.wire.openai.field_contract import CONTRACTS, Endpoint, refused_field
 from loom_runtime.wire.openai.fields import (
     INT_MAX,
@@ -32,6 +33,7 @@ from loom_runtime.wire.openai.fields import (
     SEED_MIN,
     logit_bias_value,
     message_content,
+    optional_content,
     prompt_value,
     required,
     stop_value,
@@ -42,16 +44,13 @@ from loom_runtime.wire.openai.structured import (
     StructuredOutputs,
     grammar_spec,
 )
+from loom_runtime.wire.openai.tools import ToolChoice, ToolDef, ToolPlan, tool_plan
+from loom_runtime.wire.prompt import call_arguments
 
 Prompts = Annotated[tuple[str | tuple[int, ...], ...], PlainValidator(prompt_value)]
 Stop = Annotated[tuple[str, ...], PlainValidator(stop_value)]
 Content = Annotated[str, PlainValidator(message_content)]
-
-
-class StrictBody(BaseModel):
-    """Strict types; fields this schema does not define are kept aside (`unknown_fields`)."""
-
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True, allow_inf_nan=False)
+OptionalContent = Annotated[str | None, PlainValidator(optional_content)]
 
 
 class StreamOptions(StrictBody):
@@ -59,10 +58,45 @@ class StreamOptions(StrictBody):
     continuous_usage_stats: bool = False  # vLLM extension: usage on every chunk
 
 
+class CalledFunction(StrictBody):
+    name: str
+    arguments: str  # JSON text, as the model's call had it
+
+
+class ToolCall(StrictBody):
+    """A call an earlier assistant message made (the history of a tool-calling chat)."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(StrictBody):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Content
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    tool_calls: list[ToolCall] | None = None  # assistant only
+    content: OptionalContent = Field(None, validate_default=True)  # null only beside calls
     name: str | None = None
+    tool_call_id: str | None = None  # tool only: the call this message answers
+
+    @field_validator("content", mode="after")
+    @classmethod
+    def _content_unless_calls(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise ValueError(required("content") + " (null only beside an assistant's tool_calls)")
+        return v
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls are an assistant message's, not a {self.role}'s")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id: the id of the call it answers")
+        for i, call in enumerate(self.tool_calls or ()):
+            try:
+                call_arguments(call.function.arguments)
+            except ValueError as exc:
+                raise ValueError(f"tool_calls[{i}].function.arguments: {exc}") from None
+        return self
 
 
 def _some_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -178,6 +212,31 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None  # None: auto with tools, else none (OpenAI's)
+    parallel_tool_calls: bool | None = None  # false: one call at most
+    include_reasoning: bool = True  # vLLM extension: false drops the reasoning
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatCompletionRequest:
+        plan = self.tool_plan  # a 400 when they contradict each other
+        if plan.grammar is not None and self.grammar is not None:
+            raise InvalidRequestError(
+                f"tool_choice {plan.mode!r} holds the output to the call's schema, so "
+                f"{self.grammar.param} cannot also constrain it: send one of them",
+                param="tool_choice",
+            )
+        return self
+
+    @property
+    def tool_plan(self) -> ToolPlan:
+        """How the output is read for tool calls (wire/openai/tools.py)."""
+        return tool_plan(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    @property
+    def output_grammar(self) -> GrammarSpec | None:
+        """What the output must match: the structured-output fields' or a forced call's."""
+        return self.grammar or self.tool_plan.grammar
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

@@ -68,11 +68,14 @@ def full_body(
     logprobs: dict[str, Any] | None,
     token_ids: Sequence[int] = (),
     prompt_token_ids: Sequence[int] | None = None,
+    message: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A non-streamed response; with `prompt_token_ids` (return_token_ids) also every id."""
+    """A non-streamed response; with `prompt_token_ids` (return_token_ids) also every id. A
+    chat's `message` fields beside the role (content, reasoning, tool_calls) replace `text`."""
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
+        fields = {"content": text} if message is None else dict(message)
+        choice["message"] = {"role": "assistant", **fields}
     else:
         choice["text"] = text
     body = meta.head(body_object(kind))
@@ -94,15 +97,19 @@ def chunk(
     token_ids: Sequence[int] | None = None,
     prompt_token_ids: Sequence[int] | None = None,
     usage: Mapping[str, Any] | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk after `head` (the HEAD_FIELDS, `object` as chunk_object says). Chat
-    chunks carry a delta; the first has the role. With return_token_ids every chunk has its new
-    `token_ids` and the first the prompt's. `usage` (vLLM's continuous_usage_stats) is the usage
-    so far; else `usage: null` when asked for."""
+    chunks carry a delta; the first has the role; `fields` (content, reasoning, tool_calls, as
+    the output's reader made them) replace `text` in it. With return_token_ids every chunk has
+    its new `token_ids` and the first the prompt's. `usage` (vLLM's continuous_usage_stats) is
+    the usage so far; else `usage: null` when asked for."""
     choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
     if kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
-        if text is not None:
+        if fields is not None:
+            delta |= fields
+        elif text is not None:
             delta["content"] = text
         choice["delta"] = delta
     else:

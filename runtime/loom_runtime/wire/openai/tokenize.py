@@ -11,8 +11,10 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire.openai.body import StrictBody
 from loom_runtime.wire.openai.fields import INT_MAX
-from loom_runtime.wire.openai.request import Messages, StrictBody
+from loom_runtime.wire.openai.request import Messages
+from loom_runtime.wire.openai.tools import ToolDef
 
 
 class TokenizeCompletionRequest(StrictBody):
@@ -31,7 +33,7 @@ class TokenizeChatRequest(StrictBody):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    tools: list[ToolDef] | None = None  # rendered by the template, as the chat route does
     media_io_kwargs: dict[str, Any] | None = None  # meaningless: the messages are text only
     mm_processor_kwargs: dict[str, Any] | None = None  # meaningless, as media_io_kwargs
 
@@ -39,7 +41,7 @@ class TokenizeChatRequest(StrictBody):
     def _refused(self) -> TokenizeChatRequest:
         """The chat fields /v1/chat/completions refuses (docs/openai-fields.md), refused here
         too: /tokenize must count what the chat route would run."""
-        for name in ("continue_final_message", "chat_template", "chat_template_kwargs", "tools"):
+        for name in ("continue_final_message", "chat_template", "chat_template_kwargs"):
             if getattr(self, name):
                 raise InvalidRequestError(
                     f"{name} is not supported: /v1/chat/completions refuses it, so /tokenize "

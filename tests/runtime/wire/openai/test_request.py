@@ -58,6 +58,14 @@ def test_chat_content_parts_are_joined_and_max_completion_tokens_wins() -> None:
     assert req.num_logprobs == 3
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "call-1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def _named(name: str) -> dict[str, object]:
+    return {"type": "function", "function": {"name": name}}
+
+
 BAD = [
     # (request class, body, param, words the message must contain)
     (CompletionRequest, b"{not json", None, "not valid JSON"),
@@ -116,7 +124,25 @@ BAD = [
      _body(CHAT, messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
      "messages[0].content", "only 'text'"),
     (ChatCompletionRequest, _body(CHAT, top_logprobs=2), "top_logprobs", "logprobs: true"),
-    (ChatCompletionRequest, _body(CHAT, tools=[{"type": "function"}]), "tools", "not supported"),
+    (ChatCompletionRequest, _body(CHAT, tools=[{"type": "function"}]), "tools[0].function",
+     "required"),
+    (ChatCompletionRequest, _body(CHAT, tool_choice="required"), "tool_choice", "needs tools"),
+    (ChatCompletionRequest, _body(CHAT, tools=[TOOL], tool_choice=_named("g")),
+     "tool_choice.function.name", "not in tools"),
+    (ChatCompletionRequest, _body(CHAT, tools=[TOOL], tool_choice="required",
+                                  response_format={"type": "json_object"}),
+     "tool_choice", "send one of them"),
+    (ChatCompletionRequest, _body(CHAT, messages=[{"role": "tool", "content": "4"}]),
+     "messages[0]", "tool_call_id"),
+    (ChatCompletionRequest, _body(CHAT, messages=[{"role": "user", "content": None}]),
+     "messages[0].content", "required"),
+    (ChatCompletionRequest, _body(CHAT, messages=[{"role": "user", "content": "x",
+                                                   "tool_calls": [CALL]}]),
+     "messages[0]", "assistant message's"),
+    (ChatCompletionRequest, _body(CHAT, messages=[{"role": "assistant", "content": None,
+                                                   "tool_calls": [CALL | {"function": {
+                                                       "name": "f", "arguments": "{x"}}]}]),
+     "messages[0]", "tool_calls[0].function.arguments: not JSON"),
     (ChatCompletionRequest, _body(CHAT, response_format={"type": "json_schema"}),
      "response_format.json_schema", "required"),
     (ChatCompletionRequest, _body(CHAT, structured_outputs={"regex": "a", "choice": ["b"]}),
@@ -175,10 +201,12 @@ def test_unknown_fields_are_ignored_and_named_at_any_depth() -> None:
         frobnicate=1,
         stream=True,
         stream_options={"include_usage": True, "later": 2},
-        messages=[{"role": "user", "content": "hi", "tool_calls": []}],
+        messages=[{"role": "user", "content": "hi", "audio_id": "x"}],
+        tools=[{"type": "function", "function": {"name": "f", "later": 1}}],
     )
     req = parse_request(ChatCompletionRequest, body)
-    assert unknown_fields(req) == ("frobnicate", "stream_options.later", "messages[0].tool_calls")
+    assert unknown_fields(req) == ("frobnicate", "stream_options.later", "messages[0].audio_id",
+                                   "tools[0].function.later")  # fmt: skip
 
 
 @pytest.mark.parametrize(
