@@ -69,6 +69,9 @@ class DeploymentCardStatus(CardModel):
     """Roles with all replicas ready / roles, e.g. `2/2` (printed by kubectl get)."""
     weights_version: str | None = None
     """Weights version every worker serves, e.g. `v2` (printed by kubectl get)."""
+    replicas: str | None = None
+    """Per role, workers serving / desired, e.g. `prefill 1/1, decode 2/3` (printed by kubectl
+    get; desired is the role's RoleScale after the card's bounds)."""
     weight_sync: WeightSyncStatus | None = None
     """The current or last weight sync."""
     endpoint: str | None = None

@@ -63,6 +63,7 @@ from loom_operator.k8s.pods import (
     worker_state,
 )
 from loom_operator.k8s.status import pod_ready
+from loom_runtime.control_api.status import WorkerStatus
 from loom_runtime.wire.pods import (
     COMPONENT_LABEL,
     DEPLOYMENT_LABEL,
@@ -89,6 +90,18 @@ class Round:
     observed: FleetObservation
     pods: list[Obj]
     """Every pod of the card (workers and routers) as listed this round."""
+
+
+@dataclass(frozen=True)
+class PlannerView:
+    """The planner's inputs the observation does not carry."""
+
+    urls: dict[str, str]
+    """Worker -> its HTTP base URL (for /metrics)."""
+    statuses: dict[str, WorkerStatus | None]
+    """Worker -> its last Status."""
+    held: int
+    """Requests the routers hold for want of a serving worker."""
 
 
 class PodFleet:
@@ -200,11 +213,21 @@ class PodFleet:
         ]  # fmt: skip
         return FleetObservation(tuple(states), now, held_requests=self._held), workers, pods
 
-    async def round(self, desired: DesiredFleet, now: float) -> Round:
-        """Observe and reconcile; `execute` the actions once the record is persisted."""
+    async def look(self, now: float) -> tuple[FleetObservation, list[Obj]]:
+        """Observe this round's workers (kept for `decide` and `execute`) and every pod."""
         observed, self._workers, pods = await self.observe(now)
-        rec = reconcile(desired, observed, self.record)
-        return Round(rec, observed, pods)
+        return observed, pods
+
+    def decide(self, desired: DesiredFleet, observed: FleetObservation, pods: list[Obj]) -> Round:
+        """Reconcile; `execute` the actions once the record is persisted."""
+        return Round(reconcile(desired, observed, self.record), observed, pods)
+
+    def planner_view(self) -> PlannerView:
+        """What the planner reads of this round's workers, beyond the observation."""
+        observer = self._observer
+        urls = {n: w.url for n, w in self._workers.items() if w.alive and w.ip is not None}
+        statuses = {n: None if observer is None else observer.seen(n).status for n in urls}
+        return PlannerView(urls, statuses, self._held)
 
     # -- act --------------------------------------------------------------------------------
 

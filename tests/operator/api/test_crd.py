@@ -20,7 +20,7 @@ from loom_runtime.card.load import parse_card, read_documents
 ROOT = Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-NAMES = ("loom.dev_modelcards.yaml", "loom.dev_deploymentcards.yaml")
+NAMES = ("loom.dev_modelcards.yaml", "loom.dev_deploymentcards.yaml", "loom.dev_rolescales.yaml")
 
 
 @functools.cache
@@ -77,7 +77,7 @@ def test_crd_schema_is_structural(name: str) -> None:
 
 
 def test_names_status_and_columns() -> None:
-    mc, dc = (_crd(n)["spec"] for n in NAMES)
+    mc, dc = (_crd(n)["spec"] for n in NAMES[:2])
     assert mc["names"]["shortNames"] == ["mcard"] and dc["names"]["shortNames"] == ["dcard"]
     assert (dc["group"], dc["scope"], dc["names"]["plural"]) == (
         "loom.dev",

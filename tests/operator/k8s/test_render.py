@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -14,6 +14,7 @@ from loom_operator.k8s.render import render
 from loom_operator.k8s.render.security import SCRATCH_ENV, SCRATCH_MOUNT, SCRATCH_VOLUME, USER
 from loom_operator.k8s.settings import RenderSettings
 
+Validate = Callable[[dict[str, Any]], None]
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 UID = "0b0c6a4e-7a1d-4d7e-9a0b-000000000001"
 
@@ -36,9 +37,11 @@ def by_kind(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, 
 
 
 @pytest.mark.parametrize("example", ["tiny-pd.yaml", "tiny-aggregated.yaml", "glm-5-class.yaml"])
-def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
+def test_every_manifest_validates_against_kubernetes_1_35(
+    example: str, validate_manifest: Validate
+) -> None:
     for manifest in rendered(example):
-        kubernetes_validate.validate(manifest, "1.35", strict=True)
+        validate_manifest(manifest)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +54,8 @@ def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
              ("Service", "tiny-pd-decode"), ("Deployment", "tiny-pd-router"),
              ("Service", "tiny-pd-router"), ("PodDisruptionBudget", "tiny-pd-router"),
              ("ServiceAccount", "tiny-pd-router"), ("Role", "tiny-pd-router"),
-             ("RoleBinding", "tiny-pd-router")},
+             ("RoleBinding", "tiny-pd-router"), ("RoleScale", "tiny-pd-prefill"),
+             ("RoleScale", "tiny-pd-decode")},
         ),
         (
             "tiny-aggregated.yaml",
@@ -60,7 +64,8 @@ def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
              ("Service", "tiny-aggregated-router"),
              ("PodDisruptionBudget", "tiny-aggregated-router"),
              ("ServiceAccount", "tiny-aggregated-router"), ("Role", "tiny-aggregated-router"),
-             ("RoleBinding", "tiny-aggregated-router")},
+             ("RoleBinding", "tiny-aggregated-router"),
+             ("RoleScale", "tiny-aggregated-aggregated")},
         ),
     ],
 )  # fmt: skip
@@ -170,11 +175,13 @@ LOCKED = RenderSettings(
 
 
 @pytest.mark.parametrize("example", ["tiny-pd.yaml", "glm-5-class.yaml"])
-def test_network_policies_and_api_keys_validate_against_kubernetes_1_35(example: str) -> None:
+def test_network_policies_and_api_keys_validate_against_kubernetes_1_35(
+    example: str, validate_manifest: Validate
+) -> None:
     manifests = rendered(example, LOCKED)
     assert {m["kind"] for m in manifests} >= {"NetworkPolicy"}
     for manifest in manifests:
-        kubernetes_validate.validate(manifest, "1.35", strict=True)
+        validate_manifest(manifest)
 
 
 def test_only_the_operator_reaches_control_ports_and_only_the_router_the_api() -> None:
