@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from loom_operator.api.documents import load_documents, parse_documents
+from loom_operator.api.roles import RoleName
 from loom_operator.k8s.render import render
 from loom_operator.k8s.render.security import SCRATCH_ENV, SCRATCH_MOUNT, SCRATCH_VOLUME, USER
 from loom_operator.k8s.settings import RenderSettings
@@ -239,3 +240,31 @@ def test_every_pod_runs_as_non_root_on_a_read_only_root_with_no_capabilities(exa
             # The one writable path is the scratch volume, TMPDIR included.
             assert SCRATCH_MOUNT in container["volumeMounts"]
             assert SCRATCH_ENV in container["env"]
+
+
+def test_each_role_has_a_role_scale_that_names_it_and_never_carries_a_count() -> None:
+    objects = by_kind(rendered("tiny-pd.yaml"))
+    for role in ("prefill", "decode"):
+        scale = objects[("RoleScale", f"tiny-pd-{role}")]
+        assert scale["spec"] == {"deploymentCard": "tiny-pd", "role": role}
+        assert scale["metadata"]["labels"]["loom.dev/role"] == role
+
+
+def test_a_statefulset_that_exists_is_rendered_without_replicas() -> None:
+    cards = load_documents(EXAMPLES / "tiny-pd.yaml")
+    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    fresh = by_kind(render(model, deployment, UID, RenderSettings()))
+    assert fresh[("StatefulSet", "tiny-pd-decode")]["spec"]["replicas"] == 1
+    counts: dict[RoleName, int | None] = {"prefill": None, "decode": None}
+    again = by_kind(render(model, deployment, UID, RenderSettings(), counts))
+    assert "replicas" not in again[("StatefulSet", "tiny-pd-decode")]["spec"]
+    assert "replicas" not in again[("StatefulSet", "tiny-pd-prefill")]["spec"]
+
+
+def test_a_new_statefulset_starts_at_the_card_replicas_within_the_autoscaling_bounds() -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / "tiny-pd.yaml").read_text()))
+    docs[1]["spec"]["roles"]["decode"]["replicas"] = 6
+    docs[1]["spec"]["autoscaling"] = {"decode": {"min": 1, "max": 3}}
+    objects = render_docs(docs)
+    assert objects[("StatefulSet", "tiny-pd-decode")]["spec"]["replicas"] == 3
+    assert objects[("StatefulSet", "tiny-pd-prefill")]["spec"]["replicas"] == 1
