@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 
@@ -64,14 +64,20 @@ class Autoscaler:
         statuses: Mapping[str, WorkerStatus | None],
         held: int,
         now: float,
+        unschedulable: Mapping[RoleName, int] | None = None,
     ) -> AutoscalePlan:
         """Scrape every worker (`urls`: name → its HTTP base URL) and decide for each role the
-        policy moves, from `replicas` (what each role is asked to run now)."""
+        policy moves, from `replicas` (what each role is asked to run now) and, where the
+        substrate knows them, each role's pods no node has room for."""
         self._next_at = now + self.settings.every_s
         await self._scrape(urls, now)
+        stuck = unschedulable or {}
         signals = [
-            role_signals(role, n, observed.workers, statuses, self._samples, held, now,
-                         self.settings.window_s)
+            replace(
+                role_signals(role, n, observed.workers, statuses, self._samples, held, now,
+                             self.settings.window_s),
+                unschedulable=stuck.get(role, 0),
+            )
             for role, n in replicas.items()
             if role in self.policy.roles
         ]  # fmt: skip

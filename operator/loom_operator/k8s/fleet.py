@@ -28,10 +28,11 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from loom_operator.api.roles import RoleName
 from loom_operator.control.client import ControlError
 from loom_operator.control.probe import Observer
 from loom_operator.control.router_admin import RouterAdmin, RouterAdminError
@@ -60,6 +61,7 @@ from loom_operator.k8s.pods import (
     pod_worker,
     route_patch,
     routed_as,
+    unschedulable,
     worker_state,
 )
 from loom_operator.k8s.status import pod_ready
@@ -102,6 +104,8 @@ class PlannerView:
     """Worker -> its last Status."""
     held: int
     """Requests the routers hold for want of a serving worker."""
+    unschedulable: dict[RoleName, int] = field(default_factory=dict)
+    """Role -> its pods the scheduler cannot place."""
 
 
 class PodFleet:
@@ -126,6 +130,7 @@ class PodFleet:
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._incarnations: dict[str, tuple[str, int]] = {}
         self._workers: dict[str, PodWorker] = {}
+        self._pods: list[Obj] = []
         self.wake = asyncio.Event()
         """Set when a LoadWeights call ends between rounds."""
 
@@ -215,8 +220,8 @@ class PodFleet:
 
     async def look(self, now: float) -> tuple[FleetObservation, list[Obj]]:
         """Observe this round's workers (kept for `decide` and `execute`) and every pod."""
-        observed, self._workers, pods = await self.observe(now)
-        return observed, pods
+        observed, self._workers, self._pods = await self.observe(now)
+        return observed, self._pods
 
     def decide(self, desired: DesiredFleet, observed: FleetObservation, pods: list[Obj]) -> Round:
         """Reconcile; `execute` the actions once the record is persisted."""
@@ -227,7 +232,7 @@ class PodFleet:
         observer = self._observer
         urls = {n: w.url for n, w in self._workers.items() if w.alive and w.ip is not None}
         statuses = {n: None if observer is None else observer.seen(n).status for n in urls}
-        return PlannerView(urls, statuses, self._held)
+        return PlannerView(urls, statuses, self._held, unschedulable(self._pods))
 
     # -- act --------------------------------------------------------------------------------
 

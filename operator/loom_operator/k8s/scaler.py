@@ -152,7 +152,7 @@ class CardScaler:
         if not self._autoscaler.due(now):
             return counts
         plan = await self._autoscaler.decide(
-            counts, view.urls, observed, view.statuses, view.held, now
+            counts, view.urls, observed, view.statuses, view.held, now, view.unschedulable
         )
         out = dict(counts)
         for d in plan.decisions:

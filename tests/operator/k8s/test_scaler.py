@@ -225,3 +225,25 @@ def test_a_statefulset_drops_a_retiring_pod_only_once_the_core_stopped_it() -> N
     status = role_scale(api, "decode")["status"]
     assert status["desiredReplicas"] == 1 and status["replicas"] == 3
     assert status["selector"] == "loom.dev/deployment=tiny-pd,loom.dev/role=decode"
+
+
+def test_the_planner_does_not_grow_a_role_whose_pods_cannot_be_scheduled() -> None:
+    section = {"decode": {"min": 1, "max": 3}, "scaleUpSeconds": 0, "targets": {"queue": 2}}
+    doc, deployment = card(section)
+    api = api_with(doc)
+    s, said = scaler(api)
+    counts = asyncio.run(s.settle(deployment, 1))
+    assert deployment.spec.autoscaling is not None
+    policy = autoscale_policy(deployment.spec.autoscaling)
+    observed = FleetObservation((worker("tiny-pd-prefill-0"), worker("tiny-pd-decode-0")), 100.0)
+    view = PlannerView({}, {}, held=9, unschedulable={"decode": 1})
+
+    async def plan() -> dict[RoleName, int]:
+        try:
+            return dict(await s.plan(policy, counts, observed, view, 100.0, 1))
+        finally:
+            await s.close()
+
+    assert asyncio.run(plan())["decode"] == 1
+    assert s.condition is not None and s.condition["reason"] == "Unschedulable"
+    assert not [e for e in said if e.startswith("Autoscale")]
