@@ -13,8 +13,10 @@ persists the record in the card's status → `execute` carries out the actions:
   version only by the Resume that follows.
 - Resume / RouteOn: reopen admission, then annotate the pod with the version it reports and drop
   `draining`: the router routes it from then on, paired only with workers of that version.
-- StartWorker / StopWorker: the StatefulSet creates and removes pods; nothing to do here. A
-  Terminating pod is not observed at all: it drains itself and its replacement takes its slot.
+- StartWorker / StopWorker: the StatefulSet creates and removes pods; nothing to do here. The
+  scaler (scaler.py) sets its replicas after the round: a stopped (drained) worker's pod is
+  removed only once no higher one still serves (pod_count.py). A Terminating pod is not observed
+  at all: it drains itself and its replacement takes its slot.
 - RestartWorker: a pod that is alive but fails its probes is deleted (the StatefulSet brings it
   back); a crashed container is restarted by its kubelet.
 
