@@ -143,11 +143,6 @@ def load_cards(model_doc: Obj | None, card: Obj) -> tuple[ModelCard, DeploymentC
     except CardError as exc:
         return _problems(exc)
     (model,), (deployment,) = cards.model_cards, cards.deployment_cards
-    if deployment.spec.autoscaling is not None:
-        return (
-            "spec.autoscaling: the Kubernetes operator does not run Loom's planner yet (`loom up` "
-            "does; docs/autoscaling.md): remove the section to serve with fixed replicas"
-        )
     if deployment.spec.backend == "vllm":
         missing = unsupported(model, deployment)
         if missing:
