@@ -151,6 +151,7 @@ def test_kubectl_scale_on_a_role_changes_its_pods_and_never_deletes_a_streaming_
     back = card(cluster, ns, "scaled")
     assert back["spec"]["roles"]["decode"]["replicas"] == 1
     wait_for(lambda: len(decode_pods(cluster, ns, "scaled")) == 1, 120, "one decode pod")
+    cluster.kubectl("delete", "deploymentcard", "scaled", "-n", ns, "--wait=false")
 
 
 def test_an_hpa_targeting_a_role_is_accepted_and_its_scale_target_resolves(
@@ -158,7 +159,8 @@ def test_an_hpa_targeting_a_role_is_accepted_and_its_scale_target_resolves(
 ) -> None:
     ns = operator_ns
     apply_cards(cluster, ns, "hpa", {})
-    wait_for(lambda: role_scale(cluster, ns, "hpa-decode")["status"].get("selector"), 300,
+    wait_for(lambda: ready(cluster, ns, "hpa"), 300, "hpa Ready")
+    wait_for(lambda: role_scale(cluster, ns, "hpa-decode")["status"].get("replicas") == 1, 60,
              "the decode RoleScale's status")  # fmt: skip
     raw = cluster.kubectl(
         "get", "--raw", f"/apis/loom.dev/v1alpha1/namespaces/{ns}/rolescales/hpa-decode/scale"
@@ -183,11 +185,11 @@ def test_an_hpa_targeting_a_role_is_accepted_and_its_scale_target_resolves(
         out = cluster.kubectl("get", "hpa", "hpa-decode", "-n", ns, "-o", "json").stdout
         got: dict[str, Any] = json.loads(out)
         able = condition(got, "AbleToScale")
-        return got if able.get("reason") == "SucceededGetScale" else None
+        read = (got.get("status") or {}).get("currentReplicas") == 1
+        return got if able.get("reason") == "SucceededGetScale" and read else None
 
     got = wait_for(resolved, 180, "the HPA to read its scale target")
     assert condition(got, "AbleToScale")["status"] == "True"
-    assert got["status"]["currentReplicas"] == 1
     listed = cluster.kubectl("get", "hpa", "-n", ns).stdout
     assert "RoleScale/hpa-decode" in listed, listed
     cluster.kubectl("delete", "hpa", "hpa-decode", "-n", ns)
@@ -198,7 +200,6 @@ def test_the_planner_scales_decode_up_under_load_and_back_down_losing_nothing(
     cluster: Cluster, operator_ns: str
 ) -> None:
     ns = operator_ns
-    cluster.kubectl("delete", "deploymentcard", "scaled", "-n", ns, "--wait=false", check=False)
     roles = yaml.safe_load(yaml.safe_dump(TINY_PD[1]["spec"]["roles"]))
     roles["decode"]["engine"]["maxNumSeqs"] = 2  # a queue forms on one decode worker
     apply_cards(cluster, ns, "planned", {
