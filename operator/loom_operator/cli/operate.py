@@ -45,6 +45,8 @@ def add_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--metrics-port", type=int, default=0, help="serve the operator's "
                    "Prometheus metrics (planner decisions) on this port; 0: none")  # fmt: skip
+    p.add_argument("--metrics-address", default="0.0.0.0", help="the address --metrics-port "
+                   "binds (the chart passes the pod's IP)")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(run=run)
 
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     stop, kopf_stop = threading.Event(), threading.Event()
     metrics = OperatorMetrics()
     if args.metrics_port:
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_address)
     memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics)
     assert handlers.configure is not None  # the import registers the handlers with kopf
     elector = None

@@ -51,6 +51,6 @@ class OperatorMetrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, deployment, role)
 
-    def serve(self, port: int) -> None:
-        """Serve /metrics on `port` from a daemon thread."""
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        """Serve /metrics on `address:port` from a daemon thread."""
+        start_http_server(port, addr=address, registry=self.registry)
