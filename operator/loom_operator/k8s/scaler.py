@@ -95,7 +95,9 @@ class CardScaler:
             if obj is not None:
                 await self._write(s, obj)
             counts[role] = s.desired
-            self._reasons[role] = s.reason
+            moved = s.card_replicas is not None or s.scale_replicas is not None or s.message
+            if moved or role not in self._reasons:  # else the last decider's reason stands
+                self._reasons[role] = s.reason
         return counts
 
     def _view(self, role: RoleName, obj: Obj | None) -> ScaleView:

@@ -180,7 +180,13 @@ def test_the_planner_writes_its_decision_into_the_role_scale_and_says_it() -> No
     )
     assert 'reason="QueueAboveTarget",role="decode"} 1.0' in text
     # the planner's own write is taken in: the next settle keeps 2 and writes nothing back
-    assert asyncio.run(s.settle(deployment, 1))["decode"] == 2
+    counts = asyncio.run(s.settle(deployment, 1))
+    assert counts["decode"] == 2
+    r = Round(Reconciliation((), FleetRecord(), (), None), observed, [])
+    asyncio.run(s.follow(counts, r, {}))
+    status = role_scale(api, "decode")["status"]
+    assert (status["desiredReplicas"], status["reason"]) == (2, "QueueAboveTarget")
+    assert status["observedGeneration"] == role_scale(api, "decode")["metadata"]["generation"]
 
 
 def test_with_the_planner_off_an_hpa_count_is_clamped_into_the_bounds() -> None:
