@@ -3,6 +3,10 @@ replicas and selector), the card's Autoscaling condition, and who owns a Statefu
 
 from __future__ import annotations
 
+import jsonschema
+
+from loom_operator.api.crd import DEPLOYMENT_CARD, ROLE_SCALE, crd_manifest
+from loom_operator.api.status import DeploymentCardStatus
 from loom_operator.fleet.autoscale import AutoscalePlan, RoleDecision
 from loom_operator.k8s.render.role_scale import pod_selector
 from loom_operator.k8s.scale_status import autoscaling_condition, owns_replicas, role_scale_status
@@ -48,3 +52,16 @@ def test_owns_replicas_reads_the_server_side_apply_owners() -> None:
          "fieldsV1": {"f:spec": {"f:replicas": {}}}},
     ]}}  # fmt: skip
     assert not owns_replicas(updated, "loom-operator-scale")  # only an apply survives a re-render
+
+
+def test_the_autoscaling_condition_is_in_the_card_status_vocabulary() -> None:
+    plan = AutoscalePlan((RoleDecision("decode", 1, 2, "QueueAboveTarget", "m", 2),), {})
+    cond = autoscaling_condition(plan, 3) | {"lastTransitionTime": "2026-01-01T00:00:00Z"}
+    written = {"conditions": [cond], "replicas": "decode 1/2"}
+    status = DeploymentCardStatus.model_validate(written)
+    assert status.conditions[0].type == "Autoscaling"
+    schema = crd_manifest(DEPLOYMENT_CARD)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    jsonschema.validate(written, schema["properties"]["status"])  # what the API server checks
+    scale = crd_manifest(ROLE_SCALE)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    mine = role_scale_status(1, 2, pod_selector("tiny-pd", "decode"), 4, "QueueAboveTarget")
+    jsonschema.validate(mine, scale["properties"]["status"])
