@@ -200,7 +200,7 @@ def test_deleting_the_card_garbage_collects_every_child(cluster: Cluster, operat
     wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
     kinds = ",".join([
         "statefulsets", "deployments", "services", "configmaps", "secrets", "pods",
-        "poddisruptionbudgets", "roles", "rolebindings", "serviceaccounts",
+        "poddisruptionbudgets", "roles", "rolebindings", "serviceaccounts", "rolescales",
     ])  # fmt: skip
 
     def children() -> list[str]:
