@@ -323,12 +323,7 @@ async def _fleet_round(
     desired = desired_fleet(model, deployment)
     now = time.time()
     generation = int(body.metadata.get("generation") or 0)
-    observed, pods = await fleet.look(now)
-    counts = await scaler.settle(deployment, generation)
-    view = fleet.planner_view()
-    counts = await scaler.plan(desired.autoscale, counts, observed, view, now, generation)
-    desired = desired.with_replicas(counts)
-    r = fleet.decide(desired, observed, pods)
+    desired, counts, r = await scaler.round(fleet, desired, deployment, generation, now)
     rec = r.reconciliation
     by_name = {s["metadata"]["name"]: s for s in sets["items"]}
     base = deployment_status(deployment, generation, by_name, r.pods, counts)

@@ -21,9 +21,9 @@ from loom_operator.api.roles import RoleName
 from loom_operator.control.autoscaler import Autoscaler
 from loom_operator.fleet.actions import StopWorker
 from loom_operator.fleet.autoscale import AutoscalePolicy
-from loom_operator.fleet.desired import autoscale_policy
+from loom_operator.fleet.desired import DesiredFleet, autoscale_policy
 from loom_operator.fleet.observed import FleetObservation
-from loom_operator.k8s.fleet import Events, PlannerView, Round
+from loom_operator.k8s.fleet import Events, PlannerView, PodFleet, Round
 from loom_operator.k8s.kube import MERGE, Kube, object_path
 from loom_operator.k8s.labels import SCALE_MANAGER, role_object
 from loom_operator.k8s.metrics import OperatorMetrics
@@ -72,6 +72,23 @@ class CardScaler:
 
     async def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         return await asyncio.to_thread(partial(fn, *args, **kw))
+
+    async def round(
+        self,
+        fleet: PodFleet,
+        desired: DesiredFleet,
+        deployment: DeploymentCard,
+        generation: int,
+        now: float,
+    ) -> tuple[DesiredFleet, dict[RoleName, int], Round]:
+        """One fleet round with its counts: observe, settle, plan, then the core decides on the
+        fleet at those counts (the caller persists, executes, then calls `follow`)."""
+        observed, pods = await fleet.look(now)
+        counts = await self.settle(deployment, generation)
+        view = fleet.planner_view()
+        counts = await self.plan(desired.autoscale, counts, observed, view, now, generation)
+        desired = desired.with_replicas(counts)
+        return desired, counts, fleet.decide(desired, observed, pods)
 
     # -- settle -----------------------------------------------------------------------------
 
