@@ -17,14 +17,14 @@ import yaml
 from prometheus_client import generate_latest
 
 from loom_operator.api.deployment_card import DeploymentCard
-from loom_operator.api.documents import parse_documents
+from loom_operator.api.documents import load_documents, parse_documents
 from loom_operator.api.roles import RoleName
 from loom_operator.fleet.actions import StopWorker
 from loom_operator.fleet.controller import Reconciliation
-from loom_operator.fleet.desired import autoscale_policy
+from loom_operator.fleet.desired import DesiredFleet, autoscale_policy, desired_fleet
 from loom_operator.fleet.observed import FleetObservation, WorkerState
 from loom_operator.fleet.record import FleetRecord
-from loom_operator.k8s.fleet import PlannerView, Round
+from loom_operator.k8s.fleet import PlannerView, PodFleet, Round
 from loom_operator.k8s.kube import Kube, object_path
 from loom_operator.k8s.labels import SCALE_MANAGER
 from loom_operator.k8s.metrics import OperatorMetrics
@@ -253,3 +253,47 @@ def test_the_planner_does_not_grow_a_role_whose_pods_cannot_be_scheduled() -> No
     assert asyncio.run(plan())["decode"] == 1
     assert s.condition is not None and s.condition["reason"] == "Unschedulable"
     assert not [e for e in said if e.startswith("Autoscale")]
+
+
+class PodsSeen:
+    """Stand-in for PodFleet's observe/decide halves: fixed workers, the desired fleet kept."""
+
+    def __init__(self, observed: FleetObservation, held: int) -> None:
+        self.observed, self.held = observed, held
+        self.decided: DesiredFleet | None = None
+
+    async def look(self, now: float) -> tuple[FleetObservation, list[Obj]]:
+        return self.observed, []
+
+    def planner_view(self) -> PlannerView:
+        return PlannerView({}, {}, self.held)
+
+    def decide(self, desired: DesiredFleet, observed: FleetObservation, pods: list[Obj]) -> Round:
+        self.decided = desired
+        return Round(Reconciliation((), FleetRecord(), (), None), observed, pods)
+
+
+def test_a_round_hands_the_fleet_core_the_planned_counts() -> None:
+    section = {"decode": {"min": 1, "max": 3}, "scaleUpSeconds": 0, "targets": {"queue": 2}}
+    doc, deployment = card(section)
+    api = api_with(doc)
+    s, _ = scaler(api)
+    observed = FleetObservation((worker("tiny-pd-prefill-0"), worker("tiny-pd-decode-0")), 100.0)
+    pods = PodsSeen(observed, held=5)
+    model = load_documents(EXAMPLES / "tiny-pd.yaml").model_cards[0]
+
+    async def run() -> tuple[DesiredFleet, dict[RoleName, int]]:
+        try:
+            desired, counts, _ = await s.round(
+                cast(PodFleet, pods), desired_fleet(model, deployment), deployment, 1, 100.0
+            )
+            return desired, counts
+        finally:
+            await s.close()
+
+    desired, counts = asyncio.run(run())
+    assert counts == {"prefill": 1, "decode": 2}
+    assert pods.decided is desired and desired.replicas("decode") == 2
+    assert [w.name for w in desired.slots] == [
+        "tiny-pd-prefill-0", "tiny-pd-decode-0", "tiny-pd-decode-1",
+    ]  # fmt: skip
