@@ -13,7 +13,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.ar_state import ARDecodeState
 from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
@@ -85,6 +86,29 @@ class Batcher:
             or (self.remote and self.remote.has_work)
             or (self.reloads and self.reloads.reloading)
         )
+
+    def stats_counts(self) -> dict[str, int]:
+        """What the engine's stats take from the batcher: its queues, the prompt backlog, its
+        step counters and the P/D transfer counts (EngineStats field names)."""
+        c, remote = self.counters, self.remote
+        t = remote.counters if remote is not None else None
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions": c.num_preemptions,
+            "prefill_backlog_tokens": self.prefill_backlog_tokens(),
+            "num_prompt_tokens": c.num_prompt_tokens,
+            "num_generation_tokens": c.num_generation_tokens,
+            "num_tokens_computed": c.num_tokens_computed,
+            "num_requests_finished": c.num_requests_finished,
+            "num_requests_aborted": c.num_requests_aborted,
+            "num_kv_leases": len(remote.held) if remote is not None else 0,
+            "num_kv_pulls": len(remote.waiting) + len(remote.pulling) if remote is not None else 0,
+            "kv_expired": t.kv_expired if t is not None else 0,
+            "kv_transfer_failures": t.kv_transfer_failures if t is not None else 0,
+            "kv_pulled_tokens": t.kv_pulled_tokens if t is not None else 0,
+            "kv_pulled_bytes": t.kv_pulled_bytes if t is not None else 0,
+        }
 
     def prefill_backlog_tokens(self) -> int:
         """Prompt tokens of queued and running requests whose KV is not computed yet (what the

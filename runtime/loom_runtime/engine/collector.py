@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.wire.openai.logprobs import TokenLogprob
 

@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest
 from loom_runtime.engine.batcher import Batcher
 from loom_runtime.engine.build import build_forward, build_reloads, build_remote
 from loom_runtime.engine.collector import OutputCollector
@@ -448,34 +449,19 @@ class Engine:
         return self._drain
 
     def _snapshot(self) -> EngineStats:
-        c, pool, remote = self._batcher.counters, self._pool, self._batcher.remote
-        t = remote.counters if remote is not None else None
+        pool = self._pool
         return EngineStats(
-            num_running=len(self._batcher.running),
-            num_waiting=len(self._batcher.waiting),
             kv_usage=pool.usage,
             num_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free,
             block_size=pool.block_size,
             admission_open=self._admission_open,
             weights_version=self._weights_version,
-            num_preemptions=c.num_preemptions,
-            prefill_backlog_tokens=self._batcher.prefill_backlog_tokens(),
             prefix_queries=self._kv.prefix_queries,
             prefix_hits=self._kv.prefix_hits,
-            num_prompt_tokens=c.num_prompt_tokens,
-            num_generation_tokens=c.num_generation_tokens,
-            num_tokens_computed=c.num_tokens_computed,
-            num_requests_finished=c.num_requests_finished,
-            num_requests_aborted=c.num_requests_aborted,
-            num_kv_leases=len(remote.held) if remote is not None else 0,
-            num_kv_pulls=len(remote.waiting) + len(remote.pulling) if remote is not None else 0,
-            kv_expired=t.kv_expired if t is not None else 0,
-            kv_transfer_failures=t.kv_transfer_failures if t is not None else 0,
-            kv_pulled_tokens=t.kv_pulled_tokens if t is not None else 0,
-            kv_pulled_bytes=t.kv_pulled_bytes if t is not None else 0,
             kv_cache_bytes=self._kv_cache_bytes,
             kv_bytes_per_token=self._kv_bytes_per_token,
+            **self._batcher.stats_counts(),
             **offload_stats(self._offload),
             **hisparse_stats(self._hisparse, self._ranks, self.config),
             ranks=() if self._ranks is None else self._ranks.kv(),

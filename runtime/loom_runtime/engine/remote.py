@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.ar_state import ARDecodeState
 from loom_runtime.engine.scheduler import pick_replica
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort, TransferParams
 from loom_runtime.engine.types import EngineRequest

@@ -13,7 +13,8 @@ import pytest
 import torch
 from tests.runtime.torch_threads import one_torch_thread  # noqa: F401 (autouse fixture)
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest
 from loom_runtime.engine.batcher import Batcher
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.runner import TOKEN_FORWARD, ModelRunner

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState, CompletedRequest
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest
 from loom_runtime.engine.sampler import SampledToken
 from loom_runtime.engine.token_forward import TokenResult
 from loom_runtime.engine.types import EngineRequest, SamplingParams

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tests.runtime.pd.engine_workers import Workers, run, wait_for, whole
 
-from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError

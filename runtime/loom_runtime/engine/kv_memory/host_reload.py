@@ -17,7 +17,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from loom_runtime.engine.ar_decode import ARDecodeLoop, ARDecodeState
+from loom_runtime.engine.ar_decode import ARDecodeLoop
+from loom_runtime.engine.ar_state import ARDecodeState
 from loom_runtime.kv.offload import KVOffload, ReloadJob
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine

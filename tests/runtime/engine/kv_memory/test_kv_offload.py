@@ -12,7 +12,7 @@ import torch
 
 from loom_router.core.kv_events import decode_batch, index_key
 from loom_router.core.prefix_index import PrefixIndex
-from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine

@@ -19,7 +19,7 @@ from tests.runtime.engine.sparse_mla_helpers import Prompt, RecordingDrafter, gr
 from tests.runtime.engine.spec.test_mtp_engine import K, OracleDrafter, full_tokens
 from tests.runtime.engine.spec.test_mtp_engine import requests as mtp_requests
 
-from loom_runtime.engine.ar_decode import CompletedRequest
+from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
