@@ -57,7 +57,7 @@ def operator_namespace(cluster: Cluster) -> str:
         pytest.skip("needs pod IPs reachable from the test (the local provider)")
     name = f"op-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev"):
+    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev", "rolescales.loom.dev"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
     cluster.kubectl("create", "namespace", name)
     return name

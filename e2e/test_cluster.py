@@ -53,7 +53,7 @@ def test_loom_crds_install_and_their_rules_reject_bad_cards(
     cluster: Cluster, namespace: str
 ) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev"):
+    for crd in ("deploymentcards.loom.dev", "modelcards.loom.dev", "rolescales.loom.dev"):
         cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
     docs = list(yaml.safe_load_all((REPO / "examples" / "tiny-aggregated.yaml").read_text()))
     good = yaml.safe_dump_all(docs)

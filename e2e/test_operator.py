@@ -194,20 +194,13 @@ def test_cards_only_the_operator_can_judge_get_valid_false_with_the_field_path(
         "an invalid card got pods"
     )
 
-    scaled = yaml.safe_load(yaml.safe_dump(TINY_PD[1]))
-    scaled["metadata"] = {"name": "autoscaled"}
-    scaled["spec"]["autoscaling"] = {"decode": {"min": 1, "max": 2}}
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(scaled))
-    bad = wait_for(lambda: invalid(cluster, ns, "autoscaled"), 120, "autoscaled Valid=False")
-    assert "spec.autoscaling" in condition(bad, "Valid")["message"]  # refused, never ignored
-
 
 def test_deleting_the_card_garbage_collects_every_child(cluster: Cluster, operator_ns: str) -> None:
     ns = operator_ns
     wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
     kinds = ",".join([
         "statefulsets", "deployments", "services", "configmaps", "secrets", "pods",
-        "poddisruptionbudgets", "roles", "rolebindings", "serviceaccounts",
+        "poddisruptionbudgets", "roles", "rolebindings", "serviceaccounts", "rolescales",
     ])  # fmt: skip
 
     def children() -> list[str]:

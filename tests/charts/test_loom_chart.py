@@ -139,3 +139,16 @@ def test_the_operator_pod_is_locked_down_as_every_pod_loom_renders(helm: Path) -
     assert container["securityContext"] == container_security()
     assert SCRATCH_VOLUME in pod["volumes"] and SCRATCH_MOUNT in container["volumeMounts"]
     assert SCRATCH_ENV in container["env"]
+
+
+def test_the_operator_serves_its_planner_metrics_on_its_pod_ip(helm: Path) -> None:
+    (deployment,) = by_kind(template(helm), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--metrics-port=9464" in container["args"]
+    assert "--metrics-address=$(POD_IP)" in container["args"]
+    assert {"name": "metrics", "containerPort": 9464} in container["ports"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    (off,) = by_kind(template(helm, "--set", "operator.metricsPort=0"), "Deployment")
+    args = off["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--metrics-")]

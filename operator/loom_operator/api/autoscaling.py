@@ -59,3 +59,7 @@ class Autoscaling(CardModel):
     """Growth follows the lowest recommendation of this window (a brief spike adds nothing)."""
     scale_down_seconds: float = Field(default=300.0, ge=0, le=3600)
     """Shrinking follows the highest recommendation of this window (a lull removes nothing)."""
+    planner: bool = True
+    """false: Loom's planner stays off and something else moves the named roles through their
+    RoleScale objects (an HPA, a KEDA ScaledObject, `kubectl scale`); the bounds still clamp
+    whatever it asks. `loom up`, which has no such scaler, then keeps the roles' replicas."""

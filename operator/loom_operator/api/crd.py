@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from loom_operator.api.deployment_card import DeploymentCardSpec
+from loom_operator.api.role_scale import RoleScaleSpec, RoleScaleStatus
 from loom_operator.api.status import DeploymentCardStatus
 from loom_operator.api.structural import Schema, structural_schema
 from loom_operator.api.structural_check import structural_problems
@@ -36,6 +37,15 @@ class Column:
 
 
 @dataclass(frozen=True)
+class ScaleSubresource:
+    """Where the `/scale` subresource reads and writes (kubectl scale, HPA, KEDA)."""
+
+    spec_replicas: str = ".spec.replicas"
+    status_replicas: str = ".status.replicas"
+    label_selector: str = ".status.selector"
+
+
+@dataclass(frozen=True)
 class CardKind:
     """What a CRD is made of: names, the spec and status models, printer columns."""
 
@@ -46,6 +56,7 @@ class CardKind:
     spec: type[CardModel]
     status: type[CardModel]
     columns: tuple[Column, ...]
+    scale: ScaleSubresource | None = None
 
 
 AGE = Column("Age", ".metadata.creationTimestamp", "date")
@@ -81,11 +92,37 @@ DEPLOYMENT_CARD = CardKind(
         Column("Phase", ".status.phase", description="Lifecycle phase"),
         Column("Ready", ".status.readyRoles", description="Roles ready / roles"),
         Column("Version", ".status.weightsVersion", description="Weights version served"),
+        Column("Replicas", ".status.replicas", description="Per role: serving / desired workers"),
         AGE,
     ),
 )
 
-CARD_KINDS = (MODEL_CARD, DEPLOYMENT_CARD)
+ROLE_SCALE = CardKind(
+    kind="RoleScale",
+    plural="rolescales",
+    short_names=("rscale",),
+    description="One role of a DeploymentCard as a /scale target (kubectl scale, HPA, KEDA); "
+    "made and kept by the operator, one per card and role.",
+    spec=RoleScaleSpec,
+    status=RoleScaleStatus,
+    columns=(
+        Column("Card", ".spec.deploymentCard", description="The DeploymentCard"),
+        Column("Role", ".spec.role", description="prefill, decode or aggregated"),
+        Column("Asked", ".spec.replicas", "integer", description="Replicas asked (spec)"),
+        Column(
+            "Desired",
+            ".status.desiredReplicas",
+            "integer",
+            description="Replicas after the card's bounds",
+        ),
+        Column("Serving", ".status.replicas", "integer", description="Workers serving"),
+        Column("Reason", ".status.reason", description="Who decided last", priority=1),
+        AGE,
+    ),
+    scale=ScaleSubresource(),
+)
+
+CARD_KINDS = (MODEL_CARD, DEPLOYMENT_CARD, ROLE_SCALE)
 
 
 def _column(col: Column) -> dict[str, Any]:
@@ -110,6 +147,17 @@ def _open_api_schema(card: CardKind) -> Schema:
             "status": structural_schema(card.status),
         },
     }
+
+
+def _subresources(card: CardKind) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": {}}
+    if card.scale is not None:
+        out["scale"] = {
+            "specReplicasPath": card.scale.spec_replicas,
+            "statusReplicasPath": card.scale.status_replicas,
+            "labelSelectorPath": card.scale.label_selector,
+        }
+    return out
 
 
 def crd_manifest(card: CardKind) -> dict[str, Any]:
@@ -138,7 +186,7 @@ def crd_manifest(card: CardKind) -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": _open_api_schema(card)},
-                    "subresources": {"status": {}},
+                    "subresources": _subresources(card),
                     "additionalPrinterColumns": [_column(c) for c in card.columns],
                 }
             ],

@@ -12,13 +12,25 @@ from pydantic import Field
 
 from loom_operator.api.roles import RoleName
 from loom_runtime.card.base import CardModel, list_map
-from loom_runtime.card.conditions import Condition
+from loom_runtime.card.conditions import Condition, ConditionType
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "WeightSyncing", "Invalid", "Failed"]
 SyncPhase = Literal["Idle", "Syncing", "Done", "Failed"]
 WorkerStep = Literal[
     "Waiting", "Freezing", "Draining", "Transferring", "Bumping", "Resuming", "Done", "Failed"
 ]
+
+
+DeploymentConditionType = Literal[ConditionType, "Autoscaling"]
+"""Every card's condition types, and `Autoscaling`: True while Loom's planner moves the card's
+roles, its reason the planner's latest (docs/autoscaling.md)."""
+
+
+class DeploymentCondition(Condition):
+    """A DeploymentCard condition: the cards' vocabulary plus `Autoscaling`."""
+
+    type: DeploymentConditionType  # type: ignore[assignment]  # widens the cards' vocabulary
+    """Ready | Progressing | Degraded | WeightSyncing | Valid | Autoscaling."""
 
 
 class RoleStatus(CardModel):
@@ -57,10 +69,10 @@ class DeploymentCardStatus(CardModel):
 
     phase: Phase | None = None
     """Pending | Progressing | Ready | Degraded | WeightSyncing | Invalid | Failed."""
-    conditions: list[Condition] = Field(
+    conditions: list[DeploymentCondition] = Field(
         default_factory=list, max_length=8, json_schema_extra=list_map("type")
     )
-    """Ready, Progressing, Degraded, WeightSyncing and Valid, at most one of each."""
+    """Ready, Progressing, Degraded, WeightSyncing, Valid and Autoscaling, at most one of each."""
     observed_generation: int | None = Field(default=None, ge=0)
     """metadata.generation the status describes."""
     roles: dict[RoleName, RoleStatus] = Field(default_factory=dict)
@@ -69,6 +81,9 @@ class DeploymentCardStatus(CardModel):
     """Roles with all replicas ready / roles, e.g. `2/2` (printed by kubectl get)."""
     weights_version: str | None = None
     """Weights version every worker serves, e.g. `v2` (printed by kubectl get)."""
+    replicas: str | None = None
+    """Per role, workers serving / desired, e.g. `prefill 1/1, decode 2/3` (printed by kubectl
+    get; desired is the role's RoleScale after the card's bounds)."""
     weight_sync: WeightSyncStatus | None = None
     """The current or last weight sync."""
     endpoint: str | None = None

@@ -43,6 +43,10 @@ def add_parser(sub: Any) -> None:
         "--no-leader-elect", dest="leader_elect", action="store_false",
         help="act without holding the loom-operator Lease (only when a single replica runs)",
     )  # fmt: skip
+    p.add_argument("--metrics-port", type=int, default=0, help="serve the operator's "
+                   "Prometheus metrics (planner decisions) on this port; 0: none")  # fmt: skip
+    p.add_argument("--metrics-address", default="0.0.0.0", help="the address --metrics-port "
+                   "binds (the chart passes the pod's IP)")  # fmt: skip
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(run=run)
 
@@ -53,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from loom_operator.k8s import handlers
     from loom_operator.k8s.kube import Kube
     from loom_operator.k8s.leader import LeaderElector
+    from loom_operator.k8s.metrics import OperatorMetrics
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -78,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
     namespaces = args.namespace or [os.environ.get("POD_NAMESPACE", "default")]
     kube = Kube(args.kubeconfig)
     stop, kopf_stop = threading.Event(), threading.Event()
-    memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop)
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_address)
+    memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics)
     assert handlers.configure is not None  # the import registers the handlers with kopf
     elector = None
     if args.leader_elect:

@@ -63,6 +63,13 @@ class AutoscalePolicy:
     """Scale-up stabilisation window: growth follows the lowest recommendation within it."""
     scale_down_s: float = 300.0
     """Scale-down stabilisation window: shrinking follows the highest recommendation within it."""
+    planner: bool = True
+    """False: the planner does not run; an outside scaler moves the roles within the bounds."""
+
+    def clamp(self, role: RoleName, replicas: int) -> int:
+        """`replicas` within the role's bounds (unchanged for a role the policy does not name)."""
+        bounds = self.roles.get(role)
+        return replicas if bounds is None else bounds.clamp(replicas)
 
 
 @dataclass(frozen=True)

@@ -212,4 +212,5 @@ def autoscale_policy(section: Autoscaling) -> AutoscalePolicy:
         ),
         scale_up_s=section.scale_up_seconds,
         scale_down_s=section.scale_down_seconds,
+        planner=section.planner,
     )

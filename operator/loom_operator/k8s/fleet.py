@@ -13,8 +13,10 @@ persists the record in the card's status → `execute` carries out the actions:
   version only by the Resume that follows.
 - Resume / RouteOn: reopen admission, then annotate the pod with the version it reports and drop
   `draining`: the router routes it from then on, paired only with workers of that version.
-- StartWorker / StopWorker: the StatefulSet creates and removes pods; nothing to do here. A
-  Terminating pod is not observed at all: it drains itself and its replacement takes its slot.
+- StartWorker / StopWorker: the StatefulSet creates and removes pods; nothing to do here. The
+  scaler (scaler.py) sets its replicas after the round: a stopped (drained) worker's pod is
+  removed only once no higher one still serves (pod_count.py). A Terminating pod is not observed
+  at all: it drains itself and its replacement takes its slot.
 - RestartWorker: a pod that is alive but fails its probes is deleted (the StatefulSet brings it
   back); a crashed container is restarted by its kubelet.
 
@@ -28,10 +30,11 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from loom_operator.api.roles import RoleName
 from loom_operator.control.client import ControlError
 from loom_operator.control.probe import Observer
 from loom_operator.control.router_admin import RouterAdmin, RouterAdminError
@@ -60,9 +63,11 @@ from loom_operator.k8s.pods import (
     pod_worker,
     route_patch,
     routed_as,
+    unschedulable,
     worker_state,
 )
 from loom_operator.k8s.status import pod_ready
+from loom_runtime.control_api.status import WorkerStatus
 from loom_runtime.wire.pods import (
     COMPONENT_LABEL,
     DEPLOYMENT_LABEL,
@@ -91,6 +96,20 @@ class Round:
     """Every pod of the card (workers and routers) as listed this round."""
 
 
+@dataclass(frozen=True)
+class PlannerView:
+    """The planner's inputs the observation does not carry."""
+
+    urls: dict[str, str]
+    """Worker -> its HTTP base URL (for /metrics)."""
+    statuses: dict[str, WorkerStatus | None]
+    """Worker -> its last Status."""
+    held: int
+    """Requests the routers hold for want of a serving worker."""
+    unschedulable: dict[RoleName, int] = field(default_factory=dict)
+    """Role -> its pods the scheduler cannot place."""
+
+
 class PodFleet:
     """The fleet of one DeploymentCard; call `round` repeatedly, `close` at the end."""
 
@@ -113,6 +132,7 @@ class PodFleet:
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._incarnations: dict[str, tuple[str, int]] = {}
         self._workers: dict[str, PodWorker] = {}
+        self._pods: list[Obj] = []
         self.wake = asyncio.Event()
         """Set when a LoadWeights call ends between rounds."""
 
@@ -200,11 +220,21 @@ class PodFleet:
         ]  # fmt: skip
         return FleetObservation(tuple(states), now, held_requests=self._held), workers, pods
 
-    async def round(self, desired: DesiredFleet, now: float) -> Round:
-        """Observe and reconcile; `execute` the actions once the record is persisted."""
-        observed, self._workers, pods = await self.observe(now)
-        rec = reconcile(desired, observed, self.record)
-        return Round(rec, observed, pods)
+    async def look(self, now: float) -> tuple[FleetObservation, list[Obj]]:
+        """Observe this round's workers (kept for `decide` and `execute`) and every pod."""
+        observed, self._workers, self._pods = await self.observe(now)
+        return observed, self._pods
+
+    def decide(self, desired: DesiredFleet, observed: FleetObservation, pods: list[Obj]) -> Round:
+        """Reconcile; `execute` the actions once the record is persisted."""
+        return Round(reconcile(desired, observed, self.record), observed, pods)
+
+    def planner_view(self) -> PlannerView:
+        """What the planner reads of this round's workers, beyond the observation."""
+        observer = self._observer
+        urls = {n: w.url for n, w in self._workers.items() if w.alive and w.ip is not None}
+        statuses = {n: None if observer is None else observer.seen(n).status for n in urls}
+        return PlannerView(urls, statuses, self._held, unschedulable(self._pods))
 
     # -- act --------------------------------------------------------------------------------
 

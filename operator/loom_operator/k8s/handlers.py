@@ -23,10 +23,20 @@ from loom_operator.fleet.desired import desired_fleet
 from loom_operator.fleet.record import FleetRecord, RecordError
 from loom_operator.k8s.fleet import Events, PodFleet
 from loom_operator.k8s.kube import MERGE, Kube, KubeError, object_path
-from loom_operator.k8s.labels import FIELD_MANAGER, GROUP, VERSION, control_secret
-from loom_operator.k8s.render import owner_reference, render
+from loom_operator.k8s.labels import (
+    FIELD_MANAGER,
+    GROUP,
+    SCALE_MANAGER,
+    VERSION,
+    control_secret,
+    role_object,
+)
+from loom_operator.k8s.metrics import OperatorMetrics
+from loom_operator.k8s.render import owner_reference, render, start_replicas
 from loom_operator.k8s.render.model_volumes import claim_change
 from loom_operator.k8s.render.vllm import unsupported
+from loom_operator.k8s.scale_status import owns_replicas
+from loom_operator.k8s.scaler import CardScaler, replicas_of, take_replicas
 from loom_operator.k8s.settings import RenderSettings
 from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
 from loom_runtime.card.errors import CardError
@@ -133,11 +143,6 @@ def load_cards(model_doc: Obj | None, card: Obj) -> tuple[ModelCard, DeploymentC
     except CardError as exc:
         return _problems(exc)
     (model,), (deployment,) = cards.model_cards, cards.deployment_cards
-    if deployment.spec.autoscaling is not None:
-        return (
-            "spec.autoscaling: the Kubernetes operator does not run Loom's planner yet (`loom up` "
-            "does; docs/autoscaling.md): remove the section to serve with fixed replicas"
-        )
     if deployment.spec.backend == "vllm":
         missing = unsupported(model, deployment)
         if missing:
@@ -173,9 +178,18 @@ def reconcile(card: Obj, memo: kopf.Memo) -> dict[str, Any] | None:
     if moved:  # applying would roll every pod onto the new volume, outside the sync
         return validity(card, moved, CLAIM_CHANGE)
     _ensure_secret(kube, namespace, name, str(meta["uid"]))
-    manifests = render(model, deployment, str(meta["uid"]), settings)
+    existing = {s["metadata"]["name"]: s for s in sets["items"]}
+    for sts in existing.values():  # its count is the scaler's before a render omits it
+        if not owns_replicas(sts, SCALE_MANAGER):
+            take_replicas(kube, namespace, sts["metadata"]["name"], replicas_of(sts))
+    start = start_replicas(deployment)
+    counts = {r: None if role_object(name, r) in existing else n for r, n in start.items()}
+    manifests = render(model, deployment, str(meta["uid"]), settings, counts)
     for manifest in manifests:
         kube.apply(manifest, FIELD_MANAGER)
+    for role, n in counts.items():
+        if n is not None:  # a new StatefulSet: from now on its count is the scaler's
+            take_replicas(kube, namespace, role_object(name, role), n)
     logger.info("applied %d objects of %s/%s", len(manifests), namespace, name)
     if (card.get("status") or {}).get("phase") == "Invalid":
         return validity(card, None) | {"phase": "Progressing"}
@@ -256,13 +270,17 @@ async def run_fleet(
     kube: Kube = memo.kube
     index: kopf.Index[tuple[str, str], Obj] = kwargs["model_cards"]
     namespace, name = str(body.metadata.namespace), str(body.metadata.name)
-    fleet = PodFleet(kube, namespace, name, _record(body), _events(body))
+    events = _events(body)
+    fleet = PodFleet(kube, namespace, name, _record(body), events)
+    metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
+    scaler = CardScaler(kube, namespace, name, events, metrics)
     written: dict[str, Any] = {}
     try:
         while not stopped:
             docs: Iterable[Obj] = index.get((namespace, str(body.spec.get("modelCard", ""))), [])
+            model_doc = next(iter(docs), None)
             try:
-                delay = await _fleet_round(kube, body, next(iter(docs), None), fleet, written)
+                delay = await _fleet_round(kube, body, model_doc, fleet, scaler, written)
             except KubeError as exc:  # e.g. the Secret not made yet; the next round retries
                 level = logging.DEBUG if exc.status == 404 else logging.WARNING
                 logger.log(level, "%s/%s: fleet round failed: %s", namespace, name, exc)
@@ -275,10 +293,18 @@ async def run_fleet(
             fleet.wake.clear()
     finally:
         await fleet.close()
+        await scaler.close()
+        if metrics is not None:  # a card that is gone (or no longer ours) takes its series along
+            metrics.forget(namespace, name, ("prefill", "decode", "aggregated"))
 
 
 async def _fleet_round(
-    kube: Kube, body: kopf.Body, model_doc: Obj | None, fleet: PodFleet, written: dict[str, Any]
+    kube: Kube,
+    body: kopf.Body,
+    model_doc: Obj | None,
+    fleet: PodFleet,
+    scaler: CardScaler,
+    written: dict[str, Any],
 ) -> float:
     """One round; the time to the next."""
     status = body.get("status") or {}
@@ -296,11 +322,11 @@ async def _fleet_round(
         return IDLE_ROUND_S  # no sync to a claim the pods lack; the handler says why (Valid)
     desired = desired_fleet(model, deployment)
     now = time.time()
-    r = await fleet.round(desired, now)
-    rec = r.reconciliation
     generation = int(body.metadata.get("generation") or 0)
+    desired, counts, r = await scaler.round(fleet, desired, deployment, generation, now)
+    rec = r.reconciliation
     by_name = {s["metadata"]["name"]: s for s in sets["items"]}
-    base = deployment_status(deployment, generation, by_name, r.pods)
+    base = deployment_status(deployment, generation, by_name, r.pods, counts)
     # What this daemon wrote last is the newest status it knows; the body's copy can trail it
     # by a watch event (or a whole re-list), and an old one would forget a lost capacity.
     previous = written or status
@@ -308,6 +334,8 @@ async def _fleet_round(
         base, rec.conditions, rec.record, desired.component, desired.weights_version, generation,
         previous,
     )  # fmt: skip
+    if scaler.condition is not None:
+        fresh["conditions"].append(dict(scaler.condition))
     fresh["conditions"] = with_transition_times(
         fresh["conditions"], previous.get("conditions") or []
     )
@@ -317,6 +345,7 @@ async def _fleet_round(
         written.clear()
         written.update(fresh)
     await fleet.execute(r, desired)
+    await scaler.follow(counts, r, by_name)
     acted = any(not isinstance(a, SetCondition) for a in rec.actions)
     delay = BUSY_ROUND_S if acted or fleet.busy else ROUND_S
     if rec.wake_at is not None:

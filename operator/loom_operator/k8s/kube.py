@@ -36,6 +36,7 @@ RESOURCES = {
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "ModelCard": ("/apis/loom.dev/v1alpha1", "modelcards"),
     "DeploymentCard": ("/apis/loom.dev/v1alpha1", "deploymentcards"),
+    "RoleScale": ("/apis/loom.dev/v1alpha1", "rolescales"),
 }
 
 

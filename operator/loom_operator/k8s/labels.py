@@ -14,6 +14,9 @@ VERSION = "v1alpha1"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 OPERATOR = "loom-operator"
 FIELD_MANAGER = "loom-operator"
+SCALE_MANAGER = "loom-operator-scale"
+"""Owns each role StatefulSet's spec.replicas (k8s/pod_count.py); the renders never carry it once
+the StatefulSet exists."""
 
 
 def role_object(deployment: str, role: RoleName) -> str:

@@ -181,3 +181,21 @@ def route_patch(version: str | None) -> dict[str, Any]:
         return {"metadata": {"annotations": {DRAINING_ANNOTATION: "true"}}}
     notes = {DRAINING_ANNOTATION: None, WEIGHTS_VERSION_ANNOTATION: version}
     return {"metadata": {"annotations": notes}}
+
+
+def unschedulable(pods: Sequence[Obj]) -> dict[RoleName, int]:
+    """Per role, worker pods the scheduler could not place (PodScheduled False, reason
+    Unschedulable): the planner does not grow a role no node has room for."""
+    out: dict[RoleName, int] = {}
+    for pod in pods:
+        role = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        stuck = any(
+            c.get("type") == "PodScheduled" and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+            for c in conditions
+        )  # fmt: skip
+        if stuck and role in ROLE_NAMES:
+            key = cast(RoleName, role)
+            out[key] = out.get(key, 0) + 1
+    return out

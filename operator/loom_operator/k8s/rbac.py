@@ -2,7 +2,8 @@
 
 Owns the rules (API group, resources, verbs, and why) for every call the operator makes: kopf's
 watches and patches of the cards, the server-side applies of what it renders, the fleet round's
-pod reads, annotations and deletions, the tokens' Secret, Events, and the leader Lease. The Helm
+pod reads, annotations and deletions, the scaler's RoleScales and StatefulSet replicas, the
+tokens' Secret, Events, and the leader Lease. The Helm
 chart's Roles come from here (`make crds` writes charts/loom/files/operator-rules.yaml; a test
 fails on drift), so a call added without its rule fails the chart's e2e install, which runs the
 operator under the chart's ServiceAccount.
@@ -33,6 +34,11 @@ WATCHED_NAMESPACE_RULES: tuple[Rule, ...] = (
          "kopf watches the cards and keeps its progress in their annotations"),
     Rule("loom.dev", ("modelcards/status", "deploymentcards/status"), ("get", "patch"),
          "validity, phase, conditions and the fleet record"),
+    Rule("loom.dev", ("rolescales",), ("get", "list", "create", "patch"),
+         "server-side apply of each role's RoleScale; its spec.replicas written by the scale "
+         "rule and the planner"),
+    Rule("loom.dev", ("rolescales/status",), ("get", "patch"),
+         "each RoleScale's serving and desired replicas, selector and observed generation"),
     Rule("", ("configmaps", "services", "serviceaccounts"), ("get", "create", "patch"),
          "server-side apply of the cards ConfigMap, the Services, the router's account"),
     Rule("apps", ("statefulsets", "deployments"), ("get", "list", "create", "patch"),

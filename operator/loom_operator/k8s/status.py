@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.api.roles import RoleName
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.conditions import ALL_READY
 from loom_operator.fleet.record import FleetRecord
@@ -85,14 +86,17 @@ def deployment_status(
     generation: int,
     statefulsets: Mapping[str, Obj],
     pods: Sequence[Obj],
+    desired: Mapping[RoleName, int] | None = None,
 ) -> dict[str, Any]:
-    """phase, conditions (without transition times), roles, readyRoles, weightsVersion,
-    endpoint and observedGeneration."""
+    """phase, conditions (without transition times), roles, readyRoles, replicas,
+    weightsVersion, endpoint and observedGeneration. `desired`: each role's count as the scale
+    rule settled it (default: the card's replicas)."""
     name = card.name
     roles: dict[str, Any] = {}
     for role, spec in card.spec.roles.present().items():
         mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(ROLE_LABEL) == role]
-        roles[role] = role_status(statefulsets.get(role_object(name, role)), mine, spec.replicas)
+        wanted = spec.replicas if desired is None else desired.get(role, spec.replicas)
+        roles[role] = role_status(statefulsets.get(role_object(name, role)), mine, wanted)
     routers = [
         p for p in pods if (p["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "router"
     ]
@@ -128,6 +132,7 @@ def deployment_status(
         "observedGeneration": generation,
         "roles": roles,
         "readyRoles": f"{len(full)}/{len(roles)}",
+        "replicas": ", ".join(f"{r} {s['ready']}/{s['desired']}" for r, s in roles.items()),
         "weightsVersion": versions.pop() if len(versions) == 1 else ("mixed" if versions else None),
         "endpoint": f"http://{router_object(name)}.{namespace}.svc:{http}/v1",
     }

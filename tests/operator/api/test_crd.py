@@ -20,7 +20,7 @@ from loom_runtime.card.load import parse_card, read_documents
 ROOT = Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-NAMES = ("loom.dev_modelcards.yaml", "loom.dev_deploymentcards.yaml")
+NAMES = ("loom.dev_modelcards.yaml", "loom.dev_deploymentcards.yaml", "loom.dev_rolescales.yaml")
 
 
 @functools.cache
@@ -77,7 +77,7 @@ def test_crd_schema_is_structural(name: str) -> None:
 
 
 def test_names_status_and_columns() -> None:
-    mc, dc = (_crd(n)["spec"] for n in NAMES)
+    mc, dc = (_crd(n)["spec"] for n in NAMES[:2])
     assert mc["names"]["shortNames"] == ["mcard"] and dc["names"]["shortNames"] == ["dcard"]
     assert (dc["group"], dc["scope"], dc["names"]["plural"]) == (
         "loom.dev",
@@ -185,3 +185,26 @@ def test_server_defaults_agree_with_the_models() -> None:
     assert decode["replicas"] == 1 and decode["engine"]["blockSize"] == 16
     assert defaulted["spec"]["weightSync"]["maxUnavailable"] == 1
     assert parse_card(DeploymentCard, defaulted) == parse_card(DeploymentCard, doc)
+
+
+def test_a_role_scale_is_a_scale_target_for_kubectl_an_hpa_and_keda() -> None:
+    spec = _crd("loom.dev_rolescales.yaml")["spec"]
+    assert (spec["names"]["kind"], spec["names"]["plural"], spec["scope"]) == (
+        "RoleScale", "rolescales", "Namespaced",
+    )  # fmt: skip
+    version = spec["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    assert schema["spec"]["properties"]["replicas"]["type"] == "integer"
+    assert schema["status"]["properties"]["replicas"]["type"] == "integer"
+    assert schema["status"]["properties"]["selector"]["type"] == "string"
+
+
+def test_kubectl_get_deploymentcards_shows_serving_and_desired_per_role() -> None:
+    dc = _crd("loom.dev_deploymentcards.yaml")["spec"]["versions"][0]
+    columns = {c["name"]: c["jsonPath"] for c in dc["additionalPrinterColumns"]}
+    assert columns["Replicas"] == ".status.replicas"

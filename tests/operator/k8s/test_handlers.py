@@ -1,5 +1,5 @@
-"""What the operator refuses before rendering: cards that do not parse together, and a section
-it cannot honour on Kubernetes yet (autoscaling) — a readable Valid=False, never ignored."""
+"""What the operator refuses before rendering: cards that do not parse together — a readable
+Valid=False, never ignored — and what it serves (an autoscaling section: the planner runs)."""
 
 from __future__ import annotations
 
@@ -26,14 +26,12 @@ def test_valid_cards_load() -> None:
     assert not isinstance(loaded, str)
 
 
-def test_an_autoscaling_section_is_refused_on_kubernetes_until_the_operator_runs_the_planner() -> (
-    None
-):
+def test_an_autoscaling_section_is_served_on_kubernetes() -> None:
     model, deployment = documents()
     deployment["spec"]["autoscaling"] = {"decode": {"min": 1, "max": 3}}
-    problem = load_cards(model, deployment)
-    assert isinstance(problem, str) and problem.startswith("spec.autoscaling:")
-    assert "docs/autoscaling.md" in problem
+    loaded = load_cards(model, deployment)
+    assert not isinstance(loaded, str), loaded
+    assert loaded[1].spec.autoscaling is not None
 
 
 def test_a_missing_model_card_is_named() -> None:

@@ -4,10 +4,10 @@ follow (another claim) refused with where and what to do."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -20,6 +20,8 @@ from loom_runtime.card.model_card import ModelCard
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 UID = "0b0c6a4e-7a1d-4d7e-9a0b-000000000002"
+
+Validate = Callable[[dict[str, Any]], None]
 
 
 def tiny_pd(source: str, version: str = "v1") -> list[dict[str, Any]]:
@@ -49,7 +51,9 @@ def pvc_volumes(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
 
 
-def test_a_pvc_source_mounts_its_claim_read_only_in_every_worker_at_one_root() -> None:
+def test_a_pvc_source_mounts_its_claim_read_only_in_every_worker_at_one_root(
+    validate_manifest: Validate,
+) -> None:
     objs = rendered(tiny_pd("pvc://model-store/tiny/v1"))
     for role in ("prefill", "decode"):
         pod = objs[("StatefulSet", f"tiny-pd-{role}")]["spec"]["template"]["spec"]
@@ -65,7 +69,7 @@ def test_a_pvc_source_mounts_its_claim_read_only_in_every_worker_at_one_root() -
     card = objs[("ConfigMap", "tiny-pd-cards")]["data"]["model-card.yaml"]
     assert "uri: pvc://model-store/tiny/v1" in card
     for manifest in objs.values():
-        kubernetes_validate.validate(manifest, "1.35", strict=True)
+        validate_manifest(manifest)
     plain = rendered(tiny_pd("loom://tiny"))
     assert not pvc_volumes(plain[("StatefulSet", "tiny-pd-decode")]["spec"]["template"]["spec"])
 

@@ -12,6 +12,7 @@ from loom_operator.k8s.pods import (
     pod_worker,
     route_patch,
     routed_as,
+    unschedulable,
     worker_state,
 )
 from loom_runtime.control_api.status import WorkerStatus
@@ -161,3 +162,18 @@ def test_a_worker_is_not_routed_until_the_routers_route_it() -> None:
     probe = Probe(True, status("v1"))
     assert not worker_state(annotated, probe, Seen(), 0, False, router_routes=False).routed
     assert worker_state(annotated, probe, Seen(), 0, False, router_routes=True).routed
+
+
+def test_unschedulable_counts_each_role_s_pods_no_node_has_room_for() -> None:
+    def pending(role: str, reason: str) -> dict[str, Any]:
+        return {"metadata": {"labels": {"loom.dev/role": role}},
+                "status": {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": reason}]}}  # fmt: skip
+
+    placed = {"metadata": {"labels": {"loom.dev/role": "decode"}},
+              "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}  # fmt: skip
+    router = pending("", "Unschedulable")
+    router["metadata"]["labels"] = {"app.kubernetes.io/component": "router"}
+    got = unschedulable([pending("decode", "Unschedulable"), pending("decode", "Unschedulable"),
+                         pending("prefill", "SchedulingGated"), placed, router])  # fmt: skip
+    assert got == {"decode": 2}

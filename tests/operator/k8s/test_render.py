@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
 from loom_operator.api.documents import load_documents, parse_documents
+from loom_operator.api.roles import RoleName
 from loom_operator.k8s.render import render
 from loom_operator.k8s.render.security import SCRATCH_ENV, SCRATCH_MOUNT, SCRATCH_VOLUME, USER
 from loom_operator.k8s.settings import RenderSettings
 
+Validate = Callable[[dict[str, Any]], None]
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 UID = "0b0c6a4e-7a1d-4d7e-9a0b-000000000001"
 
@@ -36,9 +38,11 @@ def by_kind(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, 
 
 
 @pytest.mark.parametrize("example", ["tiny-pd.yaml", "tiny-aggregated.yaml", "glm-5-class.yaml"])
-def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
+def test_every_manifest_validates_against_kubernetes_1_35(
+    example: str, validate_manifest: Validate
+) -> None:
     for manifest in rendered(example):
-        kubernetes_validate.validate(manifest, "1.35", strict=True)
+        validate_manifest(manifest)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +55,8 @@ def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
              ("Service", "tiny-pd-decode"), ("Deployment", "tiny-pd-router"),
              ("Service", "tiny-pd-router"), ("PodDisruptionBudget", "tiny-pd-router"),
              ("ServiceAccount", "tiny-pd-router"), ("Role", "tiny-pd-router"),
-             ("RoleBinding", "tiny-pd-router")},
+             ("RoleBinding", "tiny-pd-router"), ("RoleScale", "tiny-pd-prefill"),
+             ("RoleScale", "tiny-pd-decode")},
         ),
         (
             "tiny-aggregated.yaml",
@@ -60,7 +65,8 @@ def test_every_manifest_validates_against_kubernetes_1_35(example: str) -> None:
              ("Service", "tiny-aggregated-router"),
              ("PodDisruptionBudget", "tiny-aggregated-router"),
              ("ServiceAccount", "tiny-aggregated-router"), ("Role", "tiny-aggregated-router"),
-             ("RoleBinding", "tiny-aggregated-router")},
+             ("RoleBinding", "tiny-aggregated-router"),
+             ("RoleScale", "tiny-aggregated-aggregated")},
         ),
     ],
 )  # fmt: skip
@@ -170,11 +176,13 @@ LOCKED = RenderSettings(
 
 
 @pytest.mark.parametrize("example", ["tiny-pd.yaml", "glm-5-class.yaml"])
-def test_network_policies_and_api_keys_validate_against_kubernetes_1_35(example: str) -> None:
+def test_network_policies_and_api_keys_validate_against_kubernetes_1_35(
+    example: str, validate_manifest: Validate
+) -> None:
     manifests = rendered(example, LOCKED)
     assert {m["kind"] for m in manifests} >= {"NetworkPolicy"}
     for manifest in manifests:
-        kubernetes_validate.validate(manifest, "1.35", strict=True)
+        validate_manifest(manifest)
 
 
 def test_only_the_operator_reaches_control_ports_and_only_the_router_the_api() -> None:
@@ -232,3 +240,31 @@ def test_every_pod_runs_as_non_root_on_a_read_only_root_with_no_capabilities(exa
             # The one writable path is the scratch volume, TMPDIR included.
             assert SCRATCH_MOUNT in container["volumeMounts"]
             assert SCRATCH_ENV in container["env"]
+
+
+def test_each_role_has_a_role_scale_that_names_it_and_never_carries_a_count() -> None:
+    objects = by_kind(rendered("tiny-pd.yaml"))
+    for role in ("prefill", "decode"):
+        scale = objects[("RoleScale", f"tiny-pd-{role}")]
+        assert scale["spec"] == {"deploymentCard": "tiny-pd", "role": role}
+        assert scale["metadata"]["labels"]["loom.dev/role"] == role
+
+
+def test_a_statefulset_that_exists_is_rendered_without_replicas() -> None:
+    cards = load_documents(EXAMPLES / "tiny-pd.yaml")
+    (model,), (deployment,) = cards.model_cards, cards.deployment_cards
+    fresh = by_kind(render(model, deployment, UID, RenderSettings()))
+    assert fresh[("StatefulSet", "tiny-pd-decode")]["spec"]["replicas"] == 1
+    counts: dict[RoleName, int | None] = {"prefill": None, "decode": None}
+    again = by_kind(render(model, deployment, UID, RenderSettings(), counts))
+    assert "replicas" not in again[("StatefulSet", "tiny-pd-decode")]["spec"]
+    assert "replicas" not in again[("StatefulSet", "tiny-pd-prefill")]["spec"]
+
+
+def test_a_new_statefulset_starts_at_the_card_replicas_within_the_autoscaling_bounds() -> None:
+    docs = list(yaml.safe_load_all((EXAMPLES / "tiny-pd.yaml").read_text()))
+    docs[1]["spec"]["roles"]["decode"]["replicas"] = 6
+    docs[1]["spec"]["autoscaling"] = {"decode": {"min": 1, "max": 3}}
+    objects = render_docs(docs)
+    assert objects[("StatefulSet", "tiny-pd-decode")]["spec"]["replicas"] == 3
+    assert objects[("StatefulSet", "tiny-pd-prefill")]["spec"]["replicas"] == 1

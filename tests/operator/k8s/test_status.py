@@ -208,3 +208,12 @@ def test_workers_paused_by_a_sync_are_not_lost_capacity() -> None:
     mid_sync = with_fleet(deployment_status(DEPLOYMENT, 5, sets(), paused), holding, SYNC,
                           "decoder", "v1", 5, full)  # fmt: skip
     assert conditions(mid_sync)["Degraded"] == "False" and mid_sync["phase"] == "WeightSyncing"
+
+
+def test_desired_per_role_is_the_settled_count_and_kubectl_get_shows_it() -> None:
+    pods = [pod("p-0", "prefill", "r2"), pod("d-0", "decode", "r2"), pod("router-x", None, "")]
+    status = deployment_status(DEPLOYMENT, 3, sets(), pods, {"prefill": 1, "decode": 3})
+    assert status["roles"]["decode"]["desired"] == 3
+    assert status["replicas"] == "prefill 1/1, decode 1/3"
+    assert status["phase"] == "Progressing"  # two decode workers still to come
+    assert deployment_status(DEPLOYMENT, 3, sets(), pods)["replicas"] == "prefill 1/1, decode 1/1"

@@ -187,20 +187,24 @@ def role_containers(
 
 
 def role_manifests(
-    model: ModelCard, deployment: DeploymentCard, role: RoleName, settings: RenderSettings
+    model: ModelCard,
+    deployment: DeploymentCard,
+    role: RoleName,
+    settings: RenderSettings,
+    replicas: int | None,
 ) -> list[dict[str, Any]]:
-    """The headless Service and the StatefulSet of one role."""
+    """The headless Service and the StatefulSet of one role; `replicas` None: the StatefulSet
+    exists and its count is not rendered (the operator's scaler owns it, k8s/pod_count.py)."""
     name, selector = role_object(deployment.name, role), worker_selector(deployment.name, role)
     labels = {**common(deployment.name, "worker"), ROLE_LABEL: role}
     grace = deployment.spec.weight_sync.drain_timeout_seconds + GRACE_MARGIN_S
     service = http_service(name, labels, selector, WORKER_PORTS[HTTP_PORT], headless=True)
-    statefulset = {
+    statefulset: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "serviceName": name,
-            "replicas": role_settings(deployment, role).replicas,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector},
             "template": {
@@ -216,4 +220,6 @@ def role_manifests(
             },
         },
     }
+    if replicas is not None:
+        statefulset["spec"]["replicas"] = replicas
     return [service, statefulset]
