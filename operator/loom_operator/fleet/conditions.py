@@ -168,10 +168,15 @@ def _degraded(p: Plans, routable: list[WorkerState]) -> SetCondition:
     return SetCondition("Degraded", "False", AS_EXPECTED, "no worker has failed")
 
 
-def _weight_syncing(p: Plans) -> SetCondition:
-    if p.sync.syncing:
-        return SetCondition("WeightSyncing", "True", p.sync.reason, p.sync.message)
-    return SetCondition("WeightSyncing", "False", p.sync.reason, p.sync.message)
+def _weight_syncing(p: Plans, routable: Sequence[WorkerState]) -> SetCondition:
+    if not p.sync.syncing:
+        return SetCondition("WeightSyncing", "False", p.sync.reason, p.sync.message)
+    reason = p.sync.reason
+    if reason == p.desired.sync.strategy and coverage(routable, p.desired.disaggregated) == (
+        Coverage.FALLBACK
+    ):  # the round's other actions (a paused worker resumed) leave only the fallback serving
+        reason = FALLBACK
+    return SetCondition("WeightSyncing", "True", reason, p.sync.message)
 
 
 def fleet_conditions(p: Plans) -> tuple[SetCondition, ...]:
@@ -181,5 +186,5 @@ def fleet_conditions(p: Plans) -> tuple[SetCondition, ...]:
         _ready(p, routable),
         _progressing(p, routable),
         _degraded(p, routable),
-        _weight_syncing(p),
+        _weight_syncing(p, routable),
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tests.operator.fleet.fleet_simulator import FleetSimulator, v1_fleet
 
@@ -319,6 +319,10 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(scenario=scenarios())
+@example(  # a restart from a record one round stale resumes the decode the sync had frozen
+    scenario={"hangs": [], "stale_by": 1, "roles": {"prefill": 2, "decode": 1},
+              "strategy": "Rolling", "mu": 1, "stuck": set(), "crashes": [], "restart_at": 12}
+)  # fmt: skip
 def test_invariants_hold_for_random_fleets_and_crashes(
     fleet: Any, scenario: dict[str, Any]
 ) -> None:
