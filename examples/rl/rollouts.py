@@ -52,8 +52,8 @@ class Sampling:
 
 
 def seed_of(base: int, step: int, prompt: int, member: int) -> int:
-    """A distinct seed per (step, prompt, group member): `n` > 1 is not built, so a group is
-    separate requests, each with its own seed."""
+    """A distinct seed per (step, prompt, group member): a group is a request per member, so
+    each rollout records the seed that reproduces it."""
     return ((base * 1_000 + step) * 1_000 + prompt) * 1_000 + member
 
 

@@ -1,6 +1,6 @@
 """THE attempt loop: one client request sent to a worker, and moved to another when the worker
 dies, breaks its answer, is paused, or an admin migrates it away; streamed and whole answers
-alike (a stream of several prompts only until its first chunk), bounded by
+alike (a stream of several choices only until its first chunk), bounded by
 failover.migrationLimit.
 
 Owns retry and migration: when to move, where to (a re-pick without the failed workers, on the
@@ -27,7 +27,7 @@ from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.picking import Picking
 from loom_router.shell.transport import AttemptFailed, Transport
 from loom_runtime.wire.headers import MIGRATED_HEADER
-from loom_runtime.wire.pd import decode_body, several_prompts
+from loom_runtime.wire.pd import decode_body, several_choices
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class AttemptLoop:
         course: Course
         if trip.body.get("stream") is not True:
             course = Whole(trip, client, body)
-        elif several_prompts(trip.body):
+        elif several_choices(trip.body):
             course = Relayed(trip, client, body)
         else:
             course = Streamed(trip, client, body)
@@ -215,7 +215,7 @@ class Whole:
 
 
 class Relayed:
-    """A stream of several prompts (one choice each, interleaved by `index`): relayed as the
+    """A stream of several choices (prompts or n, interleaved by `index`): relayed as the
     worker sends it. It moves to another worker only before the client has a chunk; after, it
     ends with an error saying so (the stream tracker resumes one choice, not several)."""
 
@@ -252,8 +252,8 @@ class Relayed:
     async def move(self, failed: Endpoint, new: Endpoint, picking: Picking) -> str:
         if self.client.started:
             raise MigrationFailedError(
-                f"worker {failed.id} failed mid-stream; a stream of several prompts cannot "
-                "resume on another worker: send the prompts again (or one per request, which "
+                f"worker {failed.id} failed mid-stream; a stream of several choices cannot "
+                "resume on another worker: send the request again (a stream of one choice "
                 "resumes)"
             )
         return "restarted"

@@ -73,6 +73,9 @@ class Batcher:
         self.emit = emit
         self.waiting: deque[ARDecodeState] = deque()
         self.running: list[ARDecodeState] = []  # admission order, oldest first
+        # Samples of one prompt (n > 1) waiting for the first sample's prompt KV, by its id:
+        # they join the queue once it is computed and take its full blocks from the prefix cache.
+        self.parked: dict[str, list[ARDecodeState]] = {}
         self.counters = StepCounters()
         self.remote = remote
         self.reloads = reloads
@@ -83,6 +86,7 @@ class Batcher:
         return bool(
             self.waiting
             or self.running
+            or self.parked
             or (self.remote and self.remote.has_work)
             or (self.reloads and self.reloads.reloading)
         )
@@ -94,7 +98,7 @@ class Batcher:
         t = remote.counters if remote is not None else None
         return {
             "num_running": len(self.running),
-            "num_waiting": len(self.waiting),
+            "num_waiting": len(self.waiting) + sum(len(p) for p in self.parked.values()),
             "num_preemptions": c.num_preemptions,
             "prefill_backlog_tokens": self.prefill_backlog_tokens(),
             "num_prompt_tokens": c.num_prompt_tokens,
@@ -113,8 +117,10 @@ class Batcher:
     def prefill_backlog_tokens(self) -> int:
         """Prompt tokens of queued and running requests whose KV is not computed yet (what the
         planner's prefill target reads)."""
+        parked = [s for p in self.parked.values() for s in p]
         return sum(
-            max(0, s.num_prompt_tokens - s.num_computed) for s in (*self.waiting, *self.running)
+            max(0, s.num_prompt_tokens - s.num_computed)
+            for s in (*self.waiting, *self.running, *parked)
         )
 
     def _busy_slots(self) -> int:
@@ -123,15 +129,37 @@ class Batcher:
         return pulling + (len(self.reloads) if self.reloads is not None else 0)
 
     def add(self, state: ARDecodeState) -> None:
-        if self.remote is not None and self.remote.wants(state):
+        leader = state.request.shares_prompt_of
+        if leader is not None and self.loop.prefix_caching and self._prompt_pending(leader):
+            self.parked.setdefault(leader, []).append(state)
+        elif self.remote is not None and self.remote.wants(state):
             self.remote.add(state)
         else:
             self.waiting.append(state)
 
+    def _prompt_pending(self, request_id: str) -> bool:
+        """Whether that request is here and its prompt KV is not computed yet."""
+        if any(s.request_id == request_id for s in self.waiting):
+            return True
+        if any(s.request_id == request_id and s.num_computed < s.num_prompt_tokens
+               for s in self.running):  # fmt: skip
+            return True
+        if self.remote is not None and request_id in self.remote.request_ids:
+            return True
+        return self.reloads is not None and request_id in self.reloads.reloading
+
+    def _unpark(self) -> None:
+        """Parked samples whose first sample's prompt KV is computed (or which is gone) join
+        the front of the queue: they came with a request already admitted."""
+        for leader in [r for r in self.parked if not self._prompt_pending(r)]:
+            self.waiting.extendleft(reversed(self.parked.pop(leader)))
+
     def abort(self, request_ids: set[str]) -> None:
         """Finish these requests now with finish_reason "abort", freeing their blocks (a request
         whose KV is being pulled finishes once the pull has stopped writing its blocks)."""
-        for state in [s for s in [*self.running, *self.waiting] if s.request_id in request_ids]:
+        parked = [s for p in self.parked.values() for s in p]
+        for state in [s for s in [*self.running, *self.waiting, *parked]
+                      if s.request_id in request_ids]:  # fmt: skip
             self.loop.abort(state)
             self._finish(state)
         if self.remote is not None:
@@ -139,16 +167,20 @@ class Batcher:
                 self._finish(state)
         if self.reloads is not None:
             self.reloads.abort(request_ids)
+        self._unpark()
 
     def abort_all(self) -> None:
         remote = self.remote.request_ids if self.remote is not None else set()
         reloading = set(self.reloads.reloading) if self.reloads is not None else set()
-        self.abort({s.request_id for s in [*self.running, *self.waiting]} | remote | reloading)
+        parked = {s.request_id for p in self.parked.values() for s in p}
+        local = {s.request_id for s in [*self.running, *self.waiting]}
+        self.abort(local | parked | remote | reloading)
 
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> bool:
         """schedule -> execute -> advance, once; False when nothing could be scheduled."""
+        self._unpark()
         if self.reloads is not None:
             self._reload_step(self.reloads)
         if self.remote is not None:
@@ -330,6 +362,8 @@ class Batcher:
             self.running.remove(state)
         elif state in self.waiting:
             self.waiting.remove(state)
+        else:
+            self._drop_parked(state)
         if self.remote is not None:
             self.remote.hold(state)  # a P/D prefill keeps its prompt blocks under a lease
         self.loop.finalize(state)
@@ -344,6 +378,14 @@ class Batcher:
         )
         if out is not None:
             self.emit(out)
+
+    def _drop_parked(self, state: ARDecodeState) -> None:
+        leader = state.request.shares_prompt_of
+        if leader is None or state not in self.parked.get(leader, ()):
+            return
+        self.parked[leader].remove(state)
+        if not self.parked[leader]:
+            del self.parked[leader]
 
     def _count(self, **deltas: int) -> None:
         c = self.counters

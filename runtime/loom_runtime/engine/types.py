@@ -46,6 +46,9 @@ class EngineRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float = 0.0  # time.monotonic() at arrival; 0: when add_request is called
     kv_transfer: TransferParams | None = None  # P/D instructions (see engine/remote.py)
+    shares_prompt_of: str | None = None
+    """Another request of the same prompt (n > 1): this one waits until that one's prompt KV
+    is computed, then takes its full blocks from the prefix cache instead of prefilling them."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
-"""The OpenAI routes: /v1/completions (one prompt or a list of them, one choice each),
-/v1/chat/completions (JSON or SSE) and /v1/models.
+"""The OpenAI routes: /v1/completions (one prompt or a list of them, n choices each),
+/v1/chat/completions (n choices; JSON or SSE) and /v1/models.
 
-Owns turning one HTTP request into one engine request and back; never maps errors to statuses
-itself (errors.py does) and never blocks the event loop.
+Owns turning one HTTP request into its engine requests (a sample each) and back; never maps
+errors to statuses itself (errors.py does) and never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingEngin
 from loom_runtime.serve.bridge import OutputStream, submitted
 from loom_runtime.serve.echo import PromptEcho, echo_choice, prompt_echo
 from loom_runtime.serve.errors import RequestAbortedError, classify
-from loom_runtime.serve.prepare import prepare_chat, prepare_completion
+from loom_runtime.serve.prepare import choices_of, prepare_chat, prepare_completion
 from loom_runtime.serve.responses import Accumulated
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
 from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, finish_reason, output_plan
+from loom_runtime.wire.openai.choices import Choices
 from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
@@ -119,11 +120,13 @@ async def _collect(run: _Run, outputs: OutputStream, first: RequestOutput) -> No
 
 @dataclass
 class _Flight:
-    """One engine request of a response: its run, its outputs and the first of them."""
+    """One engine request of a response: its run, its outputs and the first of them;
+    `prompt_counted` on the first sample of each prompt (usage counts a prompt once)."""
 
     run: _Run
     outputs: OutputStream
     first: RequestOutput
+    prompt_counted: bool = True
 
 
 async def _stream(
@@ -216,16 +219,19 @@ async def _write_events(
 
 
 def _usage(flights: Sequence[_Flight]) -> dict[str, Any]:
-    """The response's usage: every prompt's, summed."""
-    accs = [f.run.acc for f in flights]
-    return usage(sum(a.prompt_tokens for a in accs), sum(a.completion_tokens for a in accs),
-                 sum(a.cached_tokens for a in accs))  # fmt: skip
+    """The response's usage: each prompt once, every sample's output."""
+    prompts = [f.run.acc for f in flights if f.prompt_counted]
+    return usage(sum(a.prompt_tokens for a in prompts),
+                 sum(f.run.acc.completion_tokens for f in flights),
+                 sum(a.cached_tokens for a in prompts))  # fmt: skip
 
 
-def _body(flights: Sequence[_Flight], meta: ResponseMeta) -> dict[str, Any]:
-    """The whole answer: one choice per engine request, `index` in order, usage summed."""
-    choices = []
-    for index, f in enumerate(flights):
+def _body(flights: Sequence[_Flight], meta: ResponseMeta, choices: Choices) -> dict[str, Any]:
+    """The whole answer: the kept samples as choices, `index` in order, usage summed."""
+    scores = [sum(e.logprob for e in f.run.acc.logprobs) for f in flights]
+    out = []
+    for index, k in enumerate(choices.kept(scores)):
+        f = flights[k]
         echo = f.run.echo
         if echo is not None and echo.alone:  # the token run after the prompt is not returned
             f.run.acc.completion_tokens = 0
@@ -234,8 +240,8 @@ def _body(flights: Sequence[_Flight], meta: ResponseMeta) -> dict[str, Any]:
         choice = body["choices"][0] | {"index": index}
         if echo is not None and echo.wanted:
             choice = echo_choice(choice, echo, f.run.acc, f.run.token_text)
-        choices.append(choice)
-    body["choices"] = choices
+        out.append(choice)
+    body["choices"] = out
     body["usage"] = _usage(flights)
     kv_params = flights[0].run.kv_transfer_params
     if kv_params is not None:
@@ -252,25 +258,28 @@ async def _serve(
     ignored: tuple[str, ...],
     plan: OutputPlan | None = None,
 ) -> web.StreamResponse:
-    """Run `ereqs` (one per prompt) as one response, `rid`; a chat's output read as `plan`."""
+    """Run `ereqs` (a sample each, in choice order) as one response, `rid`; a chat's output
+    read as `plan`."""
     ctx = request.app[API_CONTEXT]
+    choices = choices_of(parsed)
     echoes: list[PromptEcho | None] = [None] * len(ereqs)
+    asked = parsed.num_logprobs if isinstance(parsed, ChatCompletionRequest) else parsed.logprobs
     if isinstance(parsed, CompletionRequest):
         decode = partial(_decode_one, ctx.engine.tokenizer)
-        echoes = [prompt_echo(parsed, p, e.prompt_token_ids, decode)
-                  for p, e in zip(parsed.prompt, ereqs, strict=True)]  # fmt: skip
+        echoes = [prompt_echo(parsed, parsed.prompt[choices.prompt_of(k)], e.prompt_token_ids,
+                              decode) for k, e in enumerate(ereqs)]  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
         streams = [await stack.enter_async_context(submitted(ctx.engine, e, ctx.mailbox))
                    for e in ereqs]  # fmt: skip
         try:
             flights = []
-            for ereq, outputs, echo in zip(ereqs, streams, echoes, strict=True):
+            for k, (ereq, outputs, echo) in enumerate(zip(ereqs, streams, echoes, strict=True)):
                 ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-                run = _Run(ctx, kind, ereq.sampling.logprobs, ids, echo, plan)
+                run = _Run(ctx, kind, asked, ids, echo, plan)
                 first = await outputs.next(ctx.stall_timeout_s)
                 if first.finished and first.finish_reason == "abort":
                     run.take(first)  # raises RequestAbortedError before any header is sent
-                flights.append(_Flight(run, outputs, first))
+                flights.append(_Flight(run, outputs, first, choices.leader_of(k) is None))
             meta = ResponseMeta(rid, int(time.time()), ctx.limits.model_name,
                                 flights[0].first.weights_version)  # fmt: skip
             headers = _headers(meta, ignored)
@@ -283,7 +292,7 @@ async def _serve(
             for outputs in streams:  # the client left or the engine stalled: counted as aborted
                 if not outputs.finished:
                     ctx.metrics.observe_finished("abort", None)
-    return web.json_response(_body(flights, meta), headers=headers)
+    return web.json_response(_body(flights, meta, choices), headers=headers)
 
 
 def _decode_one(tokenizer: ServingTokenizer, token_id: int) -> str:
@@ -329,13 +338,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[API_CONTEXT]
     parsed = parse_request(ChatCompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "chatcmpl")
-    ereq = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
+    ereqs = prepare_chat(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
     parsers = ctx.chat_parsers
     plan = output_plan(parsed.tool_plan, parsers.tool_call_parser,
                        parsers.reasoning_parser is not None, parsed.output_grammar is not None,
                        parsed.include_reasoning)  # fmt: skip
-    await _compile_grammars(ctx.engine, (ereq,))
-    return await _serve(request, "chat", parsed, (ereq,), rid, _ignored(parsed, rid), plan)
+    await _compile_grammars(ctx.engine, ereqs)
+    return await _serve(request, "chat", parsed, ereqs, rid, _ignored(parsed, rid), plan)
 
 
 def model_card(ctx: ApiContext) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Owns the context-length and max_tokens rules; never talks to the engine or the n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from loom_runtime.engine.types import EngineRequest, SamplingParams
@@ -14,6 +14,7 @@ from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
 from loom_runtime.wire import context_length
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
 from loom_runtime.wire.kv_transfer import FIELD, KVTransferParams
+from loom_runtime.wire.openai.choices import Choices
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
     ChatMessage,
@@ -124,8 +125,8 @@ def prepare_completion(
     request_id: str,
     arrival: float,
 ) -> tuple[EngineRequest, ...]:
-    """One engine request per prompt, in order (`request_id`, or `request_id-i` for a list of
-    prompts, as vLLM names them). `arrival` is time.monotonic() when the HTTP request came in."""
+    """One engine request per sample of each prompt, in choice order (choices.py numbers and
+    names them). `arrival` is time.monotonic() when the HTTP request came in."""
     check_model(req.model, limits)
     transfer = _transfer(req)
     if len(req.prompt) > 1 and req.kv_transfer_params is not None:
@@ -133,17 +134,60 @@ def prepare_completion(
             f"{FIELD} takes one prompt: a list of prompts is prefilled where it is decoded",
             param=FIELD,
         )
-    out = []
     # echo with max_tokens 0 answers the prompt alone: one token is run and not returned (vLLM)
     requested = 1 if req.max_tokens == 0 else req.max_tokens
-    for i, prompt in enumerate(req.prompt):
+    # best_of ranks samples by their log-probabilities: each sample reports its own
+    logprobs = 0 if req.logprobs is None and req.samples > req.n else req.logprobs
+    prompts = []
+    for prompt in req.prompt:
         ids = _prompt_ids(prompt, tokenizer, limits)
         max_tokens = resolve_max_tokens(
             requested, COMPLETIONS_DEFAULT_MAX_TOKENS, len(ids), limits, "prompt"
         )
-        rid = request_id if len(req.prompt) == 1 else f"{request_id}-{i}"
-        sampling = _sampling(req, max_tokens, req.logprobs, req.num_prompt_logprobs)
-        out.append(EngineRequest(rid, ids, sampling, arrival_time=arrival, kv_transfer=transfer))
+        prompts.append((ids, _sampling(req, max_tokens, logprobs, req.num_prompt_logprobs)))
+    return fan_out(prompts, choices_of(req), request_id, arrival, transfer)
+
+
+def choices_of(req: CompletionRequest | ChatCompletionRequest) -> Choices:
+    prompts = len(req.prompt) if isinstance(req, CompletionRequest) else 1
+    return Choices(prompts, req.n, req.samples)
+
+
+def fan_out(
+    prompts: Sequence[tuple[tuple[int, ...], SamplingParams]],
+    choices: Choices,
+    request_id: str,
+    arrival: float,
+    transfer: KVTransferParams | None,
+) -> tuple[EngineRequest, ...]:
+    """Each prompt's samples as engine requests: each its own seed; every sample after the
+    first waits for the first's prompt KV and shares it (not when prompt log-probs are asked
+    for: those need every position computed). Only the first sample of a P/D decode pulls."""
+    if choices.samples > 1 and transfer is not None and transfer.do_remote_decode:
+        raise InvalidRequestError(
+            f"a prefill for a remote decode ({FIELD}) answers one sample: send n 1 (the decode "
+            "samples the n choices from the one prefilled prompt)",
+            param="n",
+        )
+    out = []
+    for k in range(choices.total):
+        ids, sampling = prompts[choices.prompt_of(k)]
+        leader = choices.leader_of(k)
+        position = k % choices.samples
+        own = replace(sampling, seed=Choices.seed(sampling.seed, position))
+        shares = None
+        if leader is not None and sampling.prompt_logprobs is None:
+            shares = choices.engine_id(request_id, leader)
+        out.append(
+            EngineRequest(
+                choices.engine_id(request_id, k),
+                ids,
+                own,
+                arrival_time=arrival,
+                kv_transfer=transfer if leader is None else None,
+                shares_prompt_of=shares,
+            )
+        )
     return tuple(out)
 
 
@@ -166,7 +210,8 @@ def prepare_chat(
     limits: ModelLimits,
     request_id: str,
     arrival: float,
-) -> EngineRequest:
+) -> tuple[EngineRequest, ...]:
+    """One engine request per choice (n), in choice order."""
     check_model(req.model, limits)
     tools = list(req.tool_plan.tools) if req.tools is not None else None
     messages = chat_messages(req.messages)
@@ -174,13 +219,8 @@ def prepare_chat(
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")
-    return EngineRequest(
-        request_id,
-        ids,
-        _sampling(req, max_tokens, req.num_logprobs, grammar=req.output_grammar),
-        arrival_time=arrival,
-        kv_transfer=_transfer(req),
-    )
+    sampling = _sampling(req, max_tokens, req.num_logprobs, grammar=req.output_grammar)
+    return fan_out([(ids, sampling)], choices_of(req), request_id, arrival, _transfer(req))
 
 
 def chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

@@ -18,8 +18,9 @@ def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """Step 1: the client's request as a non-streamed one-token prefill for a remote decode.
 
     A min_tokens above 1 becomes 1 (it must not exceed max_tokens, and the prefill's token is
-    never sent: the decode samples its own); any other value is left for the prefill to judge
-    as the decode would.
+    never sent: the decode samples its own); n and best_of go (the prefill answers one lease;
+    the decode samples every choice from the one prompt KV it pulls); any other value is left
+    for the prefill to judge as the decode would.
     """
     out = dict(body)
     out[FIELD] = KVTransferParams.for_prefill().to_dict()
@@ -32,6 +33,8 @@ def prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
         out["min_tokens"] = 1
     out.pop("stream_options", None)
     out.pop("return_token_ids", None)
+    out.pop("n", None)
+    out.pop("best_of", None)
     return out
 
 
@@ -55,6 +58,13 @@ def several_prompts(body: Mapping[str, Any]) -> bool:
         and len(prompt) > 1
         and all(isinstance(p, str | list) for p in prompt)
     )
+
+
+def several_choices(body: Mapping[str, Any]) -> bool:
+    """A body answered with more than one choice (several prompts, or n above 1): its streamed
+    choices interleave, so a stream cannot resume elsewhere once started."""
+    n = body.get("n")
+    return several_prompts(body) or (isinstance(n, int) and not isinstance(n, bool) and n > 1)
 
 
 def prefilled_where_decoded(body: Mapping[str, Any]) -> bool:

@@ -195,3 +195,27 @@ def test_prompt_logprobs_through_pd_are_prefilled_by_the_decode(
         assert got["logprobs"]["token_logprobs"][0] is None
     else:
         assert len(got["prompt_logprobs"]) == len(ids) and got["prompt_logprobs"][0] is None
+
+
+def test_n_choices_through_pd_pull_the_prompt_once_and_equal_the_aggregated_answer(
+    fleet: dict[str, Any], launch_router: Any
+) -> None:
+    """n > 1: the prefill runs the prompt once (n is not its business), the decode's first
+    sample pulls it and the others take it from the prefix cache; seeded, every choice equals
+    the aggregated worker's."""
+    ids = prompt(9, 300)
+    asks = {"n": 3, "seed": 17, "temperature": 1.0}
+    status, want, _ = post(fleet["reference"].url + "/v1/completions", body(ids, **asks))
+    assert status == 200, want
+    pulled = "loom:kv_pulled_tokens_total"
+    before = fleet["decode"].counter(pulled)
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/completions", body(ids, **asks))
+    assert status == 200 and headers["x-loom-pd"] == "remote-prefill", answer
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    got = [c["logprobs"]["tokens"] for c in answer["choices"]]
+    assert got == [c["logprobs"]["tokens"] for c in want["choices"]]
+    assert len({tuple(t) for t in got}) > 1
+    assert fleet["decode"].counter(pulled) - before == len(ids) - 1  # one pull, not three
+    assert answer["usage"]["prompt_tokens"] == len(ids)

@@ -53,3 +53,20 @@ def test_a_streamed_list_of_prompts_keeps_each_choice_under_its_index(
     assert stream.status == 200
     assert texts == [c["text"] for c in want["choices"]]
     assert usage is not None and usage["completion_tokens"] == 12
+
+
+def test_a_streamed_request_for_n_choices_keeps_each_under_its_index(
+    router: Any, worker: Any
+) -> None:
+    asks = {"n": 2, "seed": 3, "temperature": 1.0}
+    want = post(worker.url + "/v1/completions", body(**asks))[1]
+    stream = router.stream("/v1/completions", body(**asks, stream_options={"include_usage": True}))
+    texts, usage = [""] * 6, None
+    for event in stream.events():
+        for choice in event["choices"]:
+            texts[choice["index"]] += choice["text"]
+        usage = event.get("usage") or usage
+    stream.close()
+    assert stream.status == 200
+    assert texts == [c["text"] for c in want["choices"]]
+    assert usage is not None and usage["completion_tokens"] == 24

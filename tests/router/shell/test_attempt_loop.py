@@ -180,4 +180,4 @@ def test_a_stream_of_several_prompts_that_breaks_mid_stream_ends_with_a_clear_er
     assert status == 200 and len(tried) == 1  # the client had a chunk: no second worker
     assert events[0]["choices"][0]["text"] == "b"
     error = events[-1]["error"]
-    assert error["code"] == "migration_failed" and "several prompts" in error["message"]
+    assert error["code"] == "migration_failed" and "several choices" in error["message"]

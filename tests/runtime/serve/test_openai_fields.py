@@ -64,7 +64,7 @@ def test_developer_is_system_where_the_template_has_no_such_role(
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("presence_penalty", 0.5), ("best_of", 2)],
+    [("frequency_penalty", 0.5), ("presence_penalty", 0.5), ("suffix", "y")],
 )
 def test_a_refused_field_is_a_400_naming_it(
     worker: Any, client: openai.OpenAI, field: str, value: Any

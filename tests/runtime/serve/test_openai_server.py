@@ -200,7 +200,7 @@ BAD = [
     ("/v1/completions", {**COMP, "top_p": 1.5}, 400, "invalid_request_error", "top_p"),
     ("/v1/chat/completions", {**CHAT, "top_k": -7}, 400, "invalid_request_error", "top_k"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "invalid_request_error", "messages"),
-    ("/v1/chat/completions", {**CHAT, "n": 3}, 400, "invalid_request_error", "n"),
+    ("/v1/chat/completions", {**CHAT, "n": 0}, 400, "invalid_request_error", "n"),
     ("/v1/completions", {**COMP, "prompt": [VOCAB_SIZE + 5]}, 400, "invalid_request_error",
      "prompt"),
     ("/v1/completions", {"model": "tiny-serve"}, 400, "invalid_request_error", "prompt"),

@@ -89,7 +89,7 @@ def test_vllm_sampling_fields_reach_the_engine_request() -> None:
     assert {k: getattr(sampling, k) for k in VLLM_FIELDS} == VLLM_FIELDS
     chat_body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **VLLM_FIELDS}
     chat = parse_request(ChatCompletionRequest, json.dumps(chat_body).encode())
-    chat_sampling = prepare_chat(chat, _Tokenizer(), LIMITS, "r", 0.0).sampling
+    chat_sampling = prepare_chat(chat, _Tokenizer(), LIMITS, "r", 0.0)[0].sampling
     assert {k: getattr(chat_sampling, k) for k in VLLM_FIELDS} == VLLM_FIELDS
     # left out, they are vLLM's defaults: the engine's own defaults, which change nothing
     plain = parse_request(CompletionRequest, b'{"model": "tiny", "prompt": "hi"}')
@@ -117,3 +117,70 @@ def test_a_list_of_prompts_cannot_be_disaggregated() -> None:
     with pytest.raises(InvalidRequestError) as err:
         prepare_completion(req, _Tokenizer(), LIMITS, "r", 0.0)
     assert err.value.param == "kv_transfer_params"
+
+
+def test_n_samples_of_each_prompt_share_the_first_ones_prefill_with_their_own_seeds() -> None:
+    body = {"model": "tiny", "prompt": ["hi", [7, 8, 9]], "n": 3, "seed": 40, "max_tokens": 4}
+    req = parse_request(CompletionRequest, json.dumps(body).encode())
+    reqs = prepare_completion(req, _Tokenizer(), LIMITS, "c", 0.0)
+    assert [r.request_id for r in reqs] == [f"c-{k}" for k in range(6)]
+    assert [r.prompt_token_ids for r in reqs] == [(1, 2, 3)] * 3 + [(7, 8, 9)] * 3
+    assert [r.sampling.seed for r in reqs] == [40, 41, 42] * 2
+    assert [r.shares_prompt_of for r in reqs] == [None, "c-0", "c-0", None, "c-3", "c-3"]
+    messages = [{"role": "user", "content": "hi"}]
+    chat_body = {"model": "tiny", "messages": messages, "n": 2}
+    chat = parse_request(ChatCompletionRequest, json.dumps(chat_body).encode())
+    first, second = prepare_chat(chat, _Tokenizer(), LIMITS, "x", 0.0)
+    assert (first.request_id, second.shares_prompt_of) == ("x-0", "x-0")
+    assert first.sampling.seed is None and second.sampling.seed is None  # fresh entropy each
+
+
+def test_prompt_log_probs_are_computed_by_every_sample_and_best_of_asks_for_log_probs() -> None:
+    body = {"model": "tiny", "prompt": "hi", "n": 2, "prompt_logprobs": 1}
+    reqs = prepare_completion(
+        parse_request(CompletionRequest, json.dumps(body).encode()), _Tokenizer(), LIMITS, "c", 0
+    )
+    assert [r.shares_prompt_of for r in reqs] == [None, None]
+    ranked = {"model": "tiny", "prompt": "hi", "n": 1, "best_of": 3}
+    reqs = prepare_completion(
+        parse_request(CompletionRequest, json.dumps(ranked).encode()), _Tokenizer(), LIMITS, "c", 0
+    )
+    assert len(reqs) == 3 and all(r.sampling.logprobs == 0 for r in reqs)
+
+
+def test_only_the_first_sample_pulls_a_remote_prefill_and_a_prefill_takes_one_sample() -> None:
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_host": "h",
+              "remote_port": 1, "remote_block_ids": [0], "remote_request_id": "p"}  # fmt: skip
+    body = {"model": "tiny", "prompt": "hi", "n": 2, "kv_transfer_params": params}
+    reqs = prepare_completion(
+        parse_request(CompletionRequest, json.dumps(body).encode()), _Tokenizer(), LIMITS, "c", 0
+    )
+    assert reqs[0].kv_transfer is not None and reqs[1].kv_transfer is None
+    assert reqs[1].shares_prompt_of == "c-0"
+    prefill = {"model": "tiny", "prompt": "hi", "n": 2,
+               "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    with pytest.raises(InvalidRequestError) as err:
+        prepare_completion(
+            parse_request(CompletionRequest, json.dumps(prefill).encode()),
+            _Tokenizer(), LIMITS, "c", 0,
+        )  # fmt: skip
+    assert err.value.param == "n"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"n": 0}, "n", "greater than or equal to 1"),
+        ({"n": 129}, "n", "less than or equal to 128"),
+        ({"n": 3, "best_of": 2}, "best_of", "at least n"),
+        ({"n": 1, "best_of": 2, "stream": True}, "best_of", "cannot be streamed"),
+        ({"prompt": ["a"] * 3, "n": 100}, "n", "more than 256 sequences"),
+    ],
+)
+def test_bad_choice_counts_are_refused_naming_the_field(
+    body: dict[str, Any], param: str, words: str
+) -> None:
+    full = {"model": "tiny", "prompt": "hi"} | body
+    with pytest.raises(InvalidRequestError) as err:
+        parse_request(CompletionRequest, json.dumps(full).encode())
+    assert err.value.param == param and words in str(err.value)

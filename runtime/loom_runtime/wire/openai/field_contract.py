@@ -45,7 +45,6 @@ def _r(why: str, *off: Any) -> FieldRule:
     return FieldRule("refused", why, off)
 
 
-_LATER = "(planned: issue #36)"
 _PENALTY = _r(
     "presence and frequency penalties are not implemented: leave it at 0 "
     "(repetition_penalty is honoured)",
@@ -89,7 +88,11 @@ SHARED: Mapping[str, FieldRule] = {
     "mm_processor_kwargs": _MEDIA,
     "mm_payload": _m("shapes vLLM's /render answer, which Loom does not serve"),
     "return_mm_kwargs": _m("shapes vLLM's /render answer, which Loom does not serve"),
-    "n": _r(f"one choice per request for now: send n requests instead {_LATER}", 1),
+    "n": _h(
+        "1..128 choices per prompt, each sampled with its own generator (seed + its position "
+        "when seeded); the prompt is prefilled once and its full blocks shared from the prefix "
+        "cache; streamed choices interleave by index"
+    ),
     "frequency_penalty": _PENALTY,
     "presence_penalty": _PENALTY,
     "use_beam_search": _r("beam search is not implemented: sample instead", False),
@@ -140,7 +143,10 @@ COMPLETION: Mapping[str, FieldRule] = {
         "0..20: vLLM's prompt_logprobs on the choice, one entry per prompt token (the first "
         "null), computed in the prefill; under P/D the router prefills it where it decodes"
     ),
-    "best_of": _r(f"best_of is not implemented yet {_LATER}: send separate requests", 1),
+    "best_of": _h(
+        "n..128 samples per prompt, the n with the highest cumulative log-probability returned "
+        "(usage counts every sample); above n it is not streamed (a 400 says so)"
+    ),
     "suffix": _r("suffix (insertion) is not implemented: leave it out", ""),
     "add_special_tokens": _r(
         "a text prompt is always encoded with the tokenizer's special tokens (e.g. BOS): "

@@ -22,6 +22,7 @@ from pydantic import (
 
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.wire.openai.body import StrictBody
+from loom_runtime.wire.openai.choices import MAX_N, MAX_SAMPLES
 from loom_runtime.wire.openai.field_contract import CONTRACTS, Endpoint, refused_field
 from loom_runtime.wire.openai.fields import (
     INT_MAX,
@@ -120,6 +121,7 @@ class _SamplingRequest(StrictBody):
     top_k: int = Field(0, ge=-1, le=INT_MAX)  # vLLM extension; 0 or -1 = off
     min_p: float = Field(0.0, ge=0.0, le=1.0)  # vLLM extension; 0 = off
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    n: int = Field(1, ge=1, le=MAX_N)  # choices per prompt, each sampled on its own
     stop: Stop = ()
     stop_token_ids: tuple[Annotated[int, Field(ge=0, le=INT_MAX)], ...] = Field(
         (), max_length=MAX_STOP_TOKEN_IDS
@@ -158,6 +160,11 @@ class _SamplingRequest(StrictBody):
         return self
 
     @property
+    def samples(self) -> int:
+        """Samples run per prompt: n (completions' best_of may ask for more)."""
+        return self.n
+
+    @property
     def grammar(self) -> GrammarSpec | None:
         """What the output must match (response_format / structured_outputs), None if free."""
         return grammar_spec(self.response_format, self.structured_outputs)
@@ -181,6 +188,31 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False  # the prompt (and with logprobs its log-probs) before the output
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM extension
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # samples run; the n likeliest returned
+
+    @property
+    def samples(self) -> int:
+        return self.n if self.best_of is None else self.best_of
+
+    @model_validator(mode="after")
+    def _choice_rules(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError(
+                f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of"
+            )
+        if self.samples > self.n and self.stream:
+            raise InvalidRequestError(
+                "best_of above n cannot be streamed (the kept samples are known only at the "
+                "end): send stream false",
+                param="best_of",
+            )
+        if len(self.prompt) * self.samples > MAX_SAMPLES:
+            raise InvalidRequestError(
+                f"{len(self.prompt)} prompts x {self.samples} samples is more than "
+                f"{MAX_SAMPLES} sequences in one request",
+                param="best_of" if self.best_of is not None else "n",
+            )
+        return self
 
     @model_validator(mode="after")
     def _echo_rules(self) -> CompletionRequest:
