@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tests.runtime.engine.conftest import PlainRun
+
 from loom_runtime.engine.ar_state import ARDecodeState
 from loom_runtime.engine.batcher import Batcher
 from loom_runtime.engine.runner import TOKEN_FORWARD
 from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import LoadedModel
-from tests.runtime.engine.conftest import PlainRun
 
 Prompt = Callable[[int, int], tuple[int, ...]]
 BLOCK = 16
