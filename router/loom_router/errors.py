@@ -91,6 +91,11 @@ class JobNotFoundError(RouterError):
     """A video job id the router does not know (never made here, deleted, or expired): 404."""
 
 
+class ResponseNotFoundError(RouterError):
+    """A stored response (/v1/responses) the router cannot reach: unknown here, or its worker
+    left (HTTP 404)."""
+
+
 class UnauthorizedError(RouterError):
     """No valid API key / admin token (HTTP 401)."""
 
@@ -128,6 +133,7 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None], ...] = (
     (EndpointExistsError, 409, _INVALID, "endpoint_exists"),
     (EndpointError, 404, _INVALID, "endpoint_not_found"),
     (JobNotFoundError, 404, _INVALID, "job_not_found"),
+    (ResponseNotFoundError, 404, _INVALID, "response_not_found"),
     (NoEndpointError, 503, _UNAVAILABLE, "no_endpoint"),
     (PrefillFailedError, 502, "server_error", "prefill_failed"),
     (MigrationFailedError, 502, "server_error", "migration_failed"),

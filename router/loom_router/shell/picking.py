@@ -127,6 +127,13 @@ class Picking:
         self.metrics.inc("routed", choice.endpoint.id, "migration")
         return choice.endpoint
 
+    def pin(self, features: RequestFeatures, endpoint_id: str) -> Endpoint:
+        """That endpoint, if it passes the filters (it serves); NoEndpointError otherwise."""
+        others = {e.id for e in self.source.snapshot().endpoints if e.id != endpoint_id}
+        choice = self._choose(replace(features, exclude=frozenset(others)), remember=False)
+        self.metrics.inc("routed", choice.endpoint.id, "pinned")
+        return choice.endpoint
+
     async def max_model_len(self, endpoint: Endpoint) -> int | None:
         """The endpoint's served context length, learned once per endpoint address from its
         /v1/models (workers may differ: a card's roles set their own maxModelLen)."""

@@ -1,7 +1,7 @@
-"""The router's OpenAI-facing HTTP app: /v1/completions and /v1/chat/completions (or, for a
-diffusion fleet, the image and video routes of media_proxy.py), /v1/models, /tokenize and
-/detokenize (model_info.py), /health, /ready and /metrics, with request ids and optional API
-keys.
+"""The router's OpenAI-facing HTTP app: /v1/completions, /v1/chat/completions and /v1/responses
+(responses_proxy.py) (or, for a diffusion fleet, the image and video routes of media_proxy.py),
+/v1/models, /tokenize and /detokenize (model_info.py), /health, /ready and /metrics, with
+request ids and optional API keys.
 
 Owns the routes and the middlewares (request id, API key, the one place errors become
 statuses); never picks endpoints (dispatch.py) and never holds routing state.
@@ -23,6 +23,7 @@ from loom_router.shell.dispatch import Dispatcher
 from loom_router.shell.media_proxy import MediaProxy
 from loom_router.shell.metrics import CONTENT_TYPE, RouterMetrics
 from loom_router.shell.model_info import ModelInfo
+from loom_router.shell.responses_proxy import ResponsesProxy
 from loom_runtime.wire.headers import REQUEST_ID_HEADER
 from loom_runtime.wire.openai.request_id import router_request_id
 
@@ -32,6 +33,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REQUEST_ID = web.RequestKey("request_id", str)
 _OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 _ROUTE_LABELS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
+                 "/v1/responses": "responses",
                  "/v1/models": "models", "/v1/images/generations": "images",
                  "/tokenize": "tokenize", "/detokenize": "detokenize"}  # fmt: skip
 
@@ -73,6 +75,7 @@ class ProxyApp:
         else:
             app.router.add_post("/v1/completions", self.completions)
             app.router.add_post("/v1/chat/completions", self.chat)
+            ResponsesProxy(self.dispatcher).add_routes(app, REQUEST_ID)
         info = ModelInfo(self.dispatcher.picking, self.dispatcher.upstream, self.model_name,
                          REQUEST_ID)  # fmt: skip
         info.add_routes(app, tokenize=self.media is None)

@@ -83,6 +83,15 @@ class UpstreamStream:
             raise UpstreamBrokenError(self.endpoint.id, f"answer broke: {_why(exc)}") from exc
         return b"".join(parts)
 
+    async def raw(self) -> AsyncIterator[bytes]:
+        """The answer's bytes as they arrive (a relay that passes them on as they are);
+        UpstreamBrokenError if it breaks."""
+        try:
+            async for data in self._response.content.iter_any():
+                yield data
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamBrokenError(self.endpoint.id, f"stream broke: {_why(exc)}") from exc
+
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The JSON events of each network read, in order (so a relay writes them at once);
         ends after [DONE]; UpstreamBrokenError if the stream breaks first."""

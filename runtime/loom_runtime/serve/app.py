@@ -20,7 +20,7 @@ from aiohttp import web
 from loom_runtime.card.chat_parsers import ChatParsers
 from loom_runtime.engine.engine import Engine
 from loom_runtime.errors import LoomError
-from loom_runtime.serve import openai_api, probes, tokenize_api
+from loom_runtime.serve import openai_api, probes, responses_api, tokenize_api
 from loom_runtime.serve.api_context import ApiContext
 from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.control_service import (
@@ -112,6 +112,7 @@ def build_http_app(
     app = web.Application(middlewares=[error_middleware], client_max_size=settings.max_body_bytes)
     openai_api.add_routes(app, api_context(engine, settings, metrics, mailbox))
     tokenize_api.add_routes(app)
+    responses_api.add_routes(app)
     probes.add_routes(app, probes.ProbeContext(EngineHealth(engine), metrics))
     return app
 

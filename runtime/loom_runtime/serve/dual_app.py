@@ -24,7 +24,7 @@ from loom_runtime.diffusion.engine import DiffusionEngine
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.shared_step_thread import SharedStepThread
 from loom_runtime.engine.types import EngineStats
-from loom_runtime.serve import openai_api, probes, tokenize_api
+from loom_runtime.serve import openai_api, probes, responses_api, tokenize_api
 from loom_runtime.serve.app import Servers, ServeSettings, api_context, error_middleware
 from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.diffusion import api as diffusion_api
@@ -143,6 +143,7 @@ def build_dual_app(
     media = diffusion_context(dit, settings, jobs)
     openai_api.add_routes(app, text, with_models=False)
     tokenize_api.add_routes(app)
+    responses_api.add_routes(app)
     diffusion_api.add_routes(app, media, with_models=False)
     cards = [openai_api.model_card(text), diffusion_api.model_card(media)]
 

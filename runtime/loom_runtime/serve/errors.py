@@ -38,6 +38,10 @@ class JobNotFoundError(LoomError):
     """No video job has this id (never created, deleted, or expired past its TTL)."""
 
 
+class ResponseNotFoundError(LoomError):
+    """No stored response has this id (never stored, stored elsewhere, or evicted)."""
+
+
 class JobNotReadyError(LoomError):
     """A video job's content was asked for before the job completed."""
 
@@ -79,6 +83,7 @@ _TABLE: tuple[tuple[type[BaseException], int, str, str | None, grpc.StatusCode],
     (InvalidRequestError, 400, _INVALID, None, _G.INVALID_ARGUMENT),
     (ModelNotFoundError, 404, _INVALID, "model_not_found", _G.NOT_FOUND),
     (JobNotFoundError, 404, _INVALID, "video_not_found", _G.NOT_FOUND),
+    (ResponseNotFoundError, 404, _INVALID, "response_not_found", _G.NOT_FOUND),
     (JobNotReadyError, 409, _INVALID, "video_not_ready", _G.FAILED_PRECONDITION),
     (CardError, 400, _INVALID, "invalid_card", _G.INVALID_ARGUMENT),
     (CheckpointError, 400, _INVALID, "invalid_checkpoint", _G.INVALID_ARGUMENT),

@@ -19,18 +19,18 @@ from typing import Any
 from aiohttp import web
 
 from loom_runtime.engine.types import EngineRequest, RequestOutput
-from loom_runtime.errors import LoomError, TransferError
+from loom_runtime.errors import LoomError
 from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingEngine, ServingTokenizer
 from loom_runtime.serve.bridge import OutputStream, submitted
 from loom_runtime.serve.echo import PromptEcho, echo_choice, prompt_echo
-from loom_runtime.serve.errors import RequestAbortedError, classify
+from loom_runtime.serve.errors import classify
 from loom_runtime.serve.prepare import choices_of, prepare_chat, prepare_completion
 from loom_runtime.serve.responses import Accumulated
+from loom_runtime.serve.run import Run, collect
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
 from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, finish_reason, output_plan
 from loom_runtime.wire.openai.choices import Choices
-from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,72 +58,12 @@ def _request_id(request: web.Request, prefix: str) -> str:
     return worker_request_id(request.headers.get(REQUEST_ID_HEADER, ""), prefix)
 
 
-class _Run:
-    """One request in flight: its accumulated result, logprob rendering and metrics."""
-
-    def __init__(
-        self,
-        ctx: ApiContext,
-        kind: ResponseKind,
-        num_logprobs: int | None,
-        prompt_ids: tuple[int, ...] | None = None,
-        echo: PromptEcho | None = None,
-        plan: OutputPlan | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.kind = kind
-        self.plan = plan  # a chat's: how its output is read (reasoning, tool calls)
-        self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
-        self.echo = echo  # completions: what the choice shows of its prompt
-        self.want_logprobs = num_logprobs is not None
-        self.acc = Accumulated()
-        self.text_len = 0
-        self.kv_transfer_params: dict[str, Any] | None = None  # a P/D prefill's answer
-
-    def take(self, out: RequestOutput) -> None:
-        self.acc.add(out)
-        if out.kv_transfer_params is not None:
-            self.kv_transfer_params = out.kv_transfer_params.to_dict()
-        if out.finished:
-            self.ctx.metrics.observe_finished(out.finish_reason or "abort", out.metrics)
-            if out.transfer_error is not None:
-                raise TransferError(out.transfer_error)
-            if out.finish_reason == "abort":
-                raise RequestAbortedError(
-                    f"request {out.request_id} was aborted by the worker (paused or stopping); "
-                    "retry it on another worker"
-                )
-
-    def logprobs(self, out: RequestOutput | None) -> dict[str, Any] | None:
-        """The logprobs of `out` (or of the whole request when None), if they were asked for."""
-        if not self.want_logprobs:
-            return None
-        entries = self.acc.logprobs if out is None else out.logprobs
-        token_text = self.token_text
-        if self.kind == "chat":
-            return chat_logprobs(entries, token_text)
-        offset = 0 if out is None else self.text_len
-        return completion_logprobs(entries, token_text, offset)
-
-    def token_text(self, token_id: int) -> str:
-        return self.ctx.engine.tokenizer.decode([token_id])
-
-
-async def _collect(run: _Run, outputs: OutputStream, first: RequestOutput) -> None:
-    out = first
-    while True:
-        run.take(out)
-        if out.finished:
-            return
-        out = await outputs.next(run.ctx.stall_timeout_s)
-
-
 @dataclass
 class _Flight:
     """One engine request of a response: its run, its outputs and the first of them;
     `prompt_counted` on the first sample of each prompt (usage counts a prompt once)."""
 
-    run: _Run
+    run: Run
     outputs: OutputStream
     first: RequestOutput
     prompt_counted: bool = True
@@ -275,7 +215,7 @@ async def _serve(
             flights = []
             for k, (ereq, outputs, echo) in enumerate(zip(ereqs, streams, echoes, strict=True)):
                 ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-                run = _Run(ctx, kind, asked, ids, echo, plan)
+                run = Run(ctx, kind, asked, ids, echo, plan)
                 first = await outputs.next(ctx.stall_timeout_s)
                 if first.finished and first.finish_reason == "abort":
                     run.take(first)  # raises RequestAbortedError before any header is sent
@@ -287,7 +227,7 @@ async def _serve(
                 usage_mode = UsageMode(parsed.include_usage_chunk, parsed.continuous_usage)
                 return await _stream(request, flights, meta, usage_mode, headers)
             for f in flights:
-                await _collect(f.run, f.outputs, f.first)
+                await collect(f.run, f.outputs, f.first)
         finally:
             for outputs in streams:  # the client left or the engine stalled: counted as aborted
                 if not outputs.finished:

@@ -39,18 +39,24 @@ def test_a_list_of_prompts_through_the_router_is_the_workers_answer(
     assert done.usage is not None and done.usage.completion_tokens == 12
 
 
-def test_a_streamed_list_of_prompts_keeps_each_choice_under_its_index(
-    router: Any, worker: Any
-) -> None:
-    want = post(worker.url + "/v1/completions", body())[1]
-    stream = router.stream("/v1/completions", body(stream_options={"include_usage": True}))
-    texts, usage = ["", "", ""], None
+def streamed(router: Any, request: dict[str, Any], choices: int) -> tuple[list[str], Any]:
+    """Each choice's text, by index, and the usage of a streamed request through the router."""
+    stream = router.stream("/v1/completions", request)
+    texts, usage = [""] * choices, None
     for event in stream.events():
         for choice in event["choices"]:
             texts[choice["index"]] += choice["text"]
         usage = event.get("usage") or usage
     stream.close()
     assert stream.status == 200
+    return texts, usage
+
+
+def test_a_streamed_list_of_prompts_keeps_each_choice_under_its_index(
+    router: Any, worker: Any
+) -> None:
+    want = post(worker.url + "/v1/completions", body())[1]
+    texts, usage = streamed(router, body(stream_options={"include_usage": True}), 3)
     assert texts == [c["text"] for c in want["choices"]]
     assert usage is not None and usage["completion_tokens"] == 12
 
@@ -60,13 +66,6 @@ def test_a_streamed_request_for_n_choices_keeps_each_under_its_index(
 ) -> None:
     asks = {"n": 2, "seed": 3, "temperature": 1.0}
     want = post(worker.url + "/v1/completions", body(**asks))[1]
-    stream = router.stream("/v1/completions", body(**asks, stream_options={"include_usage": True}))
-    texts, usage = [""] * 6, None
-    for event in stream.events():
-        for choice in event["choices"]:
-            texts[choice["index"]] += choice["text"]
-        usage = event.get("usage") or usage
-    stream.close()
-    assert stream.status == 200
+    texts, usage = streamed(router, body(**asks, stream_options={"include_usage": True}), 6)
     assert texts == [c["text"] for c in want["choices"]]
     assert usage is not None and usage["completion_tokens"] == 24

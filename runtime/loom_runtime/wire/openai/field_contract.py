@@ -14,7 +14,7 @@ from typing import Any, Literal
 from loom_runtime.errors import InvalidRequestError
 
 Status = Literal["honoured", "refused", "meaningless"]
-Endpoint = Literal["completion", "chat"]
+Endpoint = Literal["completion", "chat", "responses"]
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,60 @@ CHAT: Mapping[str, FieldRule] = {
     "return_prompt_text": _r("the rendered prompt is not returned: leave it out", False),
 }
 
-CONTRACTS: Mapping[Endpoint, Mapping[str, FieldRule]] = {"completion": COMPLETION, "chat": CHAT}
+RESPONSES_AS_CHAT = (
+    "model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+    "ignore_eos", "repetition_penalty", "skip_special_tokens", "include_stop_str_in_output",
+    "logit_bias", "user", "spaces_between_special_tokens", "session_id", "media_io_kwargs",
+    "mm_processor_kwargs", "mm_payload", "return_mm_kwargs", "frequency_penalty",
+    "presence_penalty", "watermarking", "structured_outputs", "priority", "request_id",
+    "cache_salt", "ec_transfer_params", "vllm_xargs", "tools", "parallel_tool_calls",
+    "include_reasoning", "safety_identifier", "prompt_cache_key", "prompt_cache_options",
+    "prompt_cache_retention", "moderation", "chat_template_kwargs",
+)  # fmt: skip
+"""Fields /v1/responses takes as chat does (a response runs as a chat request)."""
+
+RESPONSES: Mapping[str, FieldRule] = {
+    **{name: CHAT[name] for name in RESPONSES_AS_CHAT},
+    "input": _h(
+        "a string, or items: messages (system, developer, user, assistant; input_text and "
+        "output_text parts), function_call and function_call_output"
+    ),
+    "instructions": _h("a system message before the input; not carried to the next response"),
+    "max_output_tokens": _h("as chat's max_completion_tokens; the rest of the context if unset"),
+    "previous_response_id": _h(
+        "continue a stored response: its input and output come before this input (the worker "
+        "keeps the last 1,024; an unknown or evicted id is a 404)"
+    ),
+    "store": _h("false: the response is not kept, so nothing can continue it"),
+    "stream": _h("the Responses streaming events, sequence-numbered, response.completed last"),
+    "metadata": _h("returned on the response as sent"),
+    "text": _h("format text, json_object or json_schema (held to it by the grammar mask)"),
+    "tool_choice": _h("auto, none, required or a function by name, as chat's"),
+    "kv_transfer_params": _r(
+        "a response is prefilled where it is decoded (no P/D two-step on /v1/responses)"
+    ),
+    "background": _r("background responses are not implemented: leave it out", False),
+    "include": _r("no include option is implemented: leave it out", []),
+    "max_tool_calls": _r("built-in tools are not implemented: leave it out"),
+    "prompt": _r("stored prompt templates are not implemented: send input"),
+    "reasoning": _r("reasoning options are not implemented: leave it out"),
+    "service_tier": _r("Loom has one tier", "auto", "default"),
+    "top_logprobs": _r("log-probs are not returned on /v1/responses: use chat", 0),
+    "truncation": _r("the input is never truncated: a too-long input is a 400", "disabled"),
+    "conversation": _r("the Conversations API is not implemented: use previous_response_id"),
+    "context_management": _r("context management is not implemented: leave it out"),
+    "stream_options": _r("stream obfuscation is not implemented: leave it out", {}),
+    "image": _r("image generation is not a Responses tool here: leave it out"),
+    "access_programs": _r("access programs are not implemented: leave it out"),
+    "enable_response_messages": _r("vLLM's harmony message echo is not implemented", False),
+    "previous_input_messages": _r("vLLM's harmony message input is not implemented: use input"),
+}
+
+CONTRACTS: Mapping[Endpoint, Mapping[str, FieldRule]] = {
+    "completion": COMPLETION,
+    "chat": CHAT,
+    "responses": RESPONSES,
+}
 
 
 def refused_field(endpoint: Endpoint, body: Mapping[str, Any]) -> InvalidRequestError | None:

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from openai.types import completion_create_params as openai_completion
 from openai.types.chat import completion_create_params as openai_chat
+from openai.types.responses import response_create_params as openai_responses
 
 from loom_operator.k8s.render.vllm import VLLM_VERSION
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.wire.openai.field_contract import CONTRACTS, FieldRule
+from loom_runtime.wire.openai.field_contract import CONTRACTS, RESPONSES_AS_CHAT, FieldRule
 from loom_runtime.wire.openai.field_doc import render
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
@@ -24,30 +25,37 @@ from loom_runtime.wire.openai.request import (
     parse_request,
     unknown_fields,
 )
+from loom_runtime.wire.openai.responses.request import ResponsesRequest
 
 ROOT = Path(__file__).resolve().parents[4]
 VENV = Path(os.environ.get("LOOM_VLLM_VENV", Path.home() / ".cache/loom/vllm" / f"v{VLLM_VERSION}"))
-SCHEMAS: dict[str, type[CompletionRequest] | type[ChatCompletionRequest]] = {
+SCHEMAS: dict[str, type[CompletionRequest] | type[ChatCompletionRequest] | type[ResponsesRequest]]
+SCHEMAS = {
     "completion": CompletionRequest,
     "chat": ChatCompletionRequest,
+    "responses": ResponsesRequest,
 }
 BASES: dict[str, dict[str, Any]] = {
     "completion": {"model": "m", "prompt": "hi"},
     "chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"model": "m", "input": "hi"},
 }
 _VLLM_FIELDS = """
 import json
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 print(json.dumps({"completion": list(CompletionRequest.model_fields),
-                  "chat": list(ChatCompletionRequest.model_fields)}))
+                  "chat": list(ChatCompletionRequest.model_fields),
+                  "responses": list(ResponsesRequest.model_fields)}))
 """
 
 
 def _openai_fields(module: Any) -> set[str]:
     names: set[str] = set()
-    for cls in (module.CompletionCreateParamsStreaming, module.CompletionCreateParamsNonStreaming):
-        names |= set(typing.get_type_hints(cls))
+    for name in dir(module):
+        if name.endswith(("CreateParamsStreaming", "CreateParamsNonStreaming")):
+            names |= set(typing.get_type_hints(getattr(module, name)))
     return names
 
 
@@ -63,7 +71,7 @@ def vllm_fields() -> dict[str, list[str]]:
     return fields
 
 
-@pytest.mark.parametrize("endpoint", ["completion", "chat"])
+@pytest.mark.parametrize("endpoint", ["completion", "chat", "responses"])
 def test_every_vllm_request_field_has_a_row(
     endpoint: str, vllm_fields: dict[str, list[str]]
 ) -> None:
@@ -72,7 +80,8 @@ def test_every_vllm_request_field_has_a_row(
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "module"), [("completion", openai_completion), ("chat", openai_chat)]
+    ("endpoint", "module"),
+    [("completion", openai_completion), ("chat", openai_chat), ("responses", openai_responses)],
 )
 def test_every_openai_request_field_has_a_row(endpoint: str, module: Any) -> None:
     missing = sorted(_openai_fields(module) - set(CONTRACTS[endpoint]))  # type: ignore[index]
@@ -91,6 +100,19 @@ def test_the_schema_types_exactly_the_honoured_fields_and_some_meaningless_ones(
     assert not refused_in_schema, f"refused fields are not typed: {refused_in_schema}"
     untyped = sorted(f for f, r in rules.items() if r.status == "honoured" and f not in schema)
     assert not untyped, f"honoured fields the schema does not type: {untyped}"
+
+
+def test_a_response_types_its_own_honoured_fields_and_runs_the_rest_as_chat() -> None:
+    rules = CONTRACTS["responses"]
+    own = set(ResponsesRequest.model_fields)
+    assert not sorted(own - set(rules)), "schema fields without a row"
+    assert not [f for f in own if rules[f].status == "refused"], "refused fields are not typed"
+    chat = set(ChatCompletionRequest.model_fields)
+    honoured = {f for f, r in rules.items() if r.status == "honoured"}
+    untyped = sorted(f for f in honoured - own if f not in RESPONSES_AS_CHAT or f not in chat)
+    assert not untyped, f"honoured fields neither schema types: {untyped}"
+    for name in RESPONSES_AS_CHAT:
+        assert rules[name] == CONTRACTS["chat"][name], name
 
 
 def test_the_generated_doc_is_up_to_date() -> None:

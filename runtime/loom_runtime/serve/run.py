@@ -1,0 +1,81 @@
+"""One engine request of an HTTP response as it runs: its outputs accumulated, its metrics
+counted when it finishes, and the errors a finished output means (aborted, transfer failed).
+
+Owns that bookkeeping for every text route (openai_api.py, responses_api.py); never writes a
+response body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_runtime.engine.types import RequestOutput
+from loom_runtime.errors import TransferError
+from loom_runtime.serve.api_context import ApiContext
+from loom_runtime.serve.bridge import OutputStream
+from loom_runtime.serve.echo import PromptEcho
+from loom_runtime.serve.errors import RequestAbortedError
+from loom_runtime.serve.responses import Accumulated
+from loom_runtime.wire.openai.chat.output import OutputPlan
+from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
+from loom_runtime.wire.openai.response import ResponseKind
+
+
+class Run:
+    """One request in flight: its accumulated result, logprob rendering and metrics."""
+
+    def __init__(
+        self,
+        ctx: ApiContext,
+        kind: ResponseKind,
+        num_logprobs: int | None,
+        prompt_ids: tuple[int, ...] | None = None,
+        echo: PromptEcho | None = None,
+        plan: OutputPlan | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.kind = kind
+        self.plan = plan  # a chat's: how its output is read (reasoning, tool calls)
+        self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
+        self.echo = echo  # completions: what the choice shows of its prompt
+        self.want_logprobs = num_logprobs is not None
+        self.acc = Accumulated()
+        self.text_len = 0
+        self.kv_transfer_params: dict[str, Any] | None = None  # a P/D prefill's answer
+
+    def take(self, out: RequestOutput) -> None:
+        self.acc.add(out)
+        if out.kv_transfer_params is not None:
+            self.kv_transfer_params = out.kv_transfer_params.to_dict()
+        if out.finished:
+            self.ctx.metrics.observe_finished(out.finish_reason or "abort", out.metrics)
+            if out.transfer_error is not None:
+                raise TransferError(out.transfer_error)
+            if out.finish_reason == "abort":
+                raise RequestAbortedError(
+                    f"request {out.request_id} was aborted by the worker (paused or stopping); "
+                    "retry it on another worker"
+                )
+
+    def logprobs(self, out: RequestOutput | None) -> dict[str, Any] | None:
+        """The logprobs of `out` (or of the whole request when None), if they were asked for."""
+        if not self.want_logprobs:
+            return None
+        entries = self.acc.logprobs if out is None else out.logprobs
+        token_text = self.token_text
+        if self.kind == "chat":
+            return chat_logprobs(entries, token_text)
+        offset = 0 if out is None else self.text_len
+        return completion_logprobs(entries, token_text, offset)
+
+    def token_text(self, token_id: int) -> str:
+        return self.ctx.engine.tokenizer.decode([token_id])
+
+
+async def collect(run: Run, outputs: OutputStream, first: RequestOutput) -> None:
+    out = first
+    while True:
+        run.take(out)
+        if out.finished:
+            return
+        out = await outputs.next(run.ctx.stall_timeout_s)
