@@ -47,7 +47,9 @@ def test_the_builtin_families_and_what_they_load() -> None:
 
 
 def test_unknown_names_list_the_registered_families() -> None:
-    with pytest.raises(families.UnknownFamilyError, match="registered: llama, sparse-mla, dit, mot"):
+    with pytest.raises(
+        families.UnknownFamilyError, match="registered: llama, sparse-mla, dit, mot"
+    ):
         families.family("mamba")
     with pytest.raises(families.UnknownFamilyError, match=r"supported: .*glm_moe_dsa.*llama"):
         families.family_of_model_type("mamba")
