@@ -201,9 +201,10 @@ class LlamaForCausalLM:
 
     def load_state(self, tensors: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Copy checkpoint tensors in place; validates all names and shapes first (atomic)."""
-        wanted = {n: t for n, t in tensors.items() if not self._ignored(n)}
+        wanted = {n: t for n, t in tensors.items() if not self.ignores(n)}
         copy_weights(self.targets(), wanted, self.config.model_type, strict)
 
-    def _ignored(self, name: str) -> bool:
+    def ignores(self, name: str) -> bool:
+        """A checkpoint tensor that carries no weight of ours (a tied head, old RoPE buffers)."""
         tied_head = self.config.tie_word_embeddings and name == "lm_head.weight"
         return tied_head or name.endswith(_IGNORED_SUFFIXES)

@@ -117,10 +117,5 @@ class MotForCausalLM:
 
     def load_state(self, tensors: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Copy checkpoint tensors in place; validates all names and shapes first (atomic)."""
-        tied = self.config.text.tie_word_embeddings
-        wanted = {
-            n: t
-            for n, t in tensors.items()
-            if not (tied and n == "lm_head.weight") and not n.endswith("rotary_emb.inv_freq")
-        }
+        wanted = {n: t for n, t in tensors.items() if not self.text.ignores(n)}
         copy_weights(self.targets(), wanted, self.config.model_type, strict)

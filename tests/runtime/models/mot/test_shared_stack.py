@@ -4,9 +4,11 @@ model holds one copy of every weight, which a weight load changes for both loops
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tests.runtime.models.mot.ar_history import decode_greedily, latents
 
+from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.models import attention
 from loom_runtime.models.attention import plan_attention
@@ -104,3 +106,17 @@ def test_a_weight_load_changes_both_loops_at_once(mot_checkpoint, paged) -> None
     new_logits, new_velocity = both()
     assert (new_logits - logits).abs().max().item() > 1e-3
     assert (new_velocity - velocity).abs().max().item() > 1e-3
+
+
+def test_a_bad_load_changes_neither_loop(mot_checkpoint) -> None:
+    path, _ = mot_checkpoint
+    model = load_model(path, dtype=torch.float64).model
+    assert isinstance(model, MotForCausalLM)
+    before = {name: t.clone() for name, t in model.targets().items()}
+    tensors = {name: t + 1 for name, t in read_weights(path).items()}
+    tensors["image.proj_out.bias"] = torch.zeros(5)
+    with pytest.raises(CheckpointError, match=r"image\.proj_out\.bias \(5,\) != \(12,\)"):
+        model.load_state(tensors)
+    with pytest.raises(CheckpointError, match=r"missing: image\.norm\.weight"):
+        model.load_state({n: t for n, t in read_weights(path).items() if n != "image.norm.weight"})
+    assert all(torch.equal(t, before[name]) for name, t in model.targets().items())
