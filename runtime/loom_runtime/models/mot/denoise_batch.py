@@ -1,7 +1,7 @@
 """DenoiseBatch: one denoise step of several requests, each its noisy latents, its flow time and
 where its text KV lies in the paged cache (written by its AR decoding, read here, never rewritten).
 
-A plain frozen record and its checks; never runs a forward.
+A plain frozen record, its checks and the rows it lays out; never runs a forward.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from loom_runtime.models.mot.config import MotConfig
+from loom_runtime.models.mot.image_heads import patchify
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,38 @@ class DenoiseRequest:
 
 
 @dataclass(frozen=True)
+class DenoiseLayout:
+    """A batch's latent tokens flattened in request order: request i owns rows
+    spans[i][0]:spans[i][1]; its text KV is texts[i] (blocks, length)."""
+
+    patches: torch.Tensor  # [n, C·p²]
+    times: torch.Tensor  # [n] the flow time of each row's request
+    positions: torch.Tensor  # [n] int64: context_len, context_len + 1, ... per request
+    spans: tuple[tuple[int, int], ...]
+    texts: tuple[tuple[torch.Tensor, int], ...]
+
+
+@dataclass(frozen=True)
 class DenoiseBatch:
     requests: tuple[DenoiseRequest, ...]
+
+    def layout(self, patch: int, dtype: torch.dtype, device: torch.device) -> DenoiseLayout:
+        """The rows one forward runs, on `device`; latent tokens sit after their text, in
+        raster order."""
+        counts = self.token_counts(patch)
+        ends = torch.tensor(counts).cumsum(0).tolist()
+        spans = tuple((end - n, end) for n, end in zip(counts, ends, strict=True))
+        pairs = list(zip(self.requests, counts, strict=True))
+        patches = torch.cat([patchify(r.latents.to(dtype), patch) for r in self.requests])
+        times = torch.cat([torch.full((n,), r.timestep, dtype=dtype) for r, n in pairs])
+        positions = torch.cat([torch.arange(r.context_len, r.context_len + n) for r, n in pairs])
+        texts = tuple(
+            (torch.as_tensor(r.block_table, dtype=torch.long, device=device), r.context_len)
+            for r in self.requests
+        )
+        return DenoiseLayout(
+            patches.to(device), times.to(device), positions.to(device), spans, texts
+        )
 
     def check(self, config: MotConfig, block_size: int) -> None:
         """ValueError naming the request whose latents or text KV do not fit the model."""

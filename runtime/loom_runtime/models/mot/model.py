@@ -16,7 +16,7 @@ from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from loom_runtime.models.mot.config import MotConfig
 from loom_runtime.models.mot.denoise_batch import DenoiseBatch
-from loom_runtime.models.mot.image_heads import ImageHeads, patchify, unpatchify
+from loom_runtime.models.mot.image_heads import ImageHeads, unpatchify
 from loom_runtime.models.mot.joint_attention import joint_attention
 from loom_runtime.models.rope import rope_tables
 from loom_runtime.models.weights import copy_weights
@@ -63,50 +63,24 @@ class MotForCausalLM:
         Latent tokens sit at positions context_len, context_len + 1, ... (raster order, after
         the text); the shared blocks run over them without a causal mask, attending to the
         request's cached text KV, which they read and never write."""
-        config = self.config
+        config, text = self.config, self.text
         batch.check(config, kv.spec.block_size)
-        counts = batch.token_counts(config.patch_size)
-        requests = batch.requests
-        patches = torch.cat(
-            [patchify(r.latents.to(self.dtype), config.patch_size) for r in requests]
-        )
-        times = torch.cat(
-            [
-                torch.full((n,), r.timestep, dtype=self.dtype)
-                for r, n in zip(requests, counts, strict=True)
-            ]
-        )
-        positions = torch.cat(
-            [
-                torch.arange(r.context_len, r.context_len + n)
-                for r, n in zip(requests, counts, strict=True)
-            ]
-        )
-        device = self.device
-        x = self.image.embed(patches.to(device), times.to(device))
-        rope = rope_tables(
-            positions.to(device), self.text.inv_freq, self.text.rope_scale, self.dtype
-        )
-        texts = [
-            (torch.as_tensor(r.block_table, dtype=torch.long, device=device), r.context_len)
-            for r in requests
-        ]
-        starts = [0, *torch.tensor(counts).cumsum(0).tolist()]
+        rows = batch.layout(config.patch_size, self.dtype, self.device)
+        x = self.image.embed(rows.patches, rows.times)
+        rope = rope_tables(rows.positions, text.inv_freq, text.rope_scale, self.dtype)
         for layer in self.layers:
             q, k, v = layer.attention_inputs(x, rope)
-            attn = torch.cat(
-                [
-                    joint_attention(
-                        q[a:b], k[a:b], v[a:b], kv, layer.layer, text, self.text.attention_scale
-                    )
-                    for a, b, text in zip(starts[:-1], starts[1:], texts, strict=True)
-                ]
-            )
-            x = layer.after_attention(x, attn)
+            attn = [
+                joint_attention(
+                    q[a:b], k[a:b], v[a:b], kv, layer.layer, context, text.attention_scale
+                )
+                for (a, b), context in zip(rows.spans, rows.texts, strict=True)
+            ]
+            x = layer.after_attention(x, torch.cat(attn))
         out = self.image.velocity(x)
         return [
             unpatchify(out[a:b], config.latent_channels, *r.latents.shape[1:])
-            for a, b, r in zip(starts[:-1], starts[1:], requests, strict=True)
+            for (a, b), r in zip(rows.spans, batch.requests, strict=True)
         ]
 
     def targets(self) -> dict[str, torch.Tensor]:
