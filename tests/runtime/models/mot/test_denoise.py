@@ -7,6 +7,7 @@ import pytest
 import torch
 from tests.runtime.models.mot.ar_history import decode_greedily, latents
 
+from loom_runtime.models.loader import load_model
 from loom_runtime.models.mot.denoise_batch import DenoiseBatch, DenoiseRequest
 
 TOL = 1e-6  # float64 both sides; RoPE's cos/sin are float32-made on ours (~1e-8 here)
@@ -93,3 +94,15 @@ def test_bad_denoise_requests_are_refused_by_name(mot64, paged, shape, t, contex
     bad = DenoiseRequest(torch.zeros(shape, dtype=torch.float64), t, context, [0, 1])
     with pytest.raises(ValueError, match=message):
         mot64.denoise(DenoiseBatch((bad,)), seqs.kv)
+
+
+def test_a_float32_denoise_step_is_the_reference_to_float32_precision(
+    mot_checkpoint, reference, paged
+) -> None:
+    model = load_model(mot_checkpoint[0], dtype=torch.float32).model
+    seqs, tokens = decode_greedily(model, paged, {"a": PROMPTS["a"]}, steps=2)
+    x = latents(3, 4, 4, seed=6).float()
+    ours = model.denoise(DenoiseBatch((request(seqs, "a", x, 0.4),)), seqs.kv)[0]
+    assert ours.dtype == torch.float32
+    expected = reference.velocity(tokens["a"], x.double(), 0.4)
+    assert (ours.double() - expected).abs().max().item() < 1e-4
