@@ -2,7 +2,7 @@
 reads (card rules, the operator's checks and vLLM flags, the engine's loader, ranks and tiny
 checkpoints) instead of branching on its name.
 
-A family is its folder plus one registration: the built-in three are in `BUILTIN` below; a
+A family is its folder plus one registration: the built-in four are in `BUILTIN` below; a
 family outside Loom's tree is a plugin module named in `LOOM_PLUGINS` (comma-separated module
 names or .py paths) whose `LOOM_FAMILIES` tuple lists its `Family` registrations. Every process
 Loom starts inherits the variable, so `loom up`'s workers know the family too.
@@ -102,6 +102,14 @@ BUILTIN = (
         loops=("diffusion", "encode"),
         runtime="loom_runtime.models.wan.family:RUNTIME",
         tiny="tiny-wan",
+    ),
+    Family(
+        name="mot",
+        model_types=("loom_mot",),
+        loops=("ar_decode", "diffusion"),
+        runtime="loom_runtime.models.mot.family:RUNTIME",
+        attention="gqa",
+        tiny="tiny-mot",
     ),
 )
 

@@ -30,7 +30,10 @@ class Loop(CardModel):
     components: list[DnsName] = Field(
         min_length=1, max_length=MAX_COMPONENTS, json_schema_extra=list_set()
     )
-    """Components whose weights the loop runs (each must be declared)."""
+    """Components whose weights the loop runs (each must be declared). A component that
+    several loops list is shared: a worker holds one instance of it, and every one of those
+    loops runs that same instance (one copy of its weights), e.g. a mot model's text and
+    image loops on one transformer."""
     cache_policy: CachePolicy | None = None
     """What the loop caches across requests: none | prefix (KV blocks, ar_decode only) |
     encoder_output. Unset means none."""

@@ -44,7 +44,7 @@ FamilyName = Annotated[
     AfterValidator(_registered_family),
     WithJsonSchema({"type": "string", "pattern": DNS_LABEL_PATTERN, "maxLength": MAX_NAME}),
 ]
-"""A registered model family (card/families.py): the built-ins are llama, sparse-mla and dit."""
+"""A registered model family (card/families.py): the built-ins are llama, sparse-mla, dit, mot."""
 
 
 class ModelCardSpec(CardModel):
@@ -65,7 +65,8 @@ class ModelCardSpec(CardModel):
 
     family: FamilyName
     """A registered model family: llama (GQA/RoPE/SwiGLU, optional MoE), sparse-mla (MLA +
-    top-k indexer), dit, or a plugin's (LOOM_PLUGINS)."""
+    top-k indexer), dit, mot (one llama stack for text decoding and image denoising), or a
+    plugin's (LOOM_PLUGINS)."""
     components: list[Component] = Field(
         min_length=1, max_length=MAX_COMPONENTS, json_schema_extra=list_map("name")
     )
@@ -132,6 +133,15 @@ class ModelCard(CardModel):
             if loop.name == name:
                 return loop
         raise KeyError(name)
+
+    def shared_components(self) -> dict[str, tuple[str, ...]]:
+        """Component name -> the loops that run it, for each component two or more loops list:
+        a worker instantiates it once and hands all of those loops that one instance."""
+        runs: dict[str, list[str]] = {}
+        for loop in self.spec.loops:
+            for name in loop.components:
+                runs.setdefault(name, []).append(loop.name)
+        return {name: tuple(loops) for name, loops in runs.items() if len(loops) > 1}
 
     def chat_parsers(self) -> ChatParsers:
         """The tool-call and reasoning parsers its chat output is read with: the card's

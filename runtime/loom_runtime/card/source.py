@@ -31,7 +31,8 @@ _URI_PATTERN = r"^(file:|hf://|pvc://|s3://|loom://)"
 
 _FORMS = (
     "file:///abs/path, file:relative/path (relative to the card file), hf://org/name[@revision], "
-    "pvc://claim[/path], s3://bucket[/key] or loom://tiny (loom://tiny-wan, loom://tiny-sparse-mla)"
+    "pvc://claim[/path], s3://bucket[/key] or loom://tiny (loom://tiny-wan, "
+    "loom://tiny-sparse-mla, loom://tiny-mot)"
 )
 
 

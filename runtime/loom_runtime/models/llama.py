@@ -93,6 +93,17 @@ class LlamaDecoderLayer:
         slot_mapping: torch.Tensor,
         attention_scale: float,
     ) -> torch.Tensor:
+        q, k, v = self.attention_inputs(x, rope)
+        attn = paged_attention(q, k, v, kv, self.layer, plan, slot_mapping, attention_scale)
+        return self.after_attention(x, attn)
+
+    def attention_inputs(
+        self, x: torch.Tensor, rope: RopeTables
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block's first half: q [T, heads, D], k and v [T, kv_heads, D] of x, with RoPE.
+
+        `forward` attends them over the paged cache; another attention (the MoT family's
+        denoise path, models/mot/) runs the same block by calling both halves itself."""
         c = self.config
         h = rms_norm(x, self.input_norm, c.rms_norm_eps)
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
@@ -103,8 +114,11 @@ class LlamaDecoderLayer:
         if self.q_norm is not None and self.k_norm is not None:
             q = rms_norm(q, self.q_norm, c.rms_norm_eps)
             k = rms_norm(k, self.k_norm, c.rms_norm_eps)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-        attn = paged_attention(q, k, v, kv, self.layer, plan, slot_mapping, attention_scale)
+        return apply_rope(q, rope), apply_rope(k, rope), v
+
+    def after_attention(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The block's second half: x + o_proj(attn [T, heads, D]), then the SwiGLU MLP."""
+        c = self.config
         x = x + self._row_parallel(attn.flatten(1), self.o_weight, self.o_bias)
         h = rms_norm(x, self.post_attention_norm, c.rms_norm_eps)
         gate, up = F.linear(h, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
@@ -187,9 +201,10 @@ class LlamaForCausalLM:
 
     def load_state(self, tensors: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         """Copy checkpoint tensors in place; validates all names and shapes first (atomic)."""
-        wanted = {n: t for n, t in tensors.items() if not self._ignored(n)}
+        wanted = {n: t for n, t in tensors.items() if not self.ignores(n)}
         copy_weights(self.targets(), wanted, self.config.model_type, strict)
 
-    def _ignored(self, name: str) -> bool:
+    def ignores(self, name: str) -> bool:
+        """A checkpoint tensor that carries no weight of ours (a tied head, old RoPE buffers)."""
         tied_head = self.config.tie_word_embeddings and name == "lm_head.weight"
         return tied_head or name.endswith(_IGNORED_SUFFIXES)

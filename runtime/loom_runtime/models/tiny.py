@@ -1,6 +1,6 @@
 """`loom model init-tiny`: deterministic tiny checkpoints, and model source URIs -> paths
-(`loom://tiny`, `loom://tiny-wan` and `loom://tiny-sparse-mla` are generated on first use;
-`pvc://claim/path` is read where the pod mounts the claim).
+(`loom://tiny`, `loom://tiny-wan`, `loom://tiny-sparse-mla` and `loom://tiny-mot` are generated
+on first use; `pvc://claim/path` is read where the pod mounts the claim).
 
 Writes random (nonsense-producing) weights from a fixed seed; never downloads real weights.
 """
@@ -210,7 +210,8 @@ def add_parser(sub: Any) -> None:
         default="llama",
         help="a registered family with a tiny checkpoint: llama (default), sparse-mla (a "
         "glm_moe_dsa checkpoint: MLA, DSA indexer, MoE), dit (a diffusers-format Wan 2.x "
-        "video/image checkpoint: DiT, UMT5 encoder, VAE) or a plugin's",
+        "video/image checkpoint: DiT, UMT5 encoder, VAE), mot (one llama stack for text and "
+        "image latents) or a plugin's",
     )
     parser.set_defaults(run=_run)
 

@@ -35,10 +35,10 @@ def names_in_fresh_process(plugins: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_builtin_families_and_what_they_load() -> None:
-    assert families.names()[:3] == ("llama", "sparse-mla", "dit")
+    assert families.names()[:4] == ("llama", "sparse-mla", "dit", "mot")
     assert families.family("llama").model_types == SUPPORTED_MODEL_TYPES
     assert families.family_of_model_type(SPARSE_MLA_MODEL_TYPE).name == "sparse-mla"
-    assert set(families.tiny_checkpoints()) >= {"tiny", "tiny-sparse-mla", "tiny-wan"}
+    assert set(families.tiny_checkpoints()) >= {"tiny", "tiny-sparse-mla", "tiny-wan", "tiny-mot"}
     for family in families.BUILTIN:
         runtime = runtime_of(family)
         assert (runtime.write_tiny is not None) == (family.tiny is not None), family.name
@@ -47,7 +47,9 @@ def test_the_builtin_families_and_what_they_load() -> None:
 
 
 def test_unknown_names_list_the_registered_families() -> None:
-    with pytest.raises(families.UnknownFamilyError, match="registered: llama, sparse-mla, dit"):
+    with pytest.raises(
+        families.UnknownFamilyError, match="registered: llama, sparse-mla, dit, mot"
+    ):
         families.family("mamba")
     with pytest.raises(families.UnknownFamilyError, match=r"supported: .*glm_moe_dsa.*llama"):
         families.family_of_model_type("mamba")
@@ -84,7 +86,7 @@ def test_plugins_load_from_a_path_or_a_module(tmp_path: Path) -> None:
     path = tmp_path / "plugged_family.py"
     path.write_text(PLUGIN)
     by_path = names_in_fresh_process(str(path))
-    assert by_path.stdout.strip() == "llama,sparse-mla,dit,plugged", by_path.stderr
+    assert by_path.stdout.strip() == "llama,sparse-mla,dit,mot,plugged", by_path.stderr
     env_path = f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     code = "from loom_runtime.card import families; print(families.family('plugged').loops)"
     by_module = subprocess.run(

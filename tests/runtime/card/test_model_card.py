@@ -122,3 +122,12 @@ def test_a_broken_card_reports_every_error_at_once(card_data: dict[str, Any]) ->
         "spec.recipe.assumesLoop": "unknown_loop",
         "spec.parity.level": "literal_error",
     }
+
+
+def test_a_component_two_loops_list_is_shared_by_them(card_data: dict[str, Any]) -> None:
+    assert ModelCard.model_validate(card_data).shared_components() == {}
+    card_data["spec"]["loops"].append(
+        {"name": "embed", "kind": "encode", "components": ["decoder"]}
+    )
+    card = ModelCard.model_validate(card_data)
+    assert card.shared_components() == {"decoder": ("generate", "embed")}
