@@ -31,6 +31,7 @@ from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, 
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
 from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, finish_reason, output_plan
 from loom_runtime.wire.openai.choices import Choices
+from loom_runtime.wire.openai.logprobs import vllm_prompt_logprobs
 from loom_runtime.wire.openai.request import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -183,6 +184,9 @@ def _body(flights: Sequence[_Flight], meta: ResponseMeta, choices: Choices) -> d
         out.append(choice)
     body["choices"] = out
     body["usage"] = _usage(flights)
+    first = flights[0].run
+    if first.kind == "chat" and first.acc.prompt_logprobs:  # vLLM's: on the response, not a choice
+        body["prompt_logprobs"] = vllm_prompt_logprobs(first.acc.prompt_logprobs, first.token_text)
     kv_params = flights[0].run.kv_transfer_params
     if kv_params is not None:
         body[KV_TRANSFER_FIELD] = kv_params

@@ -219,7 +219,9 @@ def prepare_chat(
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")
-    sampling = _sampling(req, max_tokens, req.num_logprobs, grammar=req.output_grammar)
+    sampling = _sampling(
+        req, max_tokens, req.num_logprobs, req.prompt_logprobs, grammar=req.output_grammar
+    )
     return fan_out([(ids, sampling)], choices_of(req), request_id, arrival, _transfer(req))
 
 

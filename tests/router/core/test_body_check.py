@@ -165,7 +165,8 @@ def test_several_prompts_are_a_list_of_more_than_one() -> None:
         ("completion", {"prompt": "ab", "echo": True, "logprobs": 0}, True),
         ("completion", {"prompt": "ab", "logprobs": 1}, False),
         ("completion", {"prompt": "ab", "prompt_logprobs": 0}, True),
-        ("chat", {"messages": [], "prompt_logprobs": 1}, False),  # the worker refuses it
+        ("chat", {"messages": [], "prompt_logprobs": 1}, True),
+        ("chat", {"messages": [], "n": 2}, False),
     ],
 )
 def test_prompt_lists_and_prompt_logprobs_are_prefilled_where_decoded(

@@ -219,3 +219,22 @@ def test_n_choices_through_pd_pull_the_prompt_once_and_equal_the_aggregated_answ
     assert len({tuple(t) for t in got}) > 1
     assert fleet["decode"].counter(pulled) - before == len(ids) - 1  # one pull, not three
     assert answer["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_chat_prompt_logprobs_through_pd_are_prefilled_by_the_decode(
+    fleet: dict[str, Any], launch_router: Any
+) -> None:
+    """A chat asking for prompt_logprobs (long enough to go to the prefill otherwise) is
+    prefilled where it is decoded, and its numbers are the aggregated worker's."""
+    words = " ".join(f"w{i}" for i in range(200))
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": words}], "max_tokens": 2,
+            "temperature": 0, "prompt_logprobs": 1}  # fmt: skip
+    status, want, _ = post(fleet["reference"].url + "/v1/chat/completions", chat)
+    assert status == 200, want
+    with launch_router([fleet["prefill"], fleet["decode"]], router=PD) as router:
+        router.wait_fresh(["prefill", "decode"])
+        status, answer, headers = router.post("/v1/chat/completions", chat)
+        assert router.metric("loom_router:pd_total", mode="remote-prefill") == 0
+    assert status == 200 and headers["x-loom-pd"] == "local-prefill", answer
+    assert answer["prompt_logprobs"] == want["prompt_logprobs"]
+    assert len(answer["prompt_logprobs"]) > 64

@@ -106,7 +106,8 @@ def test_a_list_of_prompts_echoes_each(worker: Any, client: openai.OpenAI) -> No
         ("/v1/completions", {"prompt": PROMPT, "echo": True, "stream": True}, "echo"),
         ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
         ("/v1/chat/completions",
-         {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1},
+         {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1,
+          "stream": True},
          "prompt_logprobs"),
     ],
 )  # fmt: skip
@@ -116,3 +117,22 @@ def test_what_is_not_served_is_a_400_naming_it(
     status, answer, _ = worker.post(path, {"model": worker.model, **body})
     assert status == 400, answer
     assert answer["error"]["param"] == param
+
+
+def test_chat_prompt_logprobs_are_the_rendered_prompts_as_completions_gives_them(
+    worker: Any, client: openai.OpenAI
+) -> None:
+    """vLLM's top-level prompt_logprobs of a chat: the numbers /v1/completions gives for the
+    prompt the template rendered (its ids from return_token_ids)."""
+    body = {"model": worker.model, "messages": [{"role": "user", "content": "Hello, loom."}],
+            "max_tokens": 2, "temperature": 0, "prompt_logprobs": 2,
+            "return_token_ids": True}  # fmt: skip
+    status, chat, _ = worker.post("/v1/chat/completions", body)
+    assert status == 200, chat
+    ids = chat["prompt_token_ids"]
+    status, done, _ = worker.post("/v1/completions", {
+        "model": worker.model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 2})  # fmt: skip
+    assert status == 200, done
+    assert len(chat["prompt_logprobs"]) == len(ids) and chat["prompt_logprobs"][0] is None
+    assert chat["prompt_logprobs"] == done["choices"][0]["prompt_logprobs"]
+    assert "prompt_logprobs" not in chat["choices"][0]

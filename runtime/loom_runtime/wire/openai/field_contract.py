@@ -198,9 +198,10 @@ CHAT: Mapping[str, FieldRule] = {
         "vLLM extension: false drops the reasoning a reasoning parser read out (docs/tools.md)"
     ),
     "echo": _r("vLLM's chat echo (prepending the last message) is not implemented", False),
-    "prompt_logprobs": _r(
-        "prompt log-probs are served on /v1/completions only: send the rendered prompt there "
-        "(POST /tokenize renders it)"
+    "prompt_logprobs": _h(
+        "0..20: vLLM's prompt_logprobs of the rendered prompt, top-level on the response (one "
+        "entry per prompt token, the first null), computed in the prefill; not streamed (a "
+        "400 says so); under P/D the router prefills it where it decodes"
     ),
     "continue_final_message": _r(
         "continuing the final message is not implemented: leave it out", False

@@ -248,6 +248,16 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: ToolChoice | None = None  # None: auto with tools, else none (OpenAI's)
     parallel_tool_calls: bool | None = None  # false: one call at most
     include_reasoning: bool = True  # vLLM extension: false drops the reasoning
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM extension
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> ChatCompletionRequest:
+        if self.prompt_logprobs is not None and self.stream:
+            raise InvalidRequestError(
+                "prompt_logprobs is not streamed by Loom on chat: send it with stream false",
+                param="prompt_logprobs",
+            )
+        return self
 
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatCompletionRequest:
