@@ -102,7 +102,8 @@ class Dispatcher:
             if kind == "completion":
                 ids = completion_ids(self.tokenizer, body.get("prompt"))
             else:
-                ids = chat_ids(self.tokenizer, body.get("messages"), body.get("tools"))
+                ids = chat_ids(self.tokenizer, body.get("messages"), body.get("tools"),
+                               body.get("chat_template_kwargs"))  # fmt: skip
         approximate = self.settings.prefix_scorer == "approximate"
         text = _prompt_text(kind, body, ids) if approximate or ids is None else None
         if ids is not None and not approximate:

@@ -29,6 +29,7 @@ class ServingTokenizer(PromptTokenizer, Protocol):
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str: ...
 
     def token_strings(self, ids: Sequence[int]) -> list[str]: ...

@@ -34,6 +34,7 @@ class PromptTokenizer(Protocol):
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> Sequence[int]: ...
 
 
@@ -215,7 +216,8 @@ def prepare_chat(
     check_model(req.model, limits)
     tools = list(req.tool_plan.tools) if req.tools is not None else None
     messages = chat_messages(req.messages)
-    ids = tuple(tokenizer.encode_chat(messages, req.add_generation_prompt, tools))
+    extra = req.chat_template_kwargs
+    ids = tuple(tokenizer.encode_chat(messages, req.add_generation_prompt, tools, extra))
     if not ids:
         raise InvalidRequestError("the messages encode to no tokens", param="messages")
     max_tokens = resolve_max_tokens(req.requested_max_tokens, None, len(ids), limits, "messages")

@@ -40,7 +40,7 @@ def tokenize_body(ctx: ApiContext, raw: bytes) -> dict[str, Any]:
         req = parse_request(TokenizeChatRequest, raw, ctx.strict_fields)
         tools = None if req.tools is None else template_tools([t.model_dump() for t in req.tools])
         text = tokenizer.apply_chat_template(
-            chat_messages(req.messages), req.add_generation_prompt, tools
+            chat_messages(req.messages), req.add_generation_prompt, tools, req.chat_template_kwargs
         )
         ids = list(tokenizer.encode(text, add_special_tokens=req.add_special_tokens))
     else:

@@ -64,12 +64,16 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text; InvalidRequestError if a message is bad or the template rejects it."""
+        """The prompt text; InvalidRequestError if a message is bad or the template rejects it.
+        `extra`: the request's chat_template_kwargs (e.g. enable_thinking), beside the template's
+        own variables, which it may not set."""
         plain = normalise_messages(messages)
         if not self.knows_developer:
             plain = [m | {"role": "system"} if m["role"] == "developer" else m for m in plain]
         context = {
+            **self._checked(extra or {}),
             **self._special,
             "messages": plain,
             "add_generation_prompt": add_generation_prompt,
@@ -81,6 +85,23 @@ class ChatTemplate:
             raise InvalidRequestError(
                 f"the chat template rejected the messages: {exc}", param="messages"
             ) from exc
+
+    def _checked(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        clash = _reserved_clash(extra, self._special)
+        if clash is not None:
+            raise InvalidRequestError(
+                f"chat_template_kwargs.{clash}: the request itself sets it (messages, tools, "
+                "add_generation_prompt and the tokenizer's special tokens cannot be overridden)",
+                param="chat_template_kwargs",
+            )
+        return dict(extra)
+
+
+RESERVED = ("messages", "add_generation_prompt", "tools")
+
+
+def _reserved_clash(extra: Mapping[str, Any], special: Mapping[str, Any]) -> str | None:
+    return next((k for k in extra if k in RESERVED or k in special), None)
 
 
 def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -100,9 +100,13 @@ def completion_ids(tokenizer: Tokenizer, prompt: Any) -> list[int] | None:
     return None
 
 
-def chat_ids(tokenizer: Tokenizer, messages: Any, tools: Any = None) -> list[int] | None:
-    """A /v1/chat/completions prompt's ids (the template with a generation prompt, and the
-    request's tools); None when the messages cannot be rendered."""
+def chat_ids(
+    tokenizer: Tokenizer, messages: Any, tools: Any = None, extra: Any = None
+) -> list[int] | None:
+    """A /v1/chat/completions prompt's ids (the template with a generation prompt, the
+    request's tools and chat_template_kwargs); None when the messages cannot be rendered."""
+    if extra is not None and not isinstance(extra, Mapping):
+        return None
     if not isinstance(messages, list) or not messages:
         return None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, Mapping)
@@ -122,7 +126,7 @@ def chat_ids(tokenizer: Tokenizer, messages: Any, tools: Any = None) -> list[int
         return None
     try:
         rendered = None if tools is None else template_tools(tools)
-        return tokenizer.encode_chat(plain, add_generation_prompt=True, tools=rendered)
+        return tokenizer.encode_chat(plain, True, rendered, extra)
     except InvalidRequestError:
         return None
 

@@ -94,23 +94,26 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text for a chat; InvalidRequestError on a malformed message."""
+        """The prompt text for a chat; InvalidRequestError on a malformed message. `extra`: the
+        request's chat_template_kwargs."""
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template; send a plain prompt to /v1/completions",
                 param="messages",
             )
-        return self.chat_template.render(messages, add_generation_prompt, tools)
+        return self.chat_template.render(messages, add_generation_prompt, tools, extra)
 
     def encode_chat(
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of a chat prompt. The template writes BOS itself, so none is added here."""
-        text = self.apply_chat_template(messages, add_generation_prompt, tools)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, extra)
         return self.encode(text, add_special_tokens=False)
 
     def incremental_decoder(

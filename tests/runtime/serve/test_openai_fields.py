@@ -135,3 +135,16 @@ def test_a_list_of_prompts_streams_each_choice_under_its_index(
         usage = event.usage or usage
     assert texts == [a.text for a in alone] and reasons == ["length"] * 3
     assert usage is not None and usage.completion_tokens == 15
+
+
+def test_chat_template_kwargs_are_rendered_and_the_requests_own_variables_refused(
+    worker: Any,
+) -> None:
+    body = {"model": worker.model, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1}  # fmt: skip
+    thinking_off = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+    status, _, _ = worker.post("/v1/chat/completions", thinking_off)
+    assert status == 200
+    status, answer, _ = worker.post("/v1/chat/completions",
+                                    {**body, "chat_template_kwargs": {"messages": []}})  # fmt: skip
+    assert status == 400 and answer["error"]["param"] == "chat_template_kwargs"

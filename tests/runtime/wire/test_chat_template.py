@@ -39,3 +39,24 @@ def test_developer_is_kept_where_the_template_knows_it() -> None:
 def test_an_unknown_role_is_still_the_templates_to_refuse() -> None:
     with pytest.raises(InvalidRequestError, match="unknown role tool"):
         ChatTemplate(STRICT, {}).render([{"role": "tool", "content": "x"}])
+
+
+THINKS = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>"
+    "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template_and_cannot_set_its_own_variables() -> None:
+    template = ChatTemplate(THINKS, {"bos_token": "<s>"})
+    hi = [{"role": "user", "content": "hi"}]
+    assert template.render(hi) == "<user>hi<assistant>"
+    assert template.render(hi, extra={"enable_thinking": False}) == (
+        "<user>hi<assistant><think></think>"
+    )
+    for clash in ("messages", "tools", "add_generation_prompt", "bos_token"):
+        with pytest.raises(InvalidRequestError) as err:
+            template.render(hi, extra={clash: 1})
+        assert err.value.param == "chat_template_kwargs" and clash in str(err.value)

@@ -211,7 +211,10 @@ CHAT: Mapping[str, FieldRule] = {
     ),
     "documents": _r("RAG documents for the template are not implemented: leave it out"),
     "chat_template": _r("the checkpoint's own chat template is used: leave it out"),
-    "chat_template_kwargs": _r("template arguments are not implemented: leave it out", {}),
+    "chat_template_kwargs": _h(
+        "variables the chat template reads (e.g. enable_thinking); the ones the request sets "
+        "itself (messages, tools, add_generation_prompt, special tokens) are a 400"
+    ),
     "return_prompt_text": _r("the rendered prompt is not returned: leave it out", False),
 }
 

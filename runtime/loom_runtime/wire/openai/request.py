@@ -249,6 +249,7 @@ class ChatCompletionRequest(_SamplingRequest):
     parallel_tool_calls: bool | None = None  # false: one call at most
     include_reasoning: bool = True  # vLLM extension: false drops the reasoning
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # vLLM extension
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM extension: the template's variables
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> ChatCompletionRequest:

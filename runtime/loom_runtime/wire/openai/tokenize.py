@@ -41,7 +41,7 @@ class TokenizeChatRequest(StrictBody):
     def _refused(self) -> TokenizeChatRequest:
         """The chat fields /v1/chat/completions refuses (docs/openai-fields.md), refused here
         too: /tokenize must count what the chat route would run."""
-        for name in ("continue_final_message", "chat_template", "chat_template_kwargs"):
+        for name in ("continue_final_message", "chat_template"):
             if getattr(self, name):
                 raise InvalidRequestError(
                     f"{name} is not supported: /v1/chat/completions refuses it, so /tokenize "
