@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from loom_runtime.wire.openai.chat.calls import FunctionCall
 from loom_runtime.wire.openai.chat.formats import ToolFormat
 from loom_runtime.wire.openai.chat.glm_xml import GlmXml
+from loom_runtime.wire.openai.chat.hermes import Hermes
 from loom_runtime.wire.openai.chat.llama3_json import Llama3Json
 from loom_runtime.wire.openai.chat.tool_stream import ToolCallStream, extract
 
@@ -41,6 +42,11 @@ def _llama(calls: list[tuple[str, dict[str, Any]]]) -> str:
     return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in calls)
 
 
+def _hermes(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    return "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>\n"
+                   for n, a in calls)  # fmt: skip
+
+
 def _streamed(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[FunctionCall]]:
     counter = itertools.count()
     stream = ToolCallStream(fmt, SCHEMAS, lambda: f"id{next(counter)}")
@@ -58,12 +64,20 @@ def _streamed(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[Fu
 
 
 @settings(max_examples=150, deadline=None)
-@given(calls=CALLS, before=TEXT, glm=st.booleans(), cuts=st.lists(st.integers(0, 10_000)))
+@given(
+    calls=CALLS,
+    before=TEXT,
+    kind=st.sampled_from(["glm", "llama", "hermes"]),
+    cuts=st.lists(st.integers(0, 10_000)),
+)
 def test_any_cutting_of_well_formed_calls_streams_to_the_whole_read(
-    calls: list[tuple[str, dict[str, Any]]], before: str, glm: bool, cuts: list[int]
+    calls: list[tuple[str, dict[str, Any]]], before: str, kind: str, cuts: list[int]
 ) -> None:
-    fmt: ToolFormat = GlmXml() if glm else Llama3Json()
-    text = before + _glm(calls) if glm else _llama(calls)  # llama-3 calls start the output
+    fmt: ToolFormat = {"glm": GlmXml(), "llama": Llama3Json(), "hermes": Hermes()}[kind]
+    if kind == "llama":
+        text = _llama(calls)  # llama-3 calls start the output
+    else:
+        text = before + (_glm(calls) if kind == "glm" else _hermes(calls))
     whole = extract(fmt, text, SCHEMAS)
     assert [c.name for c in whole.calls] == [n for n, _ in calls]
     content, streamed = _streamed(fmt, text, cuts)
