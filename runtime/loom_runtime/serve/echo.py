@@ -50,6 +50,23 @@ def prompt_echo(
     )
 
 
+def echo_stream_fields(
+    echo: PromptEcho, acc: Accumulated, token_text: TokenText
+) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
+    """What a streamed choice's first chunk shows of its prompt: the text, the logprobs object
+    of the prompt's tokens (None when not asked for) and extra choice fields (prompt_logprobs).
+    Later chunks' text offsets continue after the text."""
+    prompt = acc.prompt_logprobs
+    text = echo.prompt_text if echo.echo else ""
+    logprobs = None
+    if echo.echo and echo.logprobs:
+        logprobs = echo_completion_logprobs(echo.prompt_ids, prompt, (), token_text)
+    extra = {"prompt_logprobs": vllm_prompt_logprobs(prompt, token_text)} if (
+        echo.prompt_logprobs
+    ) else {}  # fmt: skip
+    return text, logprobs, extra
+
+
 def echo_choice(
     choice: dict[str, Any], echo: PromptEcho, acc: Accumulated, token_text: TokenText
 ) -> dict[str, Any]:

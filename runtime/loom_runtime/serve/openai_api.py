@@ -22,7 +22,7 @@ from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError
 from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingEngine, ServingTokenizer
 from loom_runtime.serve.bridge import OutputStream, submitted
-from loom_runtime.serve.echo import PromptEcho, echo_choice, prompt_echo
+from loom_runtime.serve.echo import PromptEcho, echo_choice, echo_stream_fields, prompt_echo
 from loom_runtime.serve.errors import classify
 from loom_runtime.serve.prepare import choices_of, prepare_chat, prepare_completion
 from loom_runtime.serve.responses import Accumulated
@@ -102,8 +102,21 @@ async def _events(
         prompt_ids = None
     plan = run.plan
     reader = None if plan is None or plan.plain else DeltaStream(plan)
+    echo = run.echo if run.echo is not None and run.echo.wanted else None
     while True:
         run.take(out)
+        if echo is not None:  # the prompt (and its log-probs) first, once
+            text, lp, extra = echo_stream_fields(echo, run.acc, run.token_text)
+            so_far = run.acc.usage() if usage.every_chunk else None
+            body = chunk(run.kind, meta.chunk_head(run.kind), text, lp, None, usage.final,
+                         False, None, prompt_ids, so_far)  # fmt: skip
+            body["choices"][0] |= extra
+            yield body
+            prompt_ids, run.text_len = None, len(text)
+            if echo.alone:  # the token run after the prompt is not shown
+                yield await _alone_end(flight, out, meta, usage)
+                return
+            echo = None
         fields = None if reader is None else reader.step(out.new_text, out.finished)
         said = bool(fields) if reader is not None else bool(out.new_text)
         if said or out.logprobs or out.finished or (ids and out.new_token_ids):
@@ -120,6 +133,20 @@ async def _events(
         if out.finished:
             return
         out = await flight.outputs.next(run.ctx.stall_timeout_s)
+
+
+async def _alone_end(
+    flight: _Flight, out: RequestOutput, meta: ResponseMeta, usage: UsageMode
+) -> dict[str, Any]:
+    """The last chunk of an echo of the prompt alone: the run's one token is not returned."""
+    run = flight.run
+    while not out.finished:
+        out = await flight.outputs.next(run.ctx.stall_timeout_s)
+        run.take(out)
+    run.acc.completion_tokens = 0
+    so_far = run.acc.usage() if usage.every_chunk else None
+    return chunk(run.kind, meta.chunk_head(run.kind), "", None, run.acc.finish_reason,
+                 usage.final, False, None, None, so_far)  # fmt: skip
 
 
 async def _relay(

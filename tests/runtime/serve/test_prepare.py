@@ -74,6 +74,7 @@ class _Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> Sequence[int]:
         return [1, 2]
 

@@ -103,7 +103,6 @@ def test_a_list_of_prompts_echoes_each(worker: Any, client: openai.OpenAI) -> No
     ("path", "body", "param"),
     [
         ("/v1/completions", {"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
-        ("/v1/completions", {"prompt": PROMPT, "echo": True, "stream": True}, "echo"),
         ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
         ("/v1/chat/completions",
          {"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1,
@@ -136,3 +135,35 @@ def test_chat_prompt_logprobs_are_the_rendered_prompts_as_completions_gives_them
     assert len(chat["prompt_logprobs"]) == len(ids) and chat["prompt_logprobs"][0] is None
     assert chat["prompt_logprobs"] == done["choices"][0]["prompt_logprobs"]
     assert "prompt_logprobs" not in chat["choices"][0]
+
+
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_a_streamed_echo_is_the_whole_answer_chunk_by_chunk(
+    worker: Any, client: openai.OpenAI, max_tokens: int
+) -> None:
+    """The prompt (its text, log-probs and vLLM's prompt_logprobs) is each choice's first
+    chunk; what follows, with text offsets after the prompt, adds up to the whole answer."""
+    args: dict[str, Any] = dict(model=worker.model, prompt=["Once upon", PROMPT],
+                                max_tokens=max_tokens, temperature=0, logprobs=1, echo=True,
+                                extra_body={"ignore_eos": True, "prompt_logprobs": 1})  # fmt: skip
+    whole = client.completions.create(**args)
+    text = ["", ""]
+    lp: list[dict[str, list[Any]]] = [{}, {}]
+    prompt_lp: list[Any] = [None, None]
+    last: Any = None
+    for piece in client.completions.create(**args, stream=True,
+                                           stream_options={"include_usage": True}):  # fmt: skip
+        last = piece
+        for c in piece.choices:
+            text[c.index] += c.text
+            extra = c.model_extra or {}
+            if extra.get("prompt_logprobs") is not None:
+                prompt_lp[c.index] = extra["prompt_logprobs"]
+            for key, values in (c.logprobs.model_dump() if c.logprobs else {}).items():
+                lp[c.index].setdefault(key, []).extend(values or [])
+    for c in whole.choices:
+        assert text[c.index] == c.text
+        assert c.logprobs is not None
+        assert lp[c.index] == c.logprobs.model_dump()
+        assert prompt_lp[c.index] == (c.model_extra or {})["prompt_logprobs"]
+    assert last.usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]

@@ -137,11 +137,12 @@ COMPLETION: Mapping[str, FieldRule] = {
     "echo": _h(
         "the prompt's text before the output's, and with logprobs its tokens' log-probs (the "
         "first null) before the output's, as lm-evaluation-harness reads them; max_tokens 0 "
-        "returns the prompt alone. Not streamed (a 400 says so)"
+        "returns the prompt alone. Streamed: the first chunk of each choice is the prompt"
     ),
     "prompt_logprobs": _h(
-        "0..20: vLLM's prompt_logprobs on the choice, one entry per prompt token (the first "
-        "null), computed in the prefill; under P/D the router prefills it where it decodes"
+        "0..20: vLLM's prompt_logprobs on the choice (streamed: on its first chunk), one entry "
+        "per prompt token (the first null), computed in the prefill; under P/D the router "
+        "prefills it where it decodes"
     ),
     "best_of": _h(
         "n..128 samples per prompt, the n with the highest cumulative log-probability returned "

@@ -221,10 +221,6 @@ class CompletionRequest(_SamplingRequest):
                 "max_tokens must be >= 1 (0 is allowed only with echo: the prompt alone)",
                 param="max_tokens",
             )
-        if self.echo and self.stream:
-            raise InvalidRequestError(
-                "echo is not streamed by Loom: send it with stream false", param="echo"
-            )
         return self
 
     @property

@@ -77,7 +77,6 @@ BAD = [
     (CompletionRequest, _body(COMPLETION, prompt=["a", ""]), "prompt", "empty (prompt 1)"),
     (CompletionRequest, _body(COMPLETION, max_tokens=-1), "max_tokens", "greater than"),
     (CompletionRequest, _body(COMPLETION, max_tokens=0), "max_tokens", "only with echo"),
-    (CompletionRequest, _body(COMPLETION, echo=True, stream=True), "echo", "stream false"),
     (CompletionRequest, _body(COMPLETION, prompt_logprobs=21), "prompt_logprobs", "less than"),
     (CompletionRequest, _body(COMPLETION, max_tokens="9"), "max_tokens", "integer"),
     (CompletionRequest, _body(COMPLETION, temperature=-0.1), "temperature", "greater than"),
