@@ -20,6 +20,13 @@ EVENTS = ('{"enable_kv_cache_events":true,"endpoint":"tcp://*:5557","publisher":
           '"replay_endpoint":"tcp://*:5558","topic":"kv-events"}')  # fmt: skip
 COMMON = ["vllm", "serve", "zai-org/GLM-5", "--served-model-name", "glm-5",
           "--host", "$(POD_IP)", "--port", "8000", "--block-size", "64"]  # fmt: skip
+PARSERS = [
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "glm47",
+    "--reasoning-parser",
+    "glm45",
+]
 
 PREFILL = [
     *COMMON, "--max-num-seqs", "16", "--max-num-batched-tokens", "65536",
@@ -27,7 +34,7 @@ PREFILL = [
     "--max-model-len", "1048576",
     "--prefill-context-parallel-size", "8",
     "--decode-context-parallel-size", "8", "--dcp-comm-backend", "ag_rs",
-    "--enable-expert-parallel", "--kv-cache-dtype", "fp8",
+    "--enable-expert-parallel", "--kv-cache-dtype", "fp8", *PARSERS,
     "--attention-config", '{"sparse_mla_force_mqa":true}',
     "--kv-offloading-size", "512", "--kv-offloading-backend", "native",
     "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
@@ -44,7 +51,7 @@ DECODE = [
     *COMMON, "--max-num-seqs", "32", "--max-num-batched-tokens", "2048",
     "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor",
     "--max-model-len", "1048576",
-    "--data-parallel-size", "8", "--enable-expert-parallel", "--kv-cache-dtype", "fp8",
+    "--data-parallel-size", "8", "--enable-expert-parallel", "--kv-cache-dtype", "fp8", *PARSERS,
     "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
     "--kv-transfer-config", json.dumps(HISPARSE, separators=(",", ":"), sort_keys=True),
     "--kv-offloading-size", "16", "--kv-offloading-backend", "native",

@@ -83,6 +83,11 @@ def vllm_args(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> l
     ]  # fmt: skip
     if served.precision.kv == "fp8":
         argv += ["--kv-cache-dtype", "fp8"]
+    parsers = model.chat_parsers()  # the card's, else its family's: Loom's workers read alike
+    if parsers.tool_call_parser is not None:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parsers.tool_call_parser]
+    if parsers.reasoning_parser is not None:
+        argv += ["--reasoning-parser", parsers.reasoning_parser]
     context_parallel = families.family(model.spec.family).vllm_context_parallel
     if context_parallel and (p.pcp > 1 or p.dcp > 1):
         argv += ["--attention-config", _json(dict(context_parallel))]
