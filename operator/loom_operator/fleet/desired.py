@@ -72,10 +72,22 @@ class FailoverPolicy:
 
 @dataclass(frozen=True)
 class RoleTarget:
-    """How many workers of one role to run."""
+    """How many workers of one role to run, and which: `indices` when the planner chose which
+    worker left (else 0 .. replicas - 1)."""
 
     role: RoleName
     replicas: int
+    indices: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.indices is not None and (
+            len(set(self.indices)) != self.replicas or min(self.indices, default=0) < 0
+        ):
+            raise FleetError(f"{self.role}: indices {self.indices} for {self.replicas} replicas")
+
+    @property
+    def slot_indices(self) -> tuple[int, ...]:
+        return tuple(range(self.replicas)) if self.indices is None else tuple(sorted(self.indices))
 
 
 @dataclass(frozen=True)
@@ -126,13 +138,23 @@ class DesiredFleet:
         slots = [
             WorkerSlot(worker_name(self.deployment, t.role, i), t.role, i)
             for t in self.roles
-            for i in range(t.replicas)
+            for i in t.slot_indices
         ]
         return tuple(sorted(slots, key=lambda s: (s.index, ROLE_NAMES.index(s.role))))
 
     def with_replicas(self, replicas: dict[RoleName, int]) -> DesiredFleet:
         """The same fleet with these roles' replicas (the planner's decision) in place."""
         roles = tuple(RoleTarget(t.role, replicas.get(t.role, t.replicas)) for t in self.roles)
+        return replace(self, roles=roles)
+
+    def with_indices(self, indices: dict[RoleName, tuple[int, ...]]) -> DesiredFleet:
+        """The same fleet with these roles running exactly these slot indices (the planner chose
+        which workers stay)."""
+        roles = tuple(
+            t if t.role not in indices else RoleTarget(t.role, len(indices[t.role]),
+                                                       indices[t.role])
+            for t in self.roles
+        )  # fmt: skip
         return replace(self, roles=roles)
 
     def slot(self, name: str) -> WorkerSlot | None:
