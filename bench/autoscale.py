@@ -1,0 +1,132 @@
+"""Autoscaling at a scale this machine cannot run: a bursty agentic trace replayed against a
+simulated P/D fleet (in-process workers with a service-time model calibrated from this
+machine's measurements) under four policies — Loom's planner (the real `plan_autoscale` fed by
+the real `role_signals`), a fixed fleet at the peak size, one at the mean size, and a
+queue-depth threshold scaler (KEDA on vllm:num_requests_waiting) — compared on SLO attainment
+and replica-seconds. Deterministic (seeded); writes bench/results/autoscale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from bench.autoscale_sim.fleet import Fleet
+from bench.autoscale_sim.policies import Fixed, Planner, Policy, QueueThreshold
+from bench.autoscale_sim.report import Slo, Summary, fleet_sizes, summarize
+from bench.autoscale_sim.service import MODELS, ServiceModel
+from bench.autoscale_sim.trace import DEFAULT_PHASES, BurstyTrace, requests
+
+from loom_operator.api.roles import RoleName
+from loom_operator.fleet.autoscale import AutoscalePolicy, RoleBounds, Targets
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def policies(
+    args: argparse.Namespace, peak: dict[RoleName, int], mean: dict[RoleName, int]
+) -> list[Policy]:
+    # the scalers' max: the peak fleet's size unless asked (what would otherwise be provisioned)
+    bounds: dict[RoleName, tuple[int, int]] = {
+        "prefill": (1, args.max_prefill or peak["prefill"]),
+        "decode": (1, args.max_decode or peak["decode"]),
+    }
+    card = AutoscalePolicy(
+        roles={r: RoleBounds(lo, hi) for r, (lo, hi) in bounds.items()},
+        targets=Targets(ttft_p90_s=args.ttft_ms / 1000, itl_p90_s=args.itl_ms / 1000,
+                        queue=args.queue),
+        scale_up_s=args.scale_up_s,
+        scale_down_s=args.scale_down_s,
+    )  # fmt: skip
+    return [
+        Planner(card),
+        Fixed("fixed-peak", peak),
+        Fixed("fixed-mean", mean),
+        QueueThreshold(bounds, threshold=args.queue),
+    ]
+
+
+def _model(args: argparse.Namespace) -> ServiceModel:
+    model = MODELS[args.shape]
+    return model if args.start_s is None else replace(model, start_s=args.start_s)
+
+
+def run_intensity(args: argparse.Namespace, intensity: float) -> dict[str, object]:
+    model = _model(args)
+    trace = BurstyTrace(DEFAULT_PHASES, seed=args.seed)
+    reqs = requests(trace, intensity)
+    slo = Slo(args.ttft_ms / 1000, args.itl_ms / 1000)
+    peak, mean = fleet_sizes(reqs, model, slo)
+    rows: list[Summary] = []
+    for policy in policies(args, peak, mean):
+        start = time.perf_counter()
+        # the fixed fleets run their size; the scalers start at the mean size (the card's replicas)
+        initial = dict(policy.sizes) if isinstance(policy, Fixed) else dict(mean)
+        rows.append(summarize(Fleet(model, policy, initial).run(reqs), slo))
+        print(f"  {intensity:g}x {policy.name}: {time.perf_counter() - start:.1f} s", flush=True)
+    base = rows[1].total_replica_seconds
+    return {
+        "intensity": intensity,
+        "requests": len(reqs),
+        "trace_s": trace.seconds,
+        "sizes": {"peak": peak, "mean": mean},
+        "policies": [
+            {**asdict(r), "total_replica_seconds": r.total_replica_seconds,
+             "of_peak": r.total_replica_seconds / base}
+            for r in rows
+        ],
+    }  # fmt: skip
+
+
+def table(results: list[dict[str, object]]) -> str:
+    lines = [
+        "| trace | policy | SLO attainment | TTFT p90 (s) | ITL p90 (ms) | replica-s prefill "
+        "| replica-s decode | replica-s total | of peak fleet's | most replicas (P/D) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for p in res["policies"]:  # type: ignore[attr-defined]
+            rs, most = p["replica_seconds"], p["max_replicas"]
+            lines.append(
+                f"| {res['intensity']:g}x ({res['requests']} req) | {p['policy']} "
+                f"| {p['attainment']:.1f} % | {p['ttft_p90_s']:.2f} | {p['itl_p90_s'] * 1000:.1f} "
+                f"| {rs['prefill']:.0f} | {rs['decode']:.0f} | {p['total_replica_seconds']:.0f} "
+                f"| {p['of_peak']:.0%} | {most['prefill']} / {most['decode']} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--intensities", default="1,2", help="multiples of the trace's rate")
+    parser.add_argument("--ttft-ms", type=float, default=1000.0, help="SLO and planner target")
+    parser.add_argument("--itl-ms", type=float, default=25.0, help="SLO and planner target")
+    parser.add_argument("--queue", type=float, default=4.0, help="waiting per worker target")
+    parser.add_argument("--scale-up-s", type=float, default=30.0)
+    parser.add_argument("--scale-down-s", type=float, default=300.0)
+    parser.add_argument("--max-prefill", type=int, help="the scalers' max (default: peak size)")
+    parser.add_argument("--max-decode", type=int, help="the scalers' max (default: peak size)")
+    parser.add_argument("--start-s", type=float, help="a new worker's start delay (s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/autoscale.json")
+    args = parser.parse_args()
+    results = [run_intensity(args, float(x)) for x in args.intensities.split(",")]
+    print(table(results))
+    args.out.write_text(json.dumps({
+        "command": "bench/autoscale.py " + " ".join(sys.argv[1:]),
+        "shape": args.shape,
+        "calibration": MODELS[args.shape].calibration,
+        "service_model": asdict(_model(args)),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
+    }, indent=1) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
