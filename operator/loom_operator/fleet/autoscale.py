@@ -226,8 +226,9 @@ def decide(
     rec, reason, message = recommend(s, bounds, p)
     keep = max(policy.scale_up_s, policy.scale_down_s)
     # a role seen for the first time (a new card, a restarted controller) holds its replicas
-    # for the windows, as if they had been recommended just now
-    seen = _window(history, now, keep) or (Recommendation(now, s.replicas),)
+    # for the windows, as if they had been recommended just now; a role whose history merely
+    # fell out of windows no longer than a round does not
+    seen = _window(history, now, keep) if history else (Recommendation(now, s.replicas),)
     recs = (*seen, Recommendation(now, rec))
     current = s.replicas
     up = min(r.replicas for r in _window(recs, now, policy.scale_up_s) or recs[-1:])

@@ -162,6 +162,14 @@ def test_a_first_look_holds_for_the_windows_but_not_a_held_request() -> None:
     assert plan.decisions[0].desired == 1
 
 
+def test_windows_no_longer_than_a_round_still_let_an_idle_role_shrink() -> None:
+    """With both windows at the round's period every older recommendation is outside them:
+    that is not a first look (which holds), so the idle role steps down."""
+    policy = replace(POLICY, scale_up_s=5.0, scale_down_s=5.0)
+    replicas = run_rounds(policy, [0.0] * 4, start=3)
+    assert replicas[0] == 3 and replicas[1:] == [2, 1, 1]
+
+
 def test_the_history_is_bounded_by_the_longer_window() -> None:
     policy = replace(POLICY, scale_up_s=15.0, scale_down_s=60.0)
     history: dict[RoleName, tuple[Recommendation, ...]] = {}
