@@ -1,8 +1,11 @@
 """The kopf handlers, one concern each: ModelCards are validated; a DeploymentCard is
-rendered, applied (server-side apply, one field manager) and its status kept true to what runs.
+rendered, applied (server-side apply, one field manager, only what drifted from the watch cache)
+and its status kept true to what runs, by a daemon that looks when a watch (watched.py) says
+something of the card changed and runs a fleet round only when what it reads changed.
 
-Owns the operator's I/O with the API server; decisions are the renderers' and status.py's.
-Handlers find their settings and client in kopf's `memo` (no module-level state).
+Owns the operator's I/O with the API server; decisions are the renderers', status.py's,
+round_inputs.py's and drift.py's. Handlers find their settings, client, wake-ups and record of
+applies in kopf's `memo` (no module-level state).
 """
 
 from __future__ import annotations
