@@ -344,7 +344,7 @@ async def run_fleet(
             except KubeError as exc:  # e.g. the Secret not made yet; the next look retries
                 level = logging.DEBUG if exc.status == 404 else logging.WARNING
                 logger.log(level, "%s/%s: fleet round failed: %s", namespace, name, exc)
-                loop.inputs = None
+                loop.inputs, loop.due_at = None, None  # again at the next watch or PROBE_S
             await asyncio.sleep(max(0.0, MIN_LOOK_S - (time.time() - looked)))
             waiter = asyncio.ensure_future(wake.wait())
             try:
@@ -380,9 +380,11 @@ async def _look(
     loop: CardLoop,
     metrics: OperatorMetrics | None,
 ) -> None:
-    """Probe the card's workers; run a round when its inputs changed or its time has come."""
+    """Probe the card's workers; run a round when its inputs changed or its time has come.
+    A card that cannot round (invalid, a claim change) waits for a watch: no round is due."""
     status = body.get("status") or {}
     phase = status.get("phase")
+    due_at, loop.due_at = loop.due_at, None
     if phase == "Invalid":
         return  # until the spec (or its ModelCard) changes and is judged again
     key = (fleet.namespace, fleet.name)
@@ -403,7 +405,8 @@ async def _look(
     objects = [*object_versions("Pod", pods), *object_versions("StatefulSet", sets),
                *object_versions("RoleScale", scales)]  # fmt: skip
     inputs = round_inputs(generation, phase, model_doc, objects, seen[0], fleet.busy)
-    if not round_due(loop.inputs, inputs, loop.due_at, now):
+    if not round_due(loop.inputs, inputs, due_at, now):
+        loop.due_at = due_at
         return
     loop.inputs = inputs
     acted, wake_at = await _fleet_round(
