@@ -26,8 +26,9 @@ from typing import Any
 from loom_operator.k8s.kube import APPLY, RESOURCES, Kube
 
 PLURALS = {plural for _, plural in RESOURCES.values()} | {"leases", "events"}
-ROUNDS = {"_fleet_round": "fleet_round"}
-"""Functions of loom_operator.k8s.handlers that a daemon calls once per round, timed as such."""
+ROUNDS = {"_fleet_round": "fleet_round", "_look": "fleet_look"}
+"""Functions of loom_operator.k8s.handlers that a daemon calls once per round (or per look: the
+probes, and the round when one is due), timed as such."""
 _TALLY: contextvars.ContextVar[Counter[str] | None] = contextvars.ContextVar("tally", default=None)
 
 

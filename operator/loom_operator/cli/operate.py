@@ -55,9 +55,11 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from loom_operator.k8s import handlers
+    from loom_operator.k8s.drift import Applied
     from loom_operator.k8s.kube import Kube
     from loom_operator.k8s.leader import LeaderElector
     from loom_operator.k8s.metrics import OperatorMetrics
+    from loom_operator.k8s.wakers import CardWakers
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -83,10 +85,13 @@ def run(args: argparse.Namespace) -> int:
     namespaces = args.namespace or [os.environ.get("POD_NAMESPACE", "default")]
     kube = Kube(args.kubeconfig)
     stop, kopf_stop = threading.Event(), threading.Event()
-    metrics = OperatorMetrics()
+    metrics, wakers = OperatorMetrics(), CardWakers()
+    metrics.kube_requests(kube.requests)
+    metrics.queue(wakers.pending)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
-    memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics)
+    memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics,
+                     wakers=wakers, applied=Applied())  # fmt: skip
     assert handlers.configure is not None  # the import registers the handlers with kopf
     elector = None
     if args.leader_elect:

@@ -56,6 +56,11 @@ class Autoscaler:
     def due(self, now: float) -> bool:
         return now >= self._next_at
 
+    @property
+    def next_at(self) -> float:
+        """When the next decision is due."""
+        return self._next_at
+
     async def decide(
         self,
         replicas: Mapping[RoleName, int],

@@ -1,8 +1,9 @@
 """One DeploymentCard's fleet on Kubernetes, driven by the fleet controller core.
 
-A round: list the card's pods, probe every worker pod (gRPC Status, /health, a prefill pod's
-KV leases) and ask every router pod what it has in flight → `fleet.reconcile` → the caller
-persists the record in the card's status → `execute` carries out the actions:
+A round: take the card's pods from the watch cache, probe every worker pod (gRPC Status,
+/health, a prefill pod's KV leases) and ask every router pod what it has in flight →
+`fleet.reconcile` → the caller persists the record in the card's status → `execute` carries
+out the actions:
 
 - RouteOff / Freeze: annotate the pod `loom.dev/draining: "true"` (the router sends it nothing
   new); Freeze then closes the runtime's admission (Pause WAIT) once every router reports
@@ -70,7 +71,6 @@ from loom_operator.k8s.status import pod_ready
 from loom_runtime.control_api.status import WorkerStatus
 from loom_runtime.wire.pods import (
     COMPONENT_LABEL,
-    DEPLOYMENT_LABEL,
     HTTP_PORT,
     ROUTER_ADMIN_PORT,
     ROUTER_PORTS,
@@ -93,7 +93,7 @@ class Round:
     reconciliation: Reconciliation
     observed: FleetObservation
     pods: list[Obj]
-    """Every pod of the card (workers and routers) as listed this round."""
+    """Every pod of the card (workers and routers) as the watch cache held them this round."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,13 @@ class PodFleet:
     """The fleet of one DeploymentCard; call `round` repeatedly, `close` at the end."""
 
     def __init__(
-        self, kube: Kube, namespace: str, name: str, record: FleetRecord, events: Events
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        record: FleetRecord,
+        events: Events,
+        wake: asyncio.Event | None = None,
     ) -> None:
         self._kube, self.namespace, self.name = kube, namespace, name
         self.record = record
@@ -133,8 +139,9 @@ class PodFleet:
         self._incarnations: dict[str, tuple[str, int]] = {}
         self._workers: dict[str, PodWorker] = {}
         self._pods: list[Obj] = []
-        self.wake = asyncio.Event()
-        """Set when a LoadWeights call ends between rounds."""
+        self.wake = wake or asyncio.Event()
+        """Set when a LoadWeights call ends between rounds (the card's wake-up, shared with
+        the watches)."""
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         return await asyncio.to_thread(partial(fn, *args, **kw))
@@ -150,14 +157,6 @@ class PodFleet:
         return self._observer
 
     # -- observe ----------------------------------------------------------------------------
-
-    async def _list_pods(self) -> list[Obj]:
-        path = object_path("Pod", self.namespace)
-        listed = await self._call(
-            self._kube.get, path, labelSelector=f"{DEPLOYMENT_LABEL}={self.name}"
-        )
-        items: list[Obj] = listed["items"]
-        return items
 
     async def _ask_routers(self, pods: list[Obj]) -> None:
         """In-flight requests per worker and held requests, summed over the routers."""
@@ -189,9 +188,11 @@ class PodFleet:
         self._in_flight, self._routed_as = in_flight_by_worker(answers), routed_as(answers)
         self._held, self._routers_answered = held, bool(answers)
 
-    async def observe(self, now: float) -> tuple[FleetObservation, dict[str, PodWorker], list[Obj]]:
+    async def observe(
+        self, now: float, pods: list[Obj]
+    ) -> tuple[FleetObservation, dict[str, PodWorker], list[Obj]]:
+        """Probe the workers among `pods` (the card's pods as the watch cache holds them)."""
         observer = await self._tokens()
-        pods = await self._list_pods()
         # A Terminating pod is a voluntary, graceful stop, not a failure: it finishes its requests
         # (the router sends it nothing new) and the StatefulSet replaces it; the core sees the
         # slot empty until then. A crash mid-drain is the router's to migrate, as always.
@@ -220,9 +221,9 @@ class PodFleet:
         ]  # fmt: skip
         return FleetObservation(tuple(states), now, held_requests=self._held), workers, pods
 
-    async def look(self, now: float) -> tuple[FleetObservation, list[Obj]]:
-        """Observe this round's workers (kept for `decide` and `execute`) and every pod."""
-        observed, self._workers, self._pods = await self.observe(now)
+    async def look(self, now: float, pods: list[Obj]) -> tuple[FleetObservation, list[Obj]]:
+        """Observe this round's workers (kept for `decide` and `execute`) among `pods`."""
+        observed, self._workers, self._pods = await self.observe(now, pods)
         return observed, self._pods
 
     def decide(self, desired: DesiredFleet, observed: FleetObservation, pods: list[Obj]) -> Round:

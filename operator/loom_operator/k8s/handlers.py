@@ -1,8 +1,11 @@
 """The kopf handlers, one concern each: ModelCards are validated; a DeploymentCard is
-rendered, applied (server-side apply, one field manager) and its status kept true to what runs.
+rendered, applied (server-side apply, one field manager, only what drifted from the watch cache)
+and its status kept true to what runs, by a daemon that looks when a watch (watched.py) says
+something of the card changed and runs a fleet round only when what it reads changed.
 
-Owns the operator's I/O with the API server; decisions are the renderers' and status.py's.
-Handlers find their settings and client in kopf's `memo` (no module-level state).
+Owns the operator's I/O with the API server; decisions are the renderers', status.py's,
+round_inputs.py's and drift.py's. Handlers find their settings, client, wake-ups and record of
+applies in kopf's `memo` (no module-level state).
 """
 
 from __future__ import annotations
@@ -12,15 +15,19 @@ import logging
 import secrets
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.documents import parse_documents
+from loom_operator.api.roles import RoleName
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.desired import desired_fleet
+from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.record import FleetRecord, RecordError
+from loom_operator.k8s.drift import Applied, key_of
 from loom_operator.k8s.fleet import Events, PodFleet
 from loom_operator.k8s.kube import MERGE, Kube, KubeError, object_path
 from loom_operator.k8s.labels import (
@@ -35,22 +42,28 @@ from loom_operator.k8s.metrics import OperatorMetrics
 from loom_operator.k8s.render import owner_reference, render, start_replicas
 from loom_operator.k8s.render.model_volumes import claim_change
 from loom_operator.k8s.render.vllm import unsupported
+from loom_operator.k8s.round_inputs import (
+    MIN_LOOK_S,
+    RoundInputs,
+    digest,
+    look_delay,
+    next_due,
+    object_versions,
+    round_due,
+    round_inputs,
+)
 from loom_operator.k8s.scale_status import owns_replicas
 from loom_operator.k8s.scaler import CardScaler, replicas_of, take_replicas
 from loom_operator.k8s.settings import RenderSettings
 from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
+from loom_operator.k8s.wakers import CardWakers
+from loom_operator.k8s.watched import ROUND_KINDS, CardCache, card_cache, items
 from loom_runtime.card.errors import CardError
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.wire.pods import DEPLOYMENT_LABEL
 
 logger = logging.getLogger(__name__)
 
-ROUND_S = 2.0
-"""Longest time between two fleet rounds of a card (a round also comes at the core's wake_at)."""
-BUSY_ROUND_S = 0.3
-"""Time to the next round after one that acted on workers (a sync or failover in motion)."""
-IDLE_ROUND_S = 5.0
-"""Rounds of a card that is invalid: nothing runs, only a spec change can fix it."""
 REAPPLY_INTERVAL_S = 30.0
 """How often the rendered objects are applied again, correcting drift."""
 CLAIM_CHANGE = "ClaimChange"
@@ -112,7 +125,7 @@ def release_stop_flag(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, "modelcards")
 @kopf.on.create(GROUP, VERSION, "modelcards")
 @kopf.on.update(GROUP, VERSION, "modelcards", field="spec")
-def validate_model_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def validate_model_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
     """A ModelCard's own rules (every error with its field path) into `Valid`; the
     DeploymentCards that serve it are rendered again."""
     try:
@@ -125,7 +138,7 @@ def validate_model_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_
     namespace = str(body.metadata.namespace)
     for card in kube.get(object_path("DeploymentCard", namespace))["items"]:
         if card["spec"].get("modelCard") == body.metadata.name:
-            fields = reconcile(card, memo)
+            fields = reconcile(card, memo, card_cache(kwargs, card))
             if fields is not None:
                 path = object_path("DeploymentCard", namespace, card["metadata"]["name"], "status")
                 kube.patch(path, {"status": fields}, MERGE)
@@ -150,7 +163,10 @@ def load_cards(model_doc: Obj | None, card: Obj) -> tuple[ModelCard, DeploymentC
     return model, deployment
 
 
-def _model_doc(kube: Kube, card: Obj) -> Obj | None:
+def _model_doc(kube: Kube, card: Obj, cache: CardCache) -> Obj | None:
+    """The card's ModelCard from the watch cache, else (not there yet) from the API server."""
+    if cache.model_doc is not None:
+        return cache.model_doc
     namespace, model_name = str(card["metadata"]["namespace"]), card["spec"].get("modelCard", "")
     try:
         return _document(kube.get(object_path("ModelCard", namespace, str(model_name))))
@@ -160,37 +176,62 @@ def _model_doc(kube: Kube, card: Obj) -> Obj | None:
         return None
 
 
-def reconcile(card: Obj, memo: kopf.Memo) -> dict[str, Any] | None:
-    """Render the DeploymentCard with its ModelCard and apply every object; the status fields
-    to write when the cards are invalid together, else None."""
+def _statefulsets(kube: Kube, namespace: str, name: str, roles: Iterable[RoleName],
+                  cache: CardCache) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The card's StatefulSets from the watch cache; a role's the cache lacks is asked of the API
+    server (just made, its event not here yet: its replicas are the scaler's already)."""
+    existing = {s["metadata"]["name"]: s for s in cache.statefulsets}
+    for role in roles:
+        sts = role_object(name, role)
+        if sts not in existing:
+            try:
+                existing[sts] = kube.get(object_path("StatefulSet", namespace, sts))
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+    return existing
+
+
+def reconcile(card: Obj, memo: kopf.Memo, cache: CardCache) -> dict[str, Any] | None:
+    """Render the DeploymentCard with its ModelCard and apply every object that differs from
+    what the watch cache holds; the status fields to write when the cards are invalid together,
+    else None."""
     kube: Kube = memo.kube
     settings: RenderSettings = memo.settings
+    applied: Applied = getattr(memo, "applied", None) or Applied()
     meta = card["metadata"]
-    namespace, name = str(meta["namespace"]), str(meta["name"])
-    cards = load_cards(_model_doc(kube, card), card)
+    namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+    cards = load_cards(_model_doc(kube, card, cache), card)
     if isinstance(cards, str):
         return validity(card, cards)
     model, deployment = cards
-    sets = kube.get(
-        object_path("StatefulSet", namespace), labelSelector=f"{DEPLOYMENT_LABEL}={name}"
-    )
-    moved = claim_change(model, deployment, sets["items"])
+    start = start_replicas(deployment)
+    existing = _statefulsets(kube, namespace, name, start, cache)
+    moved = claim_change(model, deployment, existing.values())
     if moved:  # applying would roll every pod onto the new volume, outside the sync
         return validity(card, moved, CLAIM_CHANGE)
-    _ensure_secret(kube, namespace, name, str(meta["uid"]))
-    existing = {s["metadata"]["name"]: s for s in sets["items"]}
+    if applied.secret_needed(namespace, uid):
+        _ensure_secret(kube, namespace, name, uid)
+        applied.secret_made(namespace, uid)
     for sts in existing.values():  # its count is the scaler's before a render omits it
         if not owns_replicas(sts, SCALE_MANAGER):
-            take_replicas(kube, namespace, sts["metadata"]["name"], replicas_of(sts))
-    start = start_replicas(deployment)
+            sts_name = sts["metadata"]["name"]
+            done = take_replicas(kube, namespace, sts_name, replicas_of(sts))
+            applied.wrote(namespace, "StatefulSet", sts_name, done)
     counts = {r: None if role_object(name, r) in existing else n for r, n in start.items()}
-    manifests = render(model, deployment, str(meta["uid"]), settings, counts)
+    manifests = render(model, deployment, uid, settings, counts)
+    sent = 0
     for manifest in manifests:
-        kube.apply(manifest, FIELD_MANAGER)
+        key = key_of(manifest, uid)
+        if applied.needs_apply(key, manifest, cache.markers.get(key[1:3])):
+            applied.record(key, manifest, kube.apply(manifest, FIELD_MANAGER))
+            sent += 1
     for role, n in counts.items():
         if n is not None:  # a new StatefulSet: from now on its count is the scaler's
-            take_replicas(kube, namespace, role_object(name, role), n)
-    logger.info("applied %d objects of %s/%s", len(manifests), namespace, name)
+            done = take_replicas(kube, namespace, role_object(name, role), n)
+            applied.wrote(namespace, "StatefulSet", role_object(name, role), done)
+    if sent:
+        logger.info("applied %d of %d objects of %s/%s", sent, len(manifests), namespace, name)
     if (card.get("status") or {}).get("phase") == "Invalid":
         return validity(card, None) | {"phase": "Progressing"}
     return None
@@ -217,18 +258,20 @@ def _ensure_secret(kube: Kube, namespace: str, name: str, uid: str) -> None:
 @kopf.on.resume(GROUP, VERSION, "deploymentcards")
 @kopf.on.create(GROUP, VERSION, "deploymentcards")
 @kopf.on.update(GROUP, VERSION, "deploymentcards", field="spec")
-def apply_deployment_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    _write(patch, reconcile(body, memo) or {})
+def apply_deployment_card(
+    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    _write(patch, reconcile(body, memo, card_cache(kwargs, body)) or {})
 
 
 @kopf.timer(GROUP, VERSION, "deploymentcards", interval=REAPPLY_INTERVAL_S,
             initial_delay=REAPPLY_INTERVAL_S)  # fmt: skip
-def correct_drift(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
-    """Apply again: whatever was edited or deleted by hand comes back as rendered (not for a card
-    being deleted: its children are going)."""
+def correct_drift(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Apply again what differs from the watch cache: whatever was edited or deleted by hand
+    comes back as rendered (not for a card being deleted: its children are going)."""
     if body.metadata.get("deletionTimestamp"):
         return
-    _write(patch, reconcile(body, memo) or {})
+    _write(patch, reconcile(body, memo, card_cache(kwargs, body)) or {})
 
 
 def _events(body: kopf.Body) -> Events:
@@ -260,72 +303,142 @@ def model_cards(body: kopf.Body, **_: Any) -> dict[tuple[str, str], Obj]:
     return {(str(body.metadata.namespace), str(body.metadata.name)): _document(body)}
 
 
+@dataclass
+class CardLoop:
+    """What one card's daemon remembers between looks."""
+
+    inputs: RoundInputs | None = None
+    """The inputs of the last round (None: none yet)."""
+    due_at: float | None = None
+    """When a round must run even if nothing changes."""
+    written: dict[str, Any] = field(default_factory=dict)
+    """The status this daemon wrote last."""
+    cards: tuple[tuple[int, str], tuple[ModelCard, DeploymentCard] | str] | None = None
+    """The cards parsed at (generation, ModelCard digest)."""
+
+
 @kopf.daemon(GROUP, VERSION, "deploymentcards", cancellation_timeout=10.0)
 async def run_fleet(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
 ) -> None:
-    """The fleet controller of one card, round after round while the card exists: failover,
-    weight sync and routing of its pods, and its status (Ready only once every pod of the
-    current revision serves the target version)."""
+    """The fleet controller of one card while it exists: it looks at its workers when a watch
+    says something of the card changed, at the core's or the planner's time, and at least every
+    PROBE_S (the probes); a round (failover, weight sync and routing of its pods, and its status)
+    runs only when what it reads changed or its time has come."""
     kube: Kube = memo.kube
-    index: kopf.Index[tuple[str, str], Obj] = kwargs["model_cards"]
     namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    wakers: CardWakers = getattr(memo, "wakers", None) or CardWakers()
+    wake = wakers.event((namespace, name))
     events = _events(body)
-    fleet = PodFleet(kube, namespace, name, _record(body), events)
+    fleet = PodFleet(kube, namespace, name, _record(body), events, wake)
     metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
-    scaler = CardScaler(kube, namespace, name, events, metrics)
-    written: dict[str, Any] = {}
+    applied: Applied | None = getattr(memo, "applied", None)
+    scaler = CardScaler(kube, namespace, name, events, metrics, applied)
+    loop = CardLoop()
     try:
         while not stopped:
-            docs: Iterable[Obj] = index.get((namespace, str(body.spec.get("modelCard", ""))), [])
-            model_doc = next(iter(docs), None)
+            wake.clear()
+            looked = time.time()
             try:
-                delay = await _fleet_round(kube, body, model_doc, fleet, scaler, written)
-            except KubeError as exc:  # e.g. the Secret not made yet; the next round retries
+                await _look(kube, body, kwargs, fleet, scaler, loop, metrics)
+            except KubeError as exc:  # e.g. the Secret not made yet; the next look retries
                 level = logging.DEBUG if exc.status == 404 else logging.WARNING
                 logger.log(level, "%s/%s: fleet round failed: %s", namespace, name, exc)
-                delay = ROUND_S
-            waiter = asyncio.ensure_future(fleet.wake.wait())
+                loop.inputs, loop.due_at = None, None  # again at the next watch or PROBE_S
+            await asyncio.sleep(max(0.0, MIN_LOOK_S - (time.time() - looked)))
+            waiter = asyncio.ensure_future(wake.wait())
             try:
-                await asyncio.wait({waiter}, timeout=delay)
+                await asyncio.wait({waiter}, timeout=look_delay(loop.due_at, looked, time.time()))
             finally:  # also when kopf cancels the daemon
                 waiter.cancel()
-            fleet.wake.clear()
     finally:
+        wakers.forget((namespace, name))
+        if applied is not None:
+            applied.forget(namespace, str(body.metadata.uid))
         await fleet.close()
         await scaler.close()
         if metrics is not None:  # a card that is gone (or no longer ours) takes its series along
             metrics.forget(namespace, name, ("prefill", "decode", "aggregated"))
 
 
+def _cards(
+    body: kopf.Body, model_doc: Obj | None, loop: CardLoop
+) -> tuple[ModelCard, DeploymentCard] | str:
+    """The cards parsed together, again only when the card's generation or its ModelCard changed."""
+    at = (int(body.metadata.get("generation") or 0), digest(model_doc))
+    if loop.cards is None or loop.cards[0] != at:
+        loop.cards = (at, load_cards(model_doc, body))
+    return loop.cards[1]
+
+
+async def _look(
+    kube: Kube,
+    body: kopf.Body,
+    indexes: Mapping[str, Any],
+    fleet: PodFleet,
+    scaler: CardScaler,
+    loop: CardLoop,
+    metrics: OperatorMetrics | None,
+) -> None:
+    """Probe the card's workers; run a round when its inputs changed or its time has come.
+    A card that cannot round (invalid, a claim change) waits for a watch: no round is due."""
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    due_at, loop.due_at = loop.due_at, None
+    if phase == "Invalid":
+        return  # until the spec (or its ModelCard) changes and is judged again
+    key = (fleet.namespace, fleet.name)
+    docs = items(indexes.get("model_cards"), (key[0], str(body.spec.get("modelCard", ""))))
+    model_doc = docs[0] if docs else None
+    cards = _cards(body, model_doc, loop)
+    if isinstance(cards, str):
+        return
+    model, deployment = cards
+    sets = items(indexes.get(ROUND_KINDS["StatefulSet"]), key)
+    if claim_change(model, deployment, sets):
+        return  # no sync to a claim the pods lack; the handler says why (Valid)
+    pods = items(indexes.get(ROUND_KINDS["Pod"]), key)
+    scales = items(indexes.get(ROUND_KINDS["RoleScale"]), key)
+    now = time.time()
+    seen = await fleet.look(now, pods)
+    generation = int(body.metadata.get("generation") or 0)
+    objects = [*object_versions("Pod", pods), *object_versions("StatefulSet", sets),
+               *object_versions("RoleScale", scales)]  # fmt: skip
+    inputs = round_inputs(generation, phase, model_doc, objects, seen[0], fleet.busy)
+    if not round_due(loop.inputs, inputs, due_at, now):
+        loop.due_at = due_at
+        return
+    loop.inputs = inputs
+    acted, wake_at = await _fleet_round(
+        kube, body, (model, deployment), seen, sets, scales, fleet, scaler, loop.written
+    )
+    loop.due_at = next_due(acted or fleet.busy, wake_at, scaler.planner_at, time.time())
+    if metrics is not None:
+        metrics.round_done(fleet.namespace, acted)
+
+
 async def _fleet_round(
     kube: Kube,
     body: kopf.Body,
-    model_doc: Obj | None,
+    cards: tuple[ModelCard, DeploymentCard],
+    seen: tuple[FleetObservation, list[dict[str, Any]]],
+    sets: list[dict[str, Any]],
+    scales: list[dict[str, Any]],
     fleet: PodFleet,
     scaler: CardScaler,
     written: dict[str, Any],
-) -> float:
-    """One round; the time to the next."""
-    status = body.get("status") or {}
-    if status.get("phase") == "Invalid":
-        return IDLE_ROUND_S  # until the spec (or its ModelCard) changes and is judged again
-    cards = load_cards(model_doc, body)
-    if isinstance(cards, str):
-        return IDLE_ROUND_S
+) -> tuple[bool, float | None]:
+    """One round over what the look saw: whether it acted on workers, and the core's wake_at."""
     model, deployment = cards
-    namespace, selector = fleet.namespace, f"{DEPLOYMENT_LABEL}={fleet.name}"
-    sets = await asyncio.to_thread(
-        kube.get, object_path("StatefulSet", namespace), labelSelector=selector
-    )
-    if claim_change(model, deployment, sets["items"]):
-        return IDLE_ROUND_S  # no sync to a claim the pods lack; the handler says why (Valid)
+    status = body.get("status") or {}
     desired = desired_fleet(model, deployment)
-    now = time.time()
+    now = seen[0].now
     generation = int(body.metadata.get("generation") or 0)
-    desired, counts, r = await scaler.round(fleet, desired, deployment, generation, now)
+    desired, counts, r = await scaler.round(
+        fleet, seen, scales, desired, deployment, generation, now
+    )
     rec = r.reconciliation
-    by_name = {s["metadata"]["name"]: s for s in sets["items"]}
+    by_name = {s["metadata"]["name"]: s for s in sets}
     base = deployment_status(deployment, generation, by_name, r.pods, counts)
     # What this daemon wrote last is the newest status it knows; the body's copy can trail it
     # by a watch event (or a whole re-list), and an old one would forget a lost capacity.
@@ -340,14 +453,11 @@ async def _fleet_round(
         fresh["conditions"], previous.get("conditions") or []
     )
     if fresh != written:  # persisted before acting: a restarted operator resumes from here
-        path = object_path("DeploymentCard", namespace, fleet.name, "status")
+        path = object_path("DeploymentCard", fleet.namespace, fleet.name, "status")
         await asyncio.to_thread(kube.patch, path, {"status": fresh})
         written.clear()
         written.update(fresh)
     await fleet.execute(r, desired)
     await scaler.follow(counts, r, by_name)
     acted = any(not isinstance(a, SetCondition) for a in rec.actions)
-    delay = BUSY_ROUND_S if acted or fleet.busy else ROUND_S
-    if rec.wake_at is not None:
-        delay = min(delay, max(0.0, rec.wake_at - time.time()))
-    return delay
+    return acted, rec.wake_at

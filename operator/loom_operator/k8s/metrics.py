@@ -1,5 +1,6 @@
 """The operator's own Prometheus metrics: the planner's replicas per role and its decisions by
-reason, served on `loom operator --metrics-port`.
+reason, the Kube API requests it sent by verb, its fleet rounds and the cards waiting for a
+look (its queue), served on `loom operator --metrics-port`.
 
 Owns the metric names and their registry (one per operator process, carried in kopf's memo);
 never decides anything.
@@ -8,15 +9,37 @@ never decides anything.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from loom_operator.fleet.autoscale import RoleDecision
 
 PLANNED_REPLICAS = "loom:operator_planned_replicas"
 DECISIONS = "loom:operator_autoscale_decisions"
 ROLE_REPLICAS = "loom:operator_role_desired_replicas"
+KUBE_REQUESTS = "loom:operator_kube_requests"
+FLEET_ROUNDS = "loom:operator_fleet_rounds"
+QUEUE = "loom:operator_cards_waiting"
 LABELS = ("namespace", "deployment", "role")
+
+
+class RequestsByVerb(Collector):
+    """The Kube client's own tally of requests sent by HTTP method, read at each scrape."""
+
+    def __init__(self, requests: Mapping[str, int]) -> None:
+        self._requests = requests
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            KUBE_REQUESTS, "Kube API requests the operator sent, by HTTP verb (a watch is a GET)",
+            labels=("verb",),
+        )  # fmt: skip
+        for verb, n in sorted(dict(self._requests).items()):
+            family.add_metric((verb,), float(n))
+        yield family
 
 
 class OperatorMetrics:
@@ -36,6 +59,24 @@ class OperatorMetrics:
             ROLE_REPLICAS, "Workers a role runs toward (card, RoleScale or planner, within bounds)",
             LABELS, registry=self.registry,
         )  # fmt: skip
+
+        self._rounds = Counter(
+            FLEET_ROUNDS, "Fleet rounds run, by namespace and whether they acted on workers",
+            ("namespace", "acted"), registry=self.registry,
+        )  # fmt: skip
+
+    def kube_requests(self, requests: Mapping[str, int]) -> None:
+        """Export the Kube client's request tally (`Kube.requests`) by verb."""
+        self.registry.register(RequestsByVerb(requests))
+
+    def queue(self, pending: Callable[[], int]) -> None:
+        """Export the cards woken by a watch whose daemon has not looked yet."""
+        gauge = Gauge(QUEUE, "Cards a watch woke whose fleet daemon has not looked yet",
+                      registry=self.registry)  # fmt: skip
+        gauge.set_function(lambda: float(pending()))
+
+    def round_done(self, namespace: str, acted: bool) -> None:
+        self._rounds.labels(namespace, "true" if acted else "false").inc()
 
     def decision(self, namespace: str, deployment: str, d: RoleDecision) -> None:
         self._planned.labels(namespace, deployment, d.role).set(d.desired)

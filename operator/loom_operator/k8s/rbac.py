@@ -2,8 +2,8 @@
 
 Owns the rules (API group, resources, verbs, and why) for every call the operator makes: kopf's
 watches and patches of the cards, the server-side applies of what it renders, the fleet round's
-pod reads, annotations and deletions, the scaler's RoleScales and StatefulSet replicas, the
-tokens' Secret, Events, and the leader Lease. The Helm
+pod watch, annotations and deletions, the watches of every rendered kind, the scaler's
+RoleScales and StatefulSet replicas, the tokens' Secret, Events, and the leader Lease. The Helm
 chart's Roles come from here (`make crds` writes charts/loom/files/operator-rules.yaml; a test
 fails on drift), so a call added without its rule fails the chart's e2e install, which runs the
 operator under the chart's ServiceAccount.
@@ -34,24 +34,30 @@ WATCHED_NAMESPACE_RULES: tuple[Rule, ...] = (
          "kopf watches the cards and keeps its progress in their annotations"),
     Rule("loom.dev", ("modelcards/status", "deploymentcards/status"), ("get", "patch"),
          "validity, phase, conditions and the fleet record"),
-    Rule("loom.dev", ("rolescales",), ("get", "list", "create", "patch"),
+    Rule("loom.dev", ("rolescales",), ("get", "list", "watch", "create", "patch"),
          "server-side apply of each role's RoleScale; its spec.replicas written by the scale "
-         "rule and the planner"),
+         "rule and the planner; watched (k8s/watched.py)"),
     Rule("loom.dev", ("rolescales/status",), ("get", "patch"),
          "each RoleScale's serving and desired replicas, selector and observed generation"),
-    Rule("", ("configmaps", "services", "serviceaccounts"), ("get", "create", "patch"),
-         "server-side apply of the cards ConfigMap, the Services, the router's account"),
-    Rule("apps", ("statefulsets", "deployments"), ("get", "list", "create", "patch"),
-         "server-side apply of the role StatefulSets and the router Deployment; status reads"),
-    Rule("policy", ("poddisruptionbudgets",), ("get", "create", "patch"),
-         "server-side apply of the router's PodDisruptionBudget"),
-    Rule("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("get", "create", "patch"),
-         "server-side apply of the router's Role (pods get/list/watch) and its binding"),
-    Rule("networking.k8s.io", ("networkpolicies",), ("get", "create", "patch"),
-         "server-side apply of each deployment's NetworkPolicies (--network-policies)"),
+    Rule("", ("configmaps", "services", "serviceaccounts"),
+         ("get", "list", "watch", "create", "patch"),
+         "server-side apply of the cards ConfigMap, the Services, the router's account; watched "
+         "so that only what drifted is applied again"),
+    Rule("apps", ("statefulsets", "deployments"), ("get", "list", "watch", "create", "patch"),
+         "server-side apply of the role StatefulSets and the router Deployment; watched for "
+         "the fleet rounds' status reads and drift"),
+    Rule("policy", ("poddisruptionbudgets",), ("get", "list", "watch", "create", "patch"),
+         "server-side apply of the router's PodDisruptionBudget; watched for drift"),
+    Rule("rbac.authorization.k8s.io", ("roles", "rolebindings"),
+         ("get", "list", "watch", "create", "patch"),
+         "server-side apply of the router's Role (pods get/list/watch) and its binding; "
+         "watched for drift"),
+    Rule("networking.k8s.io", ("networkpolicies",), ("get", "list", "watch", "create", "patch"),
+         "server-side apply of each deployment's NetworkPolicies (--network-policies); watched "
+         "for drift"),
     Rule("", ("pods",), ("get", "list", "watch", "patch", "delete"),
-         "fleet rounds: list pods, annotate routing, delete a hung pod; watch is what the "
-         "router's Role grants, which RBAC lets only a holder grant"),
+         "fleet rounds: the pods' watch, routing annotations, deleting a hung pod; watch is "
+         "also what the router's Role grants, which RBAC lets only a holder grant"),
     Rule("", ("secrets",), ("get", "create"),
          "each card's control and admin tokens: made once, read by the fleet round"),
     Rule("", ("events",), ("create", "patch"),

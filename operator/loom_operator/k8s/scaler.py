@@ -23,6 +23,7 @@ from loom_operator.fleet.actions import StopWorker
 from loom_operator.fleet.autoscale import AutoscalePolicy
 from loom_operator.fleet.desired import DesiredFleet, autoscale_policy
 from loom_operator.fleet.observed import FleetObservation
+from loom_operator.k8s.drift import Applied
 from loom_operator.k8s.fleet import Events, PlannerView, PodFleet, Round
 from loom_operator.k8s.kube import MERGE, Kube, object_path
 from loom_operator.k8s.labels import SCALE_MANAGER, role_object
@@ -31,20 +32,19 @@ from loom_operator.k8s.pod_count import role_pod_count
 from loom_operator.k8s.render.role_scale import pod_selector
 from loom_operator.k8s.scale_rule import ScaleView, Settled, settle
 from loom_operator.k8s.scale_status import autoscaling_condition, owns_replicas, role_scale_status
-from loom_runtime.wire.pods import DEPLOYMENT_LABEL
 
 logger = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
 
-def take_replicas(kube: Kube, namespace: str, name: str, replicas: int) -> None:
+def take_replicas(kube: Kube, namespace: str, name: str, replicas: int) -> Obj:
     """Set a StatefulSet's replicas under the scaler's own field manager (so re-applying the
     rendered StatefulSet, which then omits them, never resets them)."""
     meta = {"name": name, "namespace": namespace}
     body = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
             "spec": {"replicas": replicas}}  # fmt: skip
-    kube.apply(body, SCALE_MANAGER)
+    return kube.apply(body, SCALE_MANAGER)
 
 
 def replicas_of(statefulset: Obj) -> int:
@@ -55,10 +55,18 @@ class CardScaler:
     """The scaling of one card, round after round (one per fleet daemon)."""
 
     def __init__(
-        self, kube: Kube, namespace: str, name: str, events: Events, metrics: OperatorMetrics | None
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        events: Events,
+        metrics: OperatorMetrics | None,
+        applied: Applied | None = None,
     ) -> None:
         self._kube, self.namespace, self.name = kube, namespace, name
         self._events, self._metrics = events, metrics
+        self._applied = applied
+        """What this process applied (its own writes of counts are no drift)."""
         self._autoscaler: Autoscaler | None = None
         self._scales: dict[RoleName, Obj] = {}
         self._taken: dict[RoleName, int] = {}
@@ -76,15 +84,18 @@ class CardScaler:
     async def round(
         self,
         fleet: PodFleet,
+        seen: tuple[FleetObservation, list[Obj]],
+        scales: list[Obj],
         desired: DesiredFleet,
         deployment: DeploymentCard,
         generation: int,
         now: float,
     ) -> tuple[DesiredFleet, dict[RoleName, int], Round]:
-        """One fleet round with its counts: observe, settle, plan, then the core decides on the
+        """One fleet round with its counts: with what `fleet.look` saw (`seen`) and the card's
+        RoleScales (`scales`, from the watch cache), settle, plan, then the core decides on the
         fleet at those counts (the caller persists, executes, then calls `follow`)."""
-        observed, pods = await fleet.look(now)
-        counts = await self.settle(deployment, generation)
+        observed, pods = seen
+        counts = await self.settle(deployment, generation, scales)
         view = fleet.planner_view()
         counts = await self.plan(desired.autoscale, counts, observed, view, now, generation)
         desired = desired.with_replicas(counts)
@@ -92,13 +103,12 @@ class CardScaler:
 
     # -- settle -----------------------------------------------------------------------------
 
-    async def settle(self, deployment: DeploymentCard, generation: int) -> dict[RoleName, int]:
-        """Every role's count, the card and each RoleScale made to agree (scale_rule.py)."""
-        listed = await self._call(
-            self._kube.get, object_path("RoleScale", self.namespace),
-            labelSelector=f"{DEPLOYMENT_LABEL}={self.name}",
-        )  # fmt: skip
-        self._scales = {s["spec"]["role"]: s for s in listed["items"]}
+    async def settle(
+        self, deployment: DeploymentCard, generation: int, scales: list[Obj]
+    ) -> dict[RoleName, int]:
+        """Every role's count, the card and each RoleScale (`scales`: the card's, as the watch
+        cache holds them) made to agree (scale_rule.py)."""
+        self._scales = {s["spec"]["role"]: s for s in scales}
         section = deployment.spec.autoscaling
         policy = None if section is None else autoscale_policy(section)
         counts: dict[RoleName, int] = {}
@@ -146,6 +156,8 @@ class CardScaler:
         path = object_path("RoleScale", self.namespace, role_object(self.name, role))
         done = await self._call(self._kube.patch, path, {"spec": {"replicas": replicas}}, MERGE)
         self._scales[role] = done
+        if self._applied is not None:
+            self._applied.wrote(self.namespace, "RoleScale", role_object(self.name, role), done)
         return int(done["metadata"].get("generation") or 0)
 
     # -- plan -------------------------------------------------------------------------------
@@ -214,7 +226,9 @@ class CardScaler:
         if target == before and owns_replicas(sts, SCALE_MANAGER):
             return
         name = role_object(self.name, role)
-        await self._call(take_replicas, self._kube, self.namespace, name, target)
+        done = await self._call(take_replicas, self._kube, self.namespace, name, target)
+        if self._applied is not None:
+            self._applied.wrote(self.namespace, "StatefulSet", name, done)
         if target != before:
             logger.info("%s/%s: StatefulSet %s %d → %d pods", self.namespace, self.name, name,
                         before, target)  # fmt: skip
@@ -229,6 +243,11 @@ class CardScaler:
             return
         path = object_path("RoleScale", self.namespace, role_object(self.name, role), "status")
         await self._call(self._kube.patch, path, {"status": status}, MERGE)
+
+    @property
+    def planner_at(self) -> float | None:
+        """When the planner decides next (None: it does not run)."""
+        return None if self._autoscaler is None else self._autoscaler.next_at
 
     async def close(self) -> None:
         if self._autoscaler is not None:

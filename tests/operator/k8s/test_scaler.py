@@ -31,6 +31,7 @@ from loom_operator.k8s.metrics import OperatorMetrics
 from loom_operator.k8s.render.role_scale import role_scale_manifest
 from loom_operator.k8s.scaler import CardScaler
 
+LABEL = "loom.dev/deployment"
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 NS = "ns"
 Obj = dict[str, Any]
@@ -113,6 +114,15 @@ def scaler(
     return CardScaler(cast(Kube, api), NS, "tiny-pd", events, metrics), said
 
 
+def scales(api: InMemoryApi) -> list[Obj]:
+    """The card's RoleScales as the operator's watch cache holds them: as the API server has
+    them now."""
+    items: list[Obj] = api.get(object_path("RoleScale", NS), labelSelector=f"{LABEL}=tiny-pd")[
+        "items"
+    ]
+    return items
+
+
 def role_scale(api: InMemoryApi, role: str) -> Obj:
     return api.objects[object_path("RoleScale", NS, f"tiny-pd-{role}")]
 
@@ -126,17 +136,17 @@ def test_kubectl_scale_without_autoscaling_is_written_into_the_card() -> None:
     doc, deployment = card()
     api = api_with(doc)
     s, said = scaler(api)
-    counts = asyncio.run(s.settle(deployment, 1))
+    counts = asyncio.run(s.settle(deployment, 1, scales(api)))
     assert counts == {"prefill": 1, "decode": 1}
     assert role_scale(api, "decode")["spec"]["replicas"] == 1  # a new RoleScale mirrors the card
     api.patch(object_path("RoleScale", NS, "tiny-pd-decode"), {"spec": {"replicas": 3}})
-    counts = asyncio.run(s.settle(deployment, 1))  # the watched card still says 1
+    counts = asyncio.run(s.settle(deployment, 1, scales(api)))  # the watched card still says 1
     assert counts["decode"] == 3
     card_obj = api.objects[object_path("DeploymentCard", NS, "tiny-pd")]
     assert card_obj["spec"]["roles"]["decode"]["replicas"] == 3
     assert any("written into spec.roles.decode.replicas" in e for e in said)
     # until the watch brings the edited card, the count taken from the RoleScale holds
-    assert asyncio.run(s.settle(deployment, 1))["decode"] == 3
+    assert asyncio.run(s.settle(deployment, 1, scales(api)))["decode"] == 3
     assert role_scale(api, "decode")["spec"]["replicas"] == 3
 
 
@@ -144,9 +154,9 @@ def test_an_edited_card_moves_its_role_scale() -> None:
     doc, deployment = card()
     api = api_with(doc)
     s, _ = scaler(api)
-    asyncio.run(s.settle(deployment, 1))
+    asyncio.run(s.settle(deployment, 1, scales(api)))
     _, edited = card(decode=2)
-    assert asyncio.run(s.settle(edited, 2))["decode"] == 2
+    assert asyncio.run(s.settle(edited, 2, scales(api)))["decode"] == 2
     assert role_scale(api, "decode")["spec"]["replicas"] == 2
 
 
@@ -156,7 +166,7 @@ def test_the_planner_writes_its_decision_into_the_role_scale_and_says_it() -> No
     api = api_with(doc)
     metrics = OperatorMetrics()
     s, said = scaler(api, metrics)
-    counts = asyncio.run(s.settle(deployment, 1))
+    counts = asyncio.run(s.settle(deployment, 1, scales(api)))
     assert deployment.spec.autoscaling is not None
     policy = autoscale_policy(deployment.spec.autoscaling)
     observed = FleetObservation((worker("tiny-pd-prefill-0"), worker("tiny-pd-decode-0")), 100.0)
@@ -180,7 +190,7 @@ def test_the_planner_writes_its_decision_into_the_role_scale_and_says_it() -> No
     )
     assert 'reason="QueueAboveTarget",role="decode"} 1.0' in text
     # the planner's own write is taken in: the next settle keeps 2 and writes nothing back
-    counts = asyncio.run(s.settle(deployment, 1))
+    counts = asyncio.run(s.settle(deployment, 1, scales(api)))
     assert counts["decode"] == 2
     r = Round(Reconciliation((), FleetRecord(), (), None), observed, [])
     asyncio.run(s.follow(counts, r, {}))
@@ -193,9 +203,9 @@ def test_with_the_planner_off_an_hpa_count_is_clamped_into_the_bounds() -> None:
     doc, deployment = card({"decode": {"min": 1, "max": 3}, "planner": False})
     api = api_with(doc)
     s, said = scaler(api)
-    asyncio.run(s.settle(deployment, 1))
+    asyncio.run(s.settle(deployment, 1, scales(api)))
     api.patch(object_path("RoleScale", NS, "tiny-pd-decode"), {"spec": {"replicas": 8}})
-    assert asyncio.run(s.settle(deployment, 1))["decode"] == 3
+    assert asyncio.run(s.settle(deployment, 1, scales(api)))["decode"] == 3
     assert role_scale(api, "decode")["spec"]["replicas"] == 3
     assert any("clamped to 3" in e for e in said)
     assert deployment.spec.autoscaling is not None
@@ -212,7 +222,7 @@ def test_a_statefulset_drops_a_retiring_pod_only_once_the_core_stopped_it() -> N
         api.put("StatefulSet", {"metadata": {"name": f"tiny-pd-{role}", "labels": {}},
                                 "spec": {"replicas": n}})  # fmt: skip
     s, _ = scaler(api)
-    asyncio.run(s.settle(deployment, 1))
+    asyncio.run(s.settle(deployment, 1, scales(api)))
     workers = tuple(worker(n) for n in ("tiny-pd-prefill-0", "tiny-pd-decode-0",
                                         "tiny-pd-decode-1", "tiny-pd-decode-2"))  # fmt: skip
     observed = FleetObservation(workers, 1.0)
@@ -238,7 +248,7 @@ def test_the_planner_does_not_grow_a_role_whose_pods_cannot_be_scheduled() -> No
     doc, deployment = card(section)
     api = api_with(doc)
     s, said = scaler(api)
-    counts = asyncio.run(s.settle(deployment, 1))
+    counts = asyncio.run(s.settle(deployment, 1, scales(api)))
     assert deployment.spec.autoscaling is not None
     policy = autoscale_policy(deployment.spec.autoscaling)
     observed = FleetObservation((worker("tiny-pd-prefill-0"), worker("tiny-pd-decode-0")), 100.0)
@@ -256,14 +266,11 @@ def test_the_planner_does_not_grow_a_role_whose_pods_cannot_be_scheduled() -> No
 
 
 class PodsSeen:
-    """Stand-in for PodFleet's observe/decide halves: fixed workers, the desired fleet kept."""
+    """Stand-in for PodFleet's planner and decide parts: fixed workers, the desired fleet kept."""
 
     def __init__(self, observed: FleetObservation, held: int) -> None:
         self.observed, self.held = observed, held
         self.decided: DesiredFleet | None = None
-
-    async def look(self, now: float) -> tuple[FleetObservation, list[Obj]]:
-        return self.observed, []
 
     def planner_view(self) -> PlannerView:
         return PlannerView({}, {}, self.held)
@@ -285,8 +292,9 @@ def test_a_round_hands_the_fleet_core_the_planned_counts() -> None:
     async def run() -> tuple[DesiredFleet, dict[RoleName, int]]:
         try:
             desired, counts, _ = await s.round(
-                cast(PodFleet, pods), desired_fleet(model, deployment), deployment, 1, 100.0
-            )
+                cast(PodFleet, pods), (observed, []), scales(api),
+                desired_fleet(model, deployment), deployment, 1, 100.0,
+            )  # fmt: skip
             return desired, counts
         finally:
             await s.close()

@@ -1,0 +1,81 @@
+"""Whether a rendered object must be applied again: only when the render changed since the
+operator last applied it, or the object as the watch cache holds it is no longer what that apply
+left (edited by hand, deleted, never applied by this process).
+
+Pure over plain data: an object's marker (its metadata.generation where the API server keeps
+one, so status writes are not drift; else its resourceVersion) and the record of what this
+process applied; never applies or reads anything (handlers.py does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from loom_operator.k8s.round_inputs import digest
+
+Obj = Mapping[str, Any]
+Key = tuple[str, str, str, str]
+"""(namespace, kind, name, uid of the card that rendered it)."""
+
+
+def marker(obj: Obj) -> str:
+    """What changes when an object's desired state is written: its generation where the API
+    server keeps one (status writes leave it), else its resourceVersion."""
+    meta = obj.get("metadata") or {}
+    generation = meta.get("generation")
+    return f"g{generation}" if generation is not None else f"r{meta.get('resourceVersion', '')}"
+
+
+def render_digest(manifest: Obj) -> str:
+    """The digest of a render, without a StatefulSet's spec.replicas (the start count a new one
+    is rendered with; from then on the count is the scaler's, and the render omits it)."""
+    if manifest.get("kind") == "StatefulSet" and "replicas" in (manifest.get("spec") or {}):
+        spec = {k: v for k, v in manifest["spec"].items() if k != "replicas"}
+        return digest({**manifest, "spec": spec})
+    return digest(manifest)
+
+
+def key_of(manifest: Obj, card_uid: str) -> Key:
+    meta = manifest["metadata"]
+    return str(meta["namespace"]), str(manifest["kind"]), str(meta["name"]), card_uid
+
+
+@dataclass
+class Applied:
+    """What this process applied, per object: the render's digest and the marker the apply left.
+    One per operator (in kopf's memo); a card's entries go with the card."""
+
+    _seen: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    _secrets: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, card uid) whose token Secret this process made or found."""
+
+    def needs_apply(self, key: Key, manifest: Obj, live: str | None) -> bool:
+        """Apply unless the same render was applied and the cache's object (`live`: its marker,
+        None when the cache does not hold it) is still what that apply left."""
+        last = self._seen.get(key)
+        return last is None or live is None or last != (render_digest(manifest), live)
+
+    def record(self, key: Key, manifest: Obj, result: Obj) -> None:
+        self._seen[key] = (render_digest(manifest), marker(result))
+
+    def wrote(self, namespace: str, kind: str, name: str, result: Obj) -> None:
+        """This process wrote an object it renders another way (the scaler's replicas): what
+        that write left is no drift."""
+        for key, (render, _) in list(self._seen.items()):
+            if key[:3] == (namespace, kind, name):
+                self._seen[key] = (render, marker(result))
+
+    def secret_needed(self, namespace: str, card_uid: str) -> bool:
+        """The card's token Secret is to be made (or found made) once per process."""
+        return (namespace, card_uid) not in self._secrets
+
+    def secret_made(self, namespace: str, card_uid: str) -> None:
+        self._secrets.add((namespace, card_uid))
+
+    def forget(self, namespace: str, card_uid: str) -> None:
+        """A card that is gone takes its entries along."""
+        for key in [k for k in self._seen if k[0] == namespace and k[3] == card_uid]:
+            del self._seen[key]
+        self._secrets.discard((namespace, card_uid))

@@ -1,0 +1,65 @@
+"""Drift: a rendered object is applied again only when its render changed, or the watch cache's
+copy is no longer what the operator's last write left (edited by hand, deleted); a status write
+is no drift, nor a StatefulSet's start count, nor the scaler's own count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom_operator.k8s.drift import Applied, key_of, marker, render_digest
+
+
+def manifest(kind: str = "ConfigMap", data: str = "a") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": kind, "data": {"k": data},
+            "metadata": {"name": "c-cards", "namespace": "ns"}}  # fmt: skip
+
+
+def live(rv: str, generation: int | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"resourceVersion": rv}
+    if generation is not None:
+        meta["generation"] = generation
+    return {"metadata": meta}
+
+
+def test_markers_use_the_generation_where_the_server_keeps_one() -> None:
+    assert marker(live("12", 3)) == "g3"
+    assert marker(live("12")) == "r12"
+
+
+def test_an_object_never_applied_or_not_in_the_cache_is_applied() -> None:
+    applied, m = Applied(), manifest()
+    key = key_of(m, "uid-1")
+    assert applied.needs_apply(key, m, "r5")
+    applied.record(key, m, live("5"))
+    assert applied.needs_apply(key, m, None)  # deleted by hand
+
+
+def test_the_same_render_over_an_untouched_object_is_not_applied_again() -> None:
+    applied, m = Applied(), manifest()
+    key = key_of(m, "uid-1")
+    applied.record(key, m, live("5"))
+    assert not applied.needs_apply(key, m, "r5")
+    assert applied.needs_apply(key, m, "r6")  # edited by hand
+    assert applied.needs_apply(key, manifest(data="b"), "r5")  # the render changed
+
+
+def test_a_statefulsets_start_count_and_the_scalers_writes_are_no_drift() -> None:
+    applied = Applied()
+    first = manifest("StatefulSet") | {"spec": {"replicas": 2, "serviceName": "x"}}
+    later = manifest("StatefulSet") | {"spec": {"serviceName": "x"}}
+    assert render_digest(first) == render_digest(later)
+    key = key_of(first, "uid-1")
+    applied.record(key, first, live("5", 1))
+    applied.wrote("ns", "StatefulSet", "c-cards", live("9", 2))  # the scaler set its replicas
+    assert not applied.needs_apply(key, later, "g2")
+    assert applied.needs_apply(key, later, "g3")
+
+
+def test_a_card_that_is_gone_takes_its_records_and_its_secret_along() -> None:
+    applied, m = Applied(), manifest()
+    key = key_of(m, "uid-1")
+    applied.record(key, m, live("5"))
+    applied.secret_made("ns", "uid-1")
+    assert not applied.secret_needed("ns", "uid-1") and applied.secret_needed("ns", "uid-2")
+    applied.forget("ns", "uid-1")
+    assert applied.needs_apply(key, m, "r5") and applied.secret_needed("ns", "uid-1")

@@ -1,0 +1,69 @@
+"""The watch caches as handlers read them: objects by the card their label names, without
+managedFields but the scaler's, and one card's objects gathered from kopf's indexes; the card
+daemons' wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from loom_operator.k8s.labels import FIELD_MANAGER, SCALE_MANAGER
+from loom_operator.k8s.scale_status import owns_replicas
+from loom_operator.k8s.wakers import CardWakers
+from loom_operator.k8s.watched import ROUND_KINDS, card_cache, card_key, marker_index, slim
+
+LABEL = "loom.dev/deployment"
+
+
+def obj(name: str, card: str | None, **meta: Any) -> dict[str, Any]:
+    labels = {} if card is None else {LABEL: card}
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels, **meta}}
+
+
+def test_objects_are_keyed_by_the_card_their_label_names() -> None:
+    assert card_key(obj("c-decode-0", "c")) == ("ns", "c")
+    assert card_key(obj("other", None)) is None
+
+
+def test_slim_drops_managed_fields_but_the_scalers_own() -> None:
+    fields = [
+        {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {}}},
+        {"manager": SCALE_MANAGER, "operation": "Apply",
+         "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+    ]  # fmt: skip
+    sts = slim(obj("c-decode", "c", managedFields=fields, resourceVersion="4"))
+    assert sts["metadata"]["managedFields"] == fields[1:] and owns_replicas(sts, SCALE_MANAGER)
+    pod = slim(obj("c-decode-0", "c", managedFields=fields[:1]))
+    assert "managedFields" not in pod["metadata"] and pod["metadata"]["name"] == "c-decode-0"
+
+
+def test_a_cards_cache_gathers_its_model_card_statefulsets_and_drift_markers() -> None:
+    card = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"modelCard": "m"}}
+    sts = obj("c-decode", "c", generation=2, resourceVersion="40")
+    indexes = {
+        "model_cards": {("ns", "m"): [{"spec": {"x": 1}}]},
+        ROUND_KINDS["StatefulSet"]: {("ns", "c"): [sts], ("ns", "d"): [obj("d-decode", "d")]},
+        ROUND_KINDS["RoleScale"]: {("ns", "c"): [obj("c-decode", "c", generation=3)]},
+        marker_index("ConfigMap"): {("ns", "c"): [("ConfigMap", "c-cards", "r7")]},
+    }
+    cache = card_cache(indexes, card)
+    assert cache.model_doc == {"spec": {"x": 1}} and cache.statefulsets == [sts]
+    assert cache.markers == {("StatefulSet", "c-decode"): "g2", ("RoleScale", "c-decode"): "g3",
+                             ("ConfigMap", "c-cards"): "r7"}  # fmt: skip
+    other = card_cache({}, card | {"spec": {"modelCard": "gone"}})
+    assert other.model_doc is None and other.statefulsets == [] and other.markers == {}
+
+
+def test_a_watch_wakes_only_the_daemon_of_its_card() -> None:
+    async def run() -> None:
+        wakers = CardWakers()
+        a, b = wakers.event(("ns", "a")), wakers.event(("ns", "b"))
+        wakers.wake(("ns", "a"))
+        wakers.wake(("ns", "unknown"))  # no daemon: nothing is made for it
+        assert a.is_set() and not b.is_set() and wakers.pending() == 1
+        wakers.wake_namespace("ns")
+        assert b.is_set() and wakers.pending() == 2
+        wakers.forget(("ns", "a"))
+        assert wakers.pending() == 1
+
+    asyncio.run(run())
