@@ -155,8 +155,9 @@ def test_a_rolling_sync_fails_no_request_and_keeps_max_unavailable(fleet: Fleet)
     assert_served(fleet, streams, "v1", "v2")
     assert most == 1, f"{most} workers were out of routing at once (maxUnavailable is 1)"
     table = fleet.cluster.kubectl("get", "deploymentcards", "-n", fleet.ns).stdout.split()
-    assert table[:5] == ["NAME", "PHASE", "READY", "VERSION", "AGE"]  # the printer columns
-    assert table[5:9] == [NAME, "Ready", "2/2", "v2"]
+    header = ["NAME", "PHASE", "READY", "VERSION", "REPLICAS", "AGE"]  # the printer columns
+    assert table[:6] == header
+    assert table[6:10] == [NAME, "Ready", "2/2", "v2"]
 
 
 def test_a_barrier_sync_fails_no_request(fleet: Fleet) -> None:

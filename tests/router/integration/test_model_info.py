@@ -53,7 +53,7 @@ def test_logit_bias_and_a_refused_field_through_the_router(router: Any) -> None:
         )  # fmt: skip
         assert "".join(c.choices[0].text for c in stream) == done.choices[0].text
         with pytest.raises(openai.BadRequestError) as err:
-            client.completions.create(model=MODEL, prompt="x", n=3)
-        assert err.value.body["param"] == "n"  # type: ignore[index]
+            client.completions.create(model=MODEL, prompt="x", presence_penalty=0.5)
+        assert err.value.body["param"] == "presence_penalty"  # type: ignore[index]
     finally:
         client.close()
