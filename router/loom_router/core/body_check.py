@@ -75,8 +75,6 @@ def check_body(kind: ResponseKind, body: Mapping[str, Any]) -> None:
 def prefilled_where_decoded(kind: str, body: Mapping[str, Any]) -> bool:
     """Whether a body must skip the remote prefill: a completions body with several prompts, or
     either kind asking for prompt log-probs (loom_runtime.wire.pd.prefilled_where_decoded)."""
-    if kind == "chat":
-        return body.get("prompt_logprobs") is not None
     return pd.prefilled_where_decoded(body)
 
 

@@ -20,13 +20,13 @@ from aiohttp import web
 
 from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import LoomError
-from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingEngine, ServingTokenizer
+from loom_runtime.serve.api_context import API_CONTEXT, ApiContext, ServingTokenizer
 from loom_runtime.serve.bridge import OutputStream, submitted
 from loom_runtime.serve.echo import PromptEcho, echo_choice, echo_stream_fields, prompt_echo
 from loom_runtime.serve.errors import classify
 from loom_runtime.serve.prepare import choices_of, prepare_chat, prepare_completion
 from loom_runtime.serve.responses import Accumulated
-from loom_runtime.serve.run import Run, collect
+from loom_runtime.serve.run import Run, collect, compile_grammars
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
 from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, finish_reason, output_plan
@@ -196,7 +196,8 @@ def _usage(flights: Sequence[_Flight]) -> dict[str, Any]:
 
 def _body(flights: Sequence[_Flight], meta: ResponseMeta, choices: Choices) -> dict[str, Any]:
     """The whole answer: the kept samples as choices, `index` in order, usage summed."""
-    scores = [sum(e.logprob for e in f.run.acc.logprobs) for f in flights]
+    scores = [sum(e.logprob for e in f.run.acc.logprobs) if choices.ranked else 0.0
+              for f in flights]  # fmt: skip
     out = []
     for index, k in enumerate(choices.kept(scores)):
         f = flights[k]
@@ -287,20 +288,13 @@ def _ignored(parsed: CompletionRequest | ChatCompletionRequest, rid: str) -> tup
     return ignored
 
 
-async def _compile_grammars(engine: ServingEngine, ereqs: Sequence[EngineRequest]) -> None:
-    """Compile the requests' grammars off the event loop (a large schema takes a while; a bad
-    one raises its 400 here): the engine's admission then finds them in its cache."""
-    for spec in {e.sampling.grammar for e in ereqs if e.sampling.grammar is not None}:
-        await asyncio.to_thread(engine.grammars.compile, spec)
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     arrival = time.monotonic()
     ctx = request.app[API_CONTEXT]
     parsed = parse_request(CompletionRequest, await request.read(), ctx.strict_fields)
     rid = _request_id(request, "cmpl")
     ereqs = prepare_completion(parsed, ctx.engine.tokenizer, ctx.limits, rid, arrival)
-    await _compile_grammars(ctx.engine, ereqs)
+    await compile_grammars(ctx.engine, ereqs)
     return await _serve(request, "completion", parsed, ereqs, rid, _ignored(parsed, rid))
 
 
@@ -314,7 +308,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     plan = output_plan(parsed.tool_plan, parsers.tool_call_parser,
                        parsers.reasoning_parser is not None, parsed.output_grammar is not None,
                        parsed.include_reasoning)  # fmt: skip
-    await _compile_grammars(ctx.engine, ereqs)
+    await compile_grammars(ctx.engine, ereqs)
     return await _serve(request, "chat", parsed, ereqs, rid, _ignored(parsed, rid), plan)
 
 

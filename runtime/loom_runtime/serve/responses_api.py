@@ -9,7 +9,6 @@ output itself (wire/openai/responses and wire/openai/chat do), never blocks the 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -19,12 +18,12 @@ from aiohttp import web
 
 from loom_runtime.engine.types import RequestOutput
 from loom_runtime.errors import InvalidRequestError, LoomError
-from loom_runtime.serve.api_context import API_CONTEXT, ApiContext
+from loom_runtime.serve.api_context import API_CONTEXT
 from loom_runtime.serve.bridge import OutputStream, submitted
 from loom_runtime.serve.errors import classify
 from loom_runtime.serve.prepare import prepare_chat
 from loom_runtime.serve.response_store import ResponseStore, StoredResponse
-from loom_runtime.serve.run import Run, collect
+from loom_runtime.serve.run import Run, collect, compile_grammars
 from loom_runtime.wire.headers import IGNORED_FIELDS_HEADER, REQUEST_ID_HEADER, WEIGHTS_HEADER
 from loom_runtime.wire.openai.chat.output import DeltaStream, OutputPlan, output_plan, read_message
 from loom_runtime.wire.openai.request import (
@@ -48,7 +47,6 @@ from loom_runtime.wire.openai.responses.request import (
     conversation,
     responses_param,
 )
-from loom_runtime.wire.openai.structured import GrammarSpec
 
 logger = logging.getLogger(__name__)
 RESPONSE_STORE = web.AppKey("response_store", ResponseStore)
@@ -96,8 +94,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     plan = output_plan(chat.tool_plan, parsers.tool_call_parser,
                        parsers.reasoning_parser is not None, chat.output_grammar is not None,
                        chat.include_reasoning)  # fmt: skip
-    if ereq.sampling.grammar is not None:
-        await _compile(ctx, ereq.sampling.grammar)
+    await compile_grammars(ctx.engine, (ereq,))
     head = ResponseHead(rid, ctx.limits.model_name, parsed)
     ignored = unknown_fields(parsed)
     async with submitted(ctx.engine, ereq, ctx.mailbox) as outputs:
@@ -117,11 +114,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = head.body(status, items, _usage(run), incomplete)
     _keep(store, parsed, body, turns)
     return web.json_response(body, headers=headers)
-
-
-async def _compile(ctx: ApiContext, spec: GrammarSpec) -> None:
-    """Off the event loop (a large schema takes a while; a bad one raises its 400 here)."""
-    await asyncio.to_thread(ctx.engine.grammars.compile, spec)
 
 
 async def _stream(

@@ -1,17 +1,19 @@
 """One engine request of an HTTP response as it runs: its outputs accumulated, its metrics
 counted when it finishes, and the errors a finished output means (aborted, transfer failed).
 
-Owns that bookkeeping for every text route (openai_api.py, responses_api.py); never writes a
-response body.
+Owns that bookkeeping for every text route (openai_api.py, responses_api.py), and compiling a
+request's grammar off the event loop before it is submitted; never writes a response body.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
-from loom_runtime.engine.types import RequestOutput
+from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import TransferError
-from loom_runtime.serve.api_context import ApiContext
+from loom_runtime.serve.api_context import ApiContext, ServingEngine
 from loom_runtime.serve.bridge import OutputStream
 from loom_runtime.serve.echo import PromptEcho
 from loom_runtime.serve.errors import RequestAbortedError
@@ -79,3 +81,10 @@ async def collect(run: Run, outputs: OutputStream, first: RequestOutput) -> None
         if out.finished:
             return
         out = await outputs.next(run.ctx.stall_timeout_s)
+
+
+async def compile_grammars(engine: ServingEngine, ereqs: Sequence[EngineRequest]) -> None:
+    """Compile the requests' grammars off the event loop (a large schema takes a while; a bad
+    one raises its 400 here): the engine's admission then finds them in its cache."""
+    for spec in {e.sampling.grammar for e in ereqs if e.sampling.grammar is not None}:
+        await asyncio.to_thread(engine.grammars.compile, spec)

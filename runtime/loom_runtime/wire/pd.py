@@ -68,8 +68,8 @@ def several_choices(body: Mapping[str, Any]) -> bool:
 
 
 def prefilled_where_decoded(body: Mapping[str, Any]) -> bool:
-    """Whether a /v1/completions body skips the remote prefill (the router and the test proxy
-    alike): several prompts (one KV lease answers one prompt), or prompt log-probs
+    """Whether a body skips the remote prefill (the router and the test proxy alike): several
+    prompts (one KV lease answers one prompt), or prompt log-probs, on completions or chat
     (prompt_logprobs, or echo with logprobs: the logits are where the prompt is prefilled, and a
     decode that pulls the KV has none)."""
     echoed = body.get("echo") is True and body.get("logprobs") is not None
