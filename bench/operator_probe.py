@@ -123,7 +123,9 @@ class Recorder:
                 conn.send({"records": batch, "totals": totals})
 
 
-def operator_main(conn: Connection, kubeconfig: str, namespace: str, log: str) -> None:
+def operator_main(
+    conn: Connection, kubeconfig: str, namespace: str, log: str, flags: tuple[str, ...]
+) -> None:
     """The child: `loom operator` with its handlers timed, its output in `log`."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
@@ -135,19 +137,21 @@ def operator_main(conn: Connection, kubeconfig: str, namespace: str, log: str) -
     recorder.instrument(handlers)
     threading.Thread(target=recorder.serve, args=(conn,), daemon=True).start()
     sys.exit(main(["operator", "--kubeconfig", kubeconfig, "--namespace", namespace,
-                   "--kv-connector", "tcp"]))  # fmt: skip
+                   "--kv-connector", "tcp", *flags]))  # fmt: skip
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log: Path, flags: tuple[str, ...] = ()
+    ) -> None:
         # kopf logs in through the kubernetes library, which reads $KUBECONFIG when imported:
         # before `loom operator --kubeconfig` sets it. The child inherits it from here.
         os.environ["KUBECONFIG"] = str(kubeconfig)
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.log, self.records = log, list[dict[str, Any]]()
-        self.proc = ctx.Process(target=operator_main, daemon=True,
-                                args=(child, str(kubeconfig), namespace, str(log)))  # fmt: skip
+        args = (child, str(kubeconfig), namespace, str(log), flags)
+        self.proc = ctx.Process(target=operator_main, daemon=True, args=args)
         self.proc.start()
 
     def stats(self) -> dict[str, int]:

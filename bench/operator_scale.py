@@ -134,13 +134,61 @@ def minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in sorted(after) if after[k] > before.get(k, 0)}
 
 
+class Replicas:
+    """The operator's replicas of one scale (`--shards` when more than one): their handler
+    records and Kube request totals summed, their memory per replica."""
+
+    def __init__(self, cluster: Cluster, namespace: str, label: str, replicas: int,
+                 shards: int) -> None:  # fmt: skip
+        flags = ("--shards", str(shards)) if replicas > 1 else ()
+        self.ops = [OperatorProcess(cluster.kubeconfig, namespace,
+                                    STATE / f"operator-{label}-{i}.log", flags)
+                    for i in range(replicas)]  # fmt: skip
+        self.log = self.ops[0].log
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [r for op in self.ops for r in op.records]
+
+    def stats(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for op in self.ops:
+            total.update(op.stats())
+        return dict(total)
+
+    def memory_mib(self) -> dict[str, float]:
+        """The largest replica's VmRSS and VmHWM."""
+        each = [op.memory_mib() for op in self.ops]
+        return {k: max(m.get(k, 0.0) for m in each) for k in ("VmRSS", "VmHWM")}
+
+    def stop(self) -> float | None:
+        times = [op.stop() for op in self.ops]
+        return None if None in times else max(t for t in times if t is not None)
+
+
+def balanced(kube: Kube, namespace: str, replicas: int) -> bool:
+    """Every shard Lease held, by `replicas` replicas, evenly (within one)."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    items = kube.get(path, labelSelector="loom.dev/operator-lease=shard")["items"]
+    holders = [(i.get("spec") or {}).get("holderIdentity") for i in items]
+    counts = Counter(h for h in holders if h)
+    return len(counts) == replicas and max(counts.values()) - min(counts.values()) <= 1
+
+
 def run_scale(
-    cluster: Cluster, label: str, cards: list[dict[str, Any]], args: argparse.Namespace
+    cluster: Cluster,
+    label: str,
+    cards: list[dict[str, Any]],
+    args: argparse.Namespace,
+    replicas: int = 1,
 ) -> dict[str, Any]:
     kube, namespace, load = cluster.kube, f"scale-{label}", [os.getloadavg()[0]]
     make_namespace(kube, namespace)
-    op = OperatorProcess(cluster.kubeconfig, namespace, STATE / f"operator-{label}.log")
+    op = Replicas(cluster, namespace, label, replicas, args.shards)
     try:
+        if replicas > 1:
+            wait(lambda: balanced(kube, namespace, replicas), 120,
+                 f"{replicas} replicas to share the shards (their logs: {op.log} ...)")  # fmt: skip
         model = glm_docs()[0] | {"metadata": {"name": "glm-5", "namespace": namespace}}
         kube.create(object_path("ModelCard", namespace), model)
         path = object_path("ModelCard", namespace, "glm-5")
@@ -168,7 +216,7 @@ def run_scale(
     drop_namespace(kube, namespace, args.timeout_s)
     window = args.steady_s * len(cards)
     return {
-        "scale": label, "cards": len(cards),
+        "scale": label, "cards": len(cards), "replicas": replicas,
         "worker_pods": sum(r["replicas"] for c in cards for r in c["spec"]["roles"].values()),
         "router_pods": sum(c["spec"]["router"]["replicas"] for c in cards),
         "converge_s": round(max(at.values()), 2),
@@ -230,12 +278,14 @@ def medians(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
-def scenarios(args: argparse.Namespace) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    for n in args.scales:
-        for _ in range(args.repeat):
-            yield str(n), [small_card(f"glm-5-{i:03d}") for i in range(n)]
-            if n == 1 and args.big:
-                yield "1-big", [big_card()]
+def scenarios(args: argparse.Namespace) -> Iterator[tuple[str, list[dict[str, Any]], int]]:
+    for replicas in args.replicas:
+        suffix = f"x{replicas}" if replicas > 1 else ""
+        for n in args.scales:
+            for _ in range(args.repeat):
+                yield f"{n}{suffix}", [small_card(f"glm-5-{i:04d}") for i in range(n)], replicas
+                if n == 1 and args.big:
+                    yield f"1-big{suffix}", [big_card()], replicas
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -246,6 +296,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-big", dest="big", action="store_false",
                    help="skip the 8 prefill + 64 decode card at scale 1")
     p.add_argument("--repeat", type=int, default=1, help="runs of each scale (medians reported)")
+    p.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")], default=[1],
+                   help="operator replicas, comma-separated: each scale runs with each count "
+                        "(more than one: sharded, --shards); default 1")
+    p.add_argument("--shards", type=int, default=12, help="shards when replicas > 1 (default 12)")
     p.add_argument("--expect-phase", type=lambda s: set(s.split(",")),
                    default={"Ready", "Progressing"},
                    help="phases a converged card may show (default Ready,Progressing)")
@@ -282,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     try:
         cluster = start_cluster(STATE)
-        for label, cards in scenarios(args):
-            results.append(run_scale(cluster, label, cards, args))
+        for label, cards, replicas in scenarios(args):
+            results.append(run_scale(cluster, label, cards, args, replicas))
     except (TimeoutError, RuntimeError, OSError) as exc:
         report["error"] = str(exc)
         say(f"stopped: {exc}")

@@ -27,13 +27,16 @@ SETTLE_S = 300.0
 class Operator:
     """One `loom operator` process watching one namespace, its output in a log file."""
 
-    def __init__(self, cluster: Cluster, namespace: str, tag: str) -> None:
+    def __init__(
+        self, cluster: Cluster, namespace: str, tag: str, flags: tuple[str, ...] = ()
+    ) -> None:
         assert cluster.root is not None
         self.log = cluster.root / f"operator-{namespace}-{tag}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "loom_operator.cli", "operator", "--kubeconfig",
-                 str(cluster.kubeconfig), "--namespace", namespace, "--kv-connector", "tcp"],
+                 str(cluster.kubeconfig), "--namespace", namespace, "--kv-connector", "tcp",
+                 *flags],
                 # --kubeconfig alone (no $KUBECONFIG), as a user runs it outside a cluster.
                 stdout=out, stderr=subprocess.STDOUT,
                 env={k: v for k, v in cluster.env.items() if k != "KUBECONFIG"},
@@ -41,6 +44,9 @@ class Operator:
 
     def said(self, text: str) -> bool:
         return text in self.log.read_text(errors="replace")
+
+    def lines(self) -> list[str]:
+        return self.log.read_text(errors="replace").splitlines()
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -78,14 +78,16 @@ class Cluster:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stdout}{out.stderr}")
         return out.stdout
 
-    def add_fake_nodes(self, count: int, capacity: dict[str, str]) -> list[str]:
+    def add_fake_nodes(
+        self, count: int, capacity: dict[str, str], prefix: str = "kwok-node"
+    ) -> list[str]:
         """kwok nodes: scheduled onto, marked Running, run nothing (local provider only)."""
         if self.root is None:
             raise RuntimeError(f"the {self.provider} provider has no kwok nodes")
         state = control_plane.ClusterState.load(self.root)
         assert state is not None
         kwok.start(self.root, Path(state.bin_dir))
-        return kwok.add_nodes(self.kube, count, capacity)
+        return kwok.add_nodes(self.kube, count, capacity, prefix)
 
 
 def pod_net(root: Path) -> int:

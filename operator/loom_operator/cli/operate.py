@@ -16,6 +16,7 @@ from typing import Any
 
 from loom_operator.k8s.leader import LeaseSettings
 from loom_operator.k8s.settings import RenderSettings
+from loom_operator.k8s.shard_keeper import ShardSettings
 
 
 def add_parser(sub: Any) -> None:
@@ -43,6 +44,10 @@ def add_parser(sub: Any) -> None:
         "--no-leader-elect", dest="leader_elect", action="store_false",
         help="act without holding the loom-operator Lease (only when a single replica runs)",
     )  # fmt: skip
+    p.add_argument("--shards", type=int, default=0, metavar="N", help="split the cards into N "
+                   "shards that the operator's replicas share (a Lease per shard, rebalanced as "
+                   "replicas join or die); 0: one replica acts on every card, the others wait "
+                   "for the loom-operator Lease")  # fmt: skip
     p.add_argument("--metrics-port", type=int, default=0, help="serve the operator's "
                    "Prometheus metrics (planner decisions) on this port; 0: none")  # fmt: skip
     p.add_argument("--metrics-address", default="0.0.0.0", help="the address --metrics-port "
@@ -59,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from loom_operator.k8s.kube import Kube
     from loom_operator.k8s.leader import LeaderElector
     from loom_operator.k8s.metrics import OperatorMetrics
+    from loom_operator.k8s.shard_keeper import ShardKeeper, Shards
     from loom_operator.k8s.wakers import CardWakers
 
     logging.basicConfig(
@@ -90,11 +96,18 @@ def run(args: argparse.Namespace) -> int:
     metrics.queue(wakers.pending)
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
+    if args.shards < 0:
+        raise SystemExit(f"--shards: expected 0 or more, got {args.shards}")
+    shards = Shards(args.shards) if args.shards else None
     memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics,
-                     wakers=wakers, applied=Applied())  # fmt: skip
+                     wakers=wakers, applied=Applied(), shards=shards)  # fmt: skip
     assert handlers.configure is not None  # the import registers the handlers with kopf
-    elector = None
-    if args.leader_elect:
+    elector, keeper = None, None
+    if shards is not None:
+        keeper = ShardKeeper(kube, shard_settings(namespaces, args.shards), shards)
+        metrics.shards(lambda: len(shards.acting_on))
+        threading.Thread(target=keeper.keep, args=(stop,), daemon=True).start()
+    elif args.leader_elect:
         elector = LeaderElector(kube, lease_settings(namespaces))
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
@@ -116,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         if elector is not None and not elector.lost.is_set():
             elector.release()
+        if keeper is not None:
+            keeper.release()
     return 1 if elector is not None and elector.lost.is_set() else 0
 
 
@@ -132,9 +147,20 @@ def _stop_on(lost: threading.Event, kopf_stop: threading.Event) -> None:
     kopf_stop.set()
 
 
-def lease_settings(namespaces: list[str]) -> LeaseSettings:
-    """The Lease every replica of this operator contends for: in its own namespace in a pod,
-    else in the first namespace it watches."""
+def _where(namespaces: list[str]) -> tuple[str, str]:
+    """The namespace of this operator's Leases (its own in a pod, else the first it watches)
+    and this replica's identity."""
     namespace = os.environ.get("POD_NAMESPACE") or namespaces[0]
     identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-    return LeaseSettings("loom-operator", namespace, identity)
+    return namespace, identity
+
+
+def lease_settings(namespaces: list[str]) -> LeaseSettings:
+    """The Lease every replica of this operator contends for."""
+    return LeaseSettings("loom-operator", *_where(namespaces))
+
+
+def shard_settings(namespaces: list[str], shards: int) -> ShardSettings:
+    """The shard Leases the replicas of a sharded operator share."""
+    namespace, identity = _where(namespaces)
+    return ShardSettings(namespace, identity, shards)

@@ -9,6 +9,7 @@ process applied; never applies or reads anything (handlers.py does).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,9 @@ class Applied:
     _seen: dict[Key, tuple[str, str]] = field(default_factory=dict)
     _secrets: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, card uid) whose token Secret this process made or found."""
+    _cards: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    """(namespace, card uid) -> the (generation, ModelCard digest) this process last applied."""
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
 
     def needs_apply(self, key: Key, manifest: Obj, live: str | None) -> bool:
         """Apply unless the same render was applied and the cache's object (`live`: its marker,
@@ -74,8 +78,23 @@ class Applied:
     def secret_made(self, namespace: str, card_uid: str) -> None:
         self._secrets.add((namespace, card_uid))
 
+    def card_applied(self, namespace: str, card_uid: str, at: tuple[int, str]) -> None:
+        """The card was rendered and applied (or judged invalid) at (generation, ModelCard
+        digest)."""
+        self._cards[(namespace, card_uid)] = at
+
+    def card_lock(self, namespace: str, card_uid: str) -> threading.Lock:
+        """Held while the card is reconciled (kopf's handler threads and its daemon)."""
+        return self._locks.setdefault((namespace, card_uid), threading.Lock())
+
+    def card_at(self, namespace: str, card_uid: str) -> tuple[int, str] | None:
+        """What `card_applied` last said of the card (None: not applied by this process)."""
+        return self._cards.get((namespace, card_uid))
+
     def forget(self, namespace: str, card_uid: str) -> None:
-        """A card that is gone takes its entries along."""
+        """A card that is gone (or acted on by another replica now) takes its entries along."""
+        self._cards.pop((namespace, card_uid), None)
+        self._locks.pop((namespace, card_uid), None)
         for key in [k for k in self._seen if k[0] == namespace and k[3] == card_uid]:
             del self._seen[key]
         self._secrets.discard((namespace, card_uid))

@@ -11,6 +11,7 @@ applies in kopf's `memo` (no module-level state).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -55,6 +56,7 @@ from loom_operator.k8s.round_inputs import (
 from loom_operator.k8s.scale_status import owns_replicas
 from loom_operator.k8s.scaler import CardScaler, replicas_of, take_replicas
 from loom_operator.k8s.settings import RenderSettings
+from loom_operator.k8s.shard_keeper import Shards
 from loom_operator.k8s.status import deployment_status, with_fleet, with_transition_times
 from loom_operator.k8s.wakers import CardWakers
 from loom_operator.k8s.watched import ROUND_KINDS, CardCache, card_cache, items
@@ -113,6 +115,22 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 60
 
 
+@kopf.on.startup()
+async def wake_on_shard_changes(memo: kopf.Memo, **_: Any) -> None:
+    """A sharded replica's card daemons look again when the shards it holds change: the cards
+    it took start acting at once, the cards it gave back stop."""
+    shards: Shards | None = getattr(memo, "shards", None)
+    wakers: CardWakers | None = getattr(memo, "wakers", None)
+    if shards is not None and wakers is not None:
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # from the shard keeper's thread
+            with contextlib.suppress(RuntimeError):  # kopf's loop closed: the operator stops
+                loop.call_soon_threadsafe(wakers.wake_all)
+
+        shards.on_change(wake)
+
+
 @kopf.on.cleanup()
 def release_stop_flag(memo: kopf.Memo, **_: Any) -> None:
     """kopf waits for its stop flag in a worker thread; when it stops for another reason (a
@@ -133,15 +151,32 @@ def validate_model_card(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **k
         problem = None
     except CardError as exc:
         problem = _problems(exc)
-    _write(patch, validity(body, problem))
+    shards = _shards(memo)
+    with shards.acting(str(body.metadata.uid)) as mine:
+        if mine:
+            _write(patch, validity(body, problem))
     kube: Kube = memo.kube
     namespace = str(body.metadata.namespace)
     for card in kube.get(object_path("DeploymentCard", namespace))["items"]:
-        if card["spec"].get("modelCard") == body.metadata.name:
-            fields = reconcile(card, memo, card_cache(kwargs, card))
-            if fields is not None:
-                path = object_path("DeploymentCard", namespace, card["metadata"]["name"], "status")
-                kube.patch(path, {"status": fields}, MERGE)
+        if card["spec"].get("modelCard") != body.metadata.name:
+            continue
+        with shards.acting(str(card["metadata"]["uid"])) as mine:
+            if mine:
+                _write_status(kube, card, reconcile(card, memo, card_cache(kwargs, card)))
+
+
+def _shards(memo: kopf.Memo) -> Shards:
+    """The cards this replica acts on (every card when the operator is not sharded)."""
+    shards: Shards | None = getattr(memo, "shards", None)
+    return shards if shards is not None else Shards()
+
+
+def _write_status(kube: Kube, card: Obj, fields: Mapping[str, Any] | None) -> None:
+    """Status fields a reconcile returned, written outside a kopf handler's patch."""
+    if fields:
+        meta = card["metadata"]
+        path = object_path("DeploymentCard", str(meta["namespace"]), str(meta["name"]), "status")
+        kube.patch(path, {"status": dict(fields)}, MERGE)
 
 
 def load_cards(model_doc: Obj | None, card: Obj) -> tuple[ModelCard, DeploymentCard] | str:
@@ -192,16 +227,35 @@ def _statefulsets(kube: Kube, namespace: str, name: str, roles: Iterable[RoleNam
     return existing
 
 
-def reconcile(card: Obj, memo: kopf.Memo, cache: CardCache) -> dict[str, Any] | None:
+def reconcile(
+    card: Obj, memo: kopf.Memo, cache: CardCache, again: bool = False
+) -> dict[str, Any] | None:
     """Render the DeploymentCard with its ModelCard and apply every object that differs from
     what the watch cache holds; the status fields to write when the cards are invalid together,
-    else None."""
+    else None. One card's reconciles run one at a time; unless `again` (the drift correction), a
+    card this process already applied at its generation and ModelCard is left alone (kopf's
+    handler and the card's daemon both ask after a change: the second finds it done)."""
     kube: Kube = memo.kube
     settings: RenderSettings = memo.settings
     applied: Applied = getattr(memo, "applied", None) or Applied()
     meta = card["metadata"]
+    namespace, uid = str(meta["namespace"]), str(meta["uid"])
+    with applied.card_lock(namespace, uid):
+        model_doc = _model_doc(kube, card, cache)
+        at = (int(meta.get("generation") or 0), digest(model_doc))
+        if not again and applied.card_at(namespace, uid) == at:
+            return None
+        fields = _apply(card, model_doc, kube, settings, applied, cache)
+        applied.card_applied(namespace, uid, at)
+    return fields
+
+
+def _apply(card: Obj, model_doc: Obj | None, kube: Kube, settings: RenderSettings,
+           applied: Applied, cache: CardCache) -> dict[str, Any] | None:  # fmt: skip
+    """reconcile's work: the status fields when the cards cannot be applied, else None."""
+    meta = card["metadata"]
     namespace, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
-    cards = load_cards(_model_doc(kube, card, cache), card)
+    cards = load_cards(model_doc, card)
     if isinstance(cards, str):
         return validity(card, cards)
     model, deployment = cards
@@ -261,7 +315,9 @@ def _ensure_secret(kube: Kube, namespace: str, name: str, uid: str) -> None:
 def apply_deployment_card(
     body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    _write(patch, reconcile(body, memo, card_cache(kwargs, body)) or {})
+    with _shards(memo).acting(str(body.metadata.uid)) as mine:
+        if mine:  # else the replica holding its shard applies it (its daemon, on taking it)
+            _write(patch, reconcile(body, memo, card_cache(kwargs, body)) or {})
 
 
 @kopf.timer(GROUP, VERSION, "deploymentcards", interval=REAPPLY_INTERVAL_S,
@@ -271,7 +327,9 @@ def correct_drift(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs:
     comes back as rendered (not for a card being deleted: its children are going)."""
     if body.metadata.get("deletionTimestamp"):
         return
-    _write(patch, reconcile(body, memo, card_cache(kwargs, body)) or {})
+    with _shards(memo).acting(str(body.metadata.uid)) as mine:
+        if mine:
+            _write(patch, reconcile(body, memo, card_cache(kwargs, body), again=True) or {})
 
 
 def _events(body: kopf.Body) -> Events:
@@ -305,8 +363,10 @@ def model_cards(body: kopf.Body, **_: Any) -> dict[tuple[str, str], Obj]:
 
 @dataclass
 class CardLoop:
-    """What one card's daemon remembers between looks."""
+    """What one card's daemon remembers between looks while this replica acts on the card."""
 
+    fleet: PodFleet
+    scaler: CardScaler
     inputs: RoundInputs | None = None
     """The inputs of the last round (None: none yet)."""
     due_at: float | None = None
@@ -316,49 +376,86 @@ class CardLoop:
     cards: tuple[tuple[int, str], tuple[ModelCard, DeploymentCard] | str] | None = None
     """The cards parsed at (generation, ModelCard digest)."""
 
+    async def close(self) -> None:
+        await self.fleet.close()
+        await self.scaler.close()
+
+
+def _take(body: kopf.Body, memo: kopf.Memo, wake: asyncio.Event) -> CardLoop:
+    """This replica starts acting on the card: its fleet from the record the last owner left."""
+    kube: Kube = memo.kube
+    namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    events = _events(body)
+    metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
+    applied: Applied | None = getattr(memo, "applied", None)
+    fleet = PodFleet(kube, namespace, name, _record(body), events, wake)
+    return CardLoop(fleet, CardScaler(kube, namespace, name, events, metrics, applied))
+
 
 @kopf.daemon(GROUP, VERSION, "deploymentcards", cancellation_timeout=10.0)
 async def run_fleet(
     body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **kwargs: Any
 ) -> None:
-    """The fleet controller of one card while it exists: it looks at its workers when a watch
-    says something of the card changed, at the core's or the planner's time, and at least every
-    PROBE_S (the probes); a round (failover, weight sync and routing of its pods, and its status)
-    runs only when what it reads changed or its time has come."""
-    kube: Kube = memo.kube
-    namespace, name = str(body.metadata.namespace), str(body.metadata.name)
+    """The fleet controller of one card while it exists and this replica holds its shard: it
+    looks at its workers when a watch says something of the card changed, at the core's or the
+    planner's time, and at least every PROBE_S (the probes); a round (failover, weight sync and
+    routing of its pods, and its status) runs only when what it reads changed or its time has
+    come. On a replica that does not hold the card's shard it waits, acting on nothing, until
+    the shards change."""
+    namespace, name, uid = (
+        str(body.metadata.namespace), str(body.metadata.name), str(body.metadata.uid)
+    )  # fmt: skip
     wakers: CardWakers = getattr(memo, "wakers", None) or CardWakers()
     wake = wakers.event((namespace, name))
-    events = _events(body)
-    fleet = PodFleet(kube, namespace, name, _record(body), events, wake)
     metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
     applied: Applied | None = getattr(memo, "applied", None)
-    scaler = CardScaler(kube, namespace, name, events, metrics, applied)
-    loop = CardLoop()
+    shards = _shards(memo)
+    loop: CardLoop | None = None
     try:
         while not stopped:
             wake.clear()
-            looked = time.time()
-            try:
-                await _look(kube, body, kwargs, fleet, scaler, loop, metrics)
-            except KubeError as exc:  # e.g. the Secret not made yet; the next look retries
-                level = logging.DEBUG if exc.status == 404 else logging.WARNING
-                logger.log(level, "%s/%s: fleet round failed: %s", namespace, name, exc)
-                loop.inputs, loop.due_at = None, None  # again at the next watch or PROBE_S
+            looked, delay = time.time(), None
+            with shards.acting(uid) as mine:
+                if mine:
+                    loop = loop or _take(body, memo, wake)
+                    await _look_safely(body, memo, kwargs, loop, metrics)
+                    delay = look_delay(loop.due_at, looked, time.time())
+                elif loop is not None:  # its shard went to another replica: stop acting
+                    logger.info("%s/%s: no longer in this replica's shards", namespace, name)
+                    await loop.close()
+                    loop = None
+                    if applied is not None:
+                        applied.forget(namespace, uid)
             await asyncio.sleep(max(0.0, MIN_LOOK_S - (time.time() - looked)))
             waiter = asyncio.ensure_future(wake.wait())
             try:
-                await asyncio.wait({waiter}, timeout=look_delay(loop.due_at, looked, time.time()))
+                await asyncio.wait({waiter}, timeout=delay)
             finally:  # also when kopf cancels the daemon
                 waiter.cancel()
     finally:
         wakers.forget((namespace, name))
         if applied is not None:
-            applied.forget(namespace, str(body.metadata.uid))
-        await fleet.close()
-        await scaler.close()
+            applied.forget(namespace, uid)
+        if loop is not None:
+            await loop.close()
         if metrics is not None:  # a card that is gone (or no longer ours) takes its series along
             metrics.forget(namespace, name, ("prefill", "decode", "aggregated"))
+
+
+async def _look_safely(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    indexes: Mapping[str, Any],
+    loop: CardLoop,
+    metrics: OperatorMetrics | None,
+) -> None:
+    try:
+        await _look(memo, body, indexes, loop, metrics)
+    except KubeError as exc:  # e.g. the Secret not made yet; the next look retries
+        level = logging.DEBUG if exc.status == 404 else logging.WARNING
+        logger.log(level, "%s/%s: fleet round failed: %s", loop.fleet.namespace, loop.fleet.name,
+                   exc)  # fmt: skip
+        loop.inputs, loop.due_at = None, None  # again at the next watch or PROBE_S
 
 
 def _cards(
@@ -372,24 +469,32 @@ def _cards(
 
 
 async def _look(
-    kube: Kube,
+    memo: kopf.Memo,
     body: kopf.Body,
     indexes: Mapping[str, Any],
-    fleet: PodFleet,
-    scaler: CardScaler,
     loop: CardLoop,
     metrics: OperatorMetrics | None,
 ) -> None:
-    """Probe the card's workers; run a round when its inputs changed or its time has come.
-    A card that cannot round (invalid, a claim change) waits for a watch: no round is due."""
+    """Apply the cards if they changed since this daemon last did; probe the card's workers;
+    run a round when its inputs changed or its time has come. A card that cannot round
+    (invalid, a claim change) waits for a watch: no round is due."""
+    kube: Kube = memo.kube
+    fleet, scaler = loop.fleet, loop.scaler
+    key = (fleet.namespace, fleet.name)
+    docs = items(indexes.get("model_cards"), (key[0], str(body.spec.get("modelCard", ""))))
+    model_doc = docs[0] if docs else None
+    applied: Applied | None = getattr(memo, "applied", None)
+    applying = (int(body.metadata.get("generation") or 0), digest(model_doc))
+    if applied is not None and applied.card_at(key[0], str(body.metadata.uid)) != applying:
+        # kopf's handler did not apply this here: this replica just took the card, or another
+        # replica's kopf bookkeeping marked the change handled first
+        fields = await asyncio.to_thread(reconcile, body, memo, card_cache(indexes, body))
+        await asyncio.to_thread(_write_status, kube, body, fields)
     status = body.get("status") or {}
     phase = status.get("phase")
     due_at, loop.due_at = loop.due_at, None
     if phase == "Invalid":
         return  # until the spec (or its ModelCard) changes and is judged again
-    key = (fleet.namespace, fleet.name)
-    docs = items(indexes.get("model_cards"), (key[0], str(body.spec.get("modelCard", ""))))
-    model_doc = docs[0] if docs else None
     cards = _cards(body, model_doc, loop)
     if isinstance(cards, str):
         return

@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from loom_operator.k8s.kube import Kube, KubeError
+from loom_operator.k8s.lease import holder, lease_body, leases_path, live
 
 logger = logging.getLogger(__name__)
 
 Step = Literal["acquire", "renew", "wait"]
-_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 
 @dataclass(frozen=True)
@@ -31,51 +31,26 @@ class LeaseSettings:
     """How often the holder renews (and a waiting replica looks again)."""
 
 
-def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    for fmt in (_FORMAT, "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    return None
-
-
 def next_step(lease: dict[str, Any] | None, me: str, now: datetime) -> Step:
     """acquire a free or expired lease, renew our own, wait while another holds a live one."""
     if lease is None:
         return "acquire"
-    spec = lease.get("spec") or {}
-    holder = spec.get("holderIdentity")
-    if holder == me:
+    if holder(lease) == me:
         return "renew"
-    renewed = _time(spec.get("renewTime"))
-    duration = float(spec.get("leaseDurationSeconds") or 0)
-    if not holder or renewed is None or now >= renewed + timedelta(seconds=duration):
-        return "acquire"
-    return "wait"
+    return "wait" if live(lease, now) else "acquire"
 
 
 class LeaderElector:
     def __init__(self, kube: Kube, settings: LeaseSettings) -> None:
         self.kube, self.settings = kube, settings
-        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
+        self._path = leases_path(settings.namespace)
         self.lost = threading.Event()
 
-    def _body(self, lease: dict[str, Any] | None, now: datetime, acquire: bool) -> dict[str, Any]:
+    def _body(
+        self, lease: dict[str, Any] | None, now: datetime, acquire: bool, identity: str | None
+    ) -> dict[str, Any]:
         s = self.settings
-        spec = dict((lease or {}).get("spec") or {})
-        spec |= {"holderIdentity": s.identity, "leaseDurationSeconds": int(s.duration_s),
-                 "renewTime": now.strftime(_FORMAT)}  # fmt: skip
-        if acquire:
-            spec |= {"acquireTime": now.strftime(_FORMAT),
-                     "leaseTransitions": int(spec.get("leaseTransitions") or 0) + 1}  # fmt: skip
-        meta: dict[str, Any] = {"name": s.name, "namespace": s.namespace}
-        if lease is not None:  # optimistic concurrency: lose the race rather than overwrite
-            meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
-                "spec": spec}  # fmt: skip
+        return lease_body(s.name, s.namespace, identity, s.duration_s, lease, now, acquire=acquire)
 
     def try_once(self) -> bool:
         """One round of the protocol; True while this replica holds the lease."""
@@ -89,7 +64,7 @@ class LeaderElector:
         step = next_step(lease, self.settings.identity, now)
         if step == "wait":
             return False
-        body = self._body(lease, now, acquire=step == "acquire")
+        body = self._body(lease, now, step == "acquire", self.settings.identity)
         try:
             if lease is None:
                 self.kube.create(self._path, body)
@@ -143,9 +118,7 @@ class LeaderElector:
             lease = self.kube.get(f"{self._path}/{self.settings.name}")
             if (lease.get("spec") or {}).get("holderIdentity") != self.settings.identity:
                 return
-            body = self._body(lease, datetime.now(UTC), acquire=False)
-            body["spec"]["holderIdentity"] = None
-            body["spec"]["renewTime"] = None
+            body = self._body(lease, datetime.now(UTC), False, None)
             self.kube.call("PUT", f"{self._path}/{self.settings.name}", body)
         except (KubeError, OSError) as exc:
             logger.warning("leader election: release failed: %s", exc)

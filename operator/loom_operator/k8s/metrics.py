@@ -1,6 +1,6 @@
 """The operator's own Prometheus metrics: the planner's replicas per role and its decisions by
-reason, the Kube API requests it sent by verb, its fleet rounds and the cards waiting for a
-look (its queue), served on `loom operator --metrics-port`.
+reason, the Kube API requests it sent by verb, its fleet rounds, the cards waiting for a look
+(its queue) and the card shards it holds, served on `loom operator --metrics-port`.
 
 Owns the metric names and their registry (one per operator process, carried in kopf's memo);
 never decides anything.
@@ -23,6 +23,7 @@ ROLE_REPLICAS = "loom:operator_role_desired_replicas"
 KUBE_REQUESTS = "loom:operator_kube_requests"
 FLEET_ROUNDS = "loom:operator_fleet_rounds"
 QUEUE = "loom:operator_cards_waiting"
+SHARDS = "loom:operator_shards_held"
 LABELS = ("namespace", "deployment", "role")
 
 
@@ -74,6 +75,12 @@ class OperatorMetrics:
         gauge = Gauge(QUEUE, "Cards a watch woke whose fleet daemon has not looked yet",
                       registry=self.registry)  # fmt: skip
         gauge.set_function(lambda: float(pending()))
+
+    def shards(self, held: Callable[[], int]) -> None:
+        """Export how many card shards this replica acts on (sharded operators)."""
+        gauge = Gauge(SHARDS, "Card shards this operator replica holds and acts on",
+                      registry=self.registry)  # fmt: skip
+        gauge.set_function(lambda: float(held()))
 
     def round_done(self, namespace: str, acted: bool) -> None:
         self._rounds.labels(namespace, "true" if acted else "false").inc()

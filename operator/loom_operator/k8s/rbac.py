@@ -66,8 +66,9 @@ WATCHED_NAMESPACE_RULES: tuple[Rule, ...] = (
 """Rules the operator needs in every namespace it watches."""
 
 LEASE_RULES: tuple[Rule, ...] = (
-    Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"),
-         "leader election over the Lease loom-operator in the operator's own namespace"),
+    Rule("coordination.k8s.io", ("leases",), ("get", "list", "create", "update"),
+         "leader election over the Lease loom-operator, or a sharded operator's shard and "
+         "member Leases, in the operator's own namespace"),
 )  # fmt: skip
 """Rules the operator needs in its own namespace."""
 

@@ -34,6 +34,11 @@ class CardWakers:
             if ns == namespace:
                 event.set()
 
+    def wake_all(self) -> None:
+        """Wake every card's daemon (the shards this replica acts on changed)."""
+        for event in self._events.values():
+            event.set()
+
     def forget(self, key: Key) -> None:
         self._events.pop(key, None)
 
