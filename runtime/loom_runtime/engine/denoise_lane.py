@@ -55,6 +55,7 @@ class Drawing:
 
     state: DenoiseState
     table: BlockTable
+    clock: Callable[[], float]
     text_final: RequestOutput | None = None
 
     @property
@@ -107,7 +108,7 @@ class DenoiseLane:
             text.request_id, noise, spec.num_steps, text.num_computed, tuple(table.block_ids)
         )
         state = self.loop.init(start, text.ctx)
-        self.drawing[text.request_id] = Drawing(state, table)
+        self.drawing[text.request_id] = Drawing(state, table, text.ctx.clock)
         return True
 
     def hold(self, out: RequestOutput) -> RequestOutput:
@@ -155,11 +156,15 @@ class DenoiseLane:
             self._finish(self.drawing[rid], None)
 
     def _finish(self, drawing: Drawing, latents: torch.Tensor | None) -> None:
-        """Free its blocks and send its final output: the image, or none when aborted."""
+        """Free its blocks and send its final output: the image, or none when aborted; its
+        metrics are the text loop's, finished now (end to end includes the drawing)."""
         del self.drawing[drawing.request_id]
         self.kv.free(drawing.table)
         drawing.state.latents = torch.empty(0)  # the latents go with the request
         final = drawing.text_final or RequestOutput(drawing.request_id, (), "", finished=True)
+        metrics = final.metrics
+        if metrics is not None:
+            metrics = replace(metrics, finished_time=drawing.clock())
         self.emit(
             replace(
                 final,
@@ -170,6 +175,7 @@ class DenoiseLane:
                 logprobs=(),
                 prompt_logprobs=(),
                 latents=latents,
+                metrics=metrics,
             )
         )
         logger.debug("drawn", extra={"request_id": drawing.request_id, "ok": latents is not None})

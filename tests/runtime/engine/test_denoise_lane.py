@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -168,19 +169,45 @@ def test_interleaved_chats_and_drawings_equal_each_alone_in_float64(mot64, check
         assert tuple(blocks) == table, rid
     # ... and equals the float64 reference conditioned on its prompt and its thought (the
     # last sampled token never ran through a forward: its KV is not part of the context)
+    req = REQUESTS[2]
+    context = [*req.prompt_token_ids, *together.tokens(req.request_id)][:-1]
+    latents = together.final(req.request_id).latents
+    assert latents is not None
+    assert (latents - reference_latents(checkpoint, context, req)).abs().max().item() < 1e-6
+
+
+def reference_latents(checkpoint: Path, context: list[int], req: EngineRequest) -> torch.Tensor:
+    """The request's drawing by the float64 reference: Euler steps from its seeded noise, each
+    velocity conditioned on `context` (recomputed from the tokens)."""
     config = json.loads((checkpoint / "config.json").read_text())
     reference = ReferenceMot(read_weights(checkpoint), config)
-    req = REQUESTS[2]
     assert req.draw is not None
-    context = [*req.prompt_token_ids, *together.tokens(req.request_id)][:-1]
     gen = torch.Generator().manual_seed(req.draw.seed)
     x = torch.randn(3, req.draw.height, req.draw.width, generator=gen, dtype=torch.float64)
     n = req.draw.num_steps
     for i in range(n):
         t, t_next = 1 - i / n, 1 - (i + 1) / n
         x = x + (t_next - t) * reference.velocity(context, x, t)
-    latents = together.final(req.request_id).latents
-    assert latents is not None and (latents - x).abs().max().item() < 1e-6
+    return x
+
+
+def test_a_thought_that_stops_early_draws_from_what_it_wrote(mot64, checkpoint) -> None:
+    """The program thinks until a stop id (EOS's mechanism) or max_tokens: stopping on the
+    first token leaves the prompt alone as context, and the drawing still runs; its end-to-end
+    latency covers the drawing."""
+    probe = REQUESTS[2]
+    first = run(mot64, [probe])[0].tokens(probe.request_id)[0]
+    sampling = replace(probe.sampling, stop_token_ids=(first,))
+    stopped, kinds = run(mot64, [replace(probe, sampling=sampling)])
+    out = stopped.final(probe.request_id)
+    assert stopped.tokens(probe.request_id) == [first] and out.finish_reason == "stop"
+    assert out.latents is not None and out.metrics is not None
+    context = list(probe.prompt_token_ids)  # the stop token never ran through a forward
+    assert (out.latents - reference_latents(checkpoint, context, probe)).abs().max() < 1e-6
+    blocks, table = kinds.moved[probe.request_id]
+    assert tuple(blocks) == table and len(table) == 1  # 3 prompt tokens: one 4-token block
+    assert out.metrics.last_token_time is not None
+    assert out.metrics.finished_time >= out.metrics.last_token_time
 
 
 def test_a_chat_never_runs_the_image_heads(mot64) -> None:
