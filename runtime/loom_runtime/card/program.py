@@ -23,7 +23,8 @@ class Program(CardModel):
     component, so a worker holds it once."""
 
     name: DnsName
-    """Unique within the card; requests name it (an image request runs the card's first)."""
+    """Unique within the card. A worker serves the card's first program on
+    /v1/images/generations."""
     kind: ProgramKind
     """think_then_draw (the only kind so far)."""
     think: DnsName
