@@ -108,11 +108,18 @@ def build_reloads(
 
 
 def build_lane(
-    model: CausalLM, cache: KVStore, kv: KVAllocator, ranks: EngineRanks | None, emit: Emit
+    model: CausalLM,
+    cache: KVStore,
+    kv: KVAllocator,
+    emit: Emit,
+    ranks: EngineRanks | None = None,
+    disagg: DisaggSettings | None = None,
 ) -> DenoiseLane | None:
-    """The denoise lane of a MoT model served in this process (its image loop runs the very
-    model object the AR loop runs, over the same paged cache), or None for any other engine."""
-    if not isinstance(model, MotForCausalLM) or ranks is not None:
+    """The denoise lane of a MoT model served aggregated in this process (its image loop runs
+    the very model object the AR loop runs, over the same paged cache), or None for any other
+    engine: another family, ranks, or a P/D role (whose finished prompts go to a lease, not to
+    a drawing; such an engine still serves the MoT's text loop)."""
+    if not isinstance(model, MotForCausalLM) or ranks is not None or disagg is not None:
         return None
     if not isinstance(cache, PagedKVCache):
         raise ValueError(f"a MoT model's denoise loop reads a paged KV cache, not {cache!r}")

@@ -29,7 +29,9 @@ def check_draw(req: EngineRequest, patch: int | None, token_budget: int) -> None
         return
     if patch is None:
         raise InvalidRequestError(
-            f"request {rid!r}: this model has no denoise loop; it cannot draw", param="draw"
+            f"request {rid!r}: this engine has no denoise loop (a MoT model served aggregated "
+            "in one process has one); it cannot draw",
+            param="draw",
         )
     for name, value in (("height", spec.height), ("width", spec.width)):
         if value < patch or value % patch:

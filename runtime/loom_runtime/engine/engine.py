@@ -132,9 +132,7 @@ class Engine:
             self._loop, config, disagg, connector, cache, self._hisparse, self._wake
         )
         self._reloads = build_reloads(self._loop, config, self._offload, self._wake)
-        self._lane = build_lane(loaded.model, cache, self._kv, ranks, self._emit)
-        if self._lane is not None and disagg is not None:
-            raise ValueError("a MoT engine draws in one worker; P/D roles are not built for it")
+        self._lane = build_lane(loaded.model, cache, self._kv, self._emit, ranks, disagg)
         limits = (config.max_num_batched_tokens, config.max_num_seqs)
         self._batcher = Batcher(
             self._loop, {TOKEN_FORWARD: forward.executor}, limits, self._emit, remote,

@@ -15,9 +15,11 @@ import pytest
 import torch
 from tests.runtime.models.mot.reference import ReferenceMot
 
+from loom_runtime.engine.build import build_lane
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.denoise_lane import DenoiseLane, pick_denoise
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.transfer_port import DisaggSettings
 from loom_runtime.engine.types import DrawSpec, EngineRequest, RequestOutput, SamplingParams
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import WorkPlan
@@ -266,6 +268,19 @@ def test_bad_drawings_are_refused_at_the_door(mot64, tiny64) -> None:
             text.add_request(draw("x", [1, 2], 1, DrawSpec(2, 2, 1)), Finals())
     finally:
         text.shutdown()
+
+
+def test_only_an_aggregated_one_process_mot_engine_gets_a_lane(mot64, tiny64) -> None:
+    eng = engine(mot64)
+    try:
+        cache, kv = eng._lane.executor.kv, eng._kv  # type: ignore[union-attr]
+        assert build_lane(mot64.model, cache, kv, eng._emit) is not None
+        for role in ("prefill", "decode"):
+            pd = DisaggSettings(role)  # type: ignore[arg-type]
+            assert build_lane(mot64.model, cache, kv, eng._emit, disagg=pd) is None
+        assert build_lane(tiny64.model, cache, kv, eng._emit) is None
+    finally:
+        eng.shutdown()
 
 
 @pytest.mark.parametrize(
