@@ -248,6 +248,28 @@ def test_cancelled_requests_leak_no_block_in_either_loop(mot64, prefix_caching) 
     assert finals.final("d2").latents is not None and finals.final("c2").finish_reason == "length"
 
 
+def test_a_failing_denoise_step_aborts_its_drawings_and_frees_them(mot64) -> None:
+    class Broken:
+        def execute(self, plans: Sequence[WorkPlan[object]]) -> list[object]:
+            raise RuntimeError("denoise kernel failed")
+
+    eng = engine(mot64)
+    lane = eng._lane
+    assert lane is not None
+    lane.executor = Broken()  # type: ignore[assignment]
+    finals = Finals()
+    try:
+        for req in (REQUESTS[2], REQUESTS[3]):
+            eng.add_request(req, finals)
+        while eng.step():
+            pass
+        assert eng._batcher.kv.pool.num_free == eng.num_blocks and not lane.drawing
+    finally:
+        eng.shutdown()
+    assert finals.final("d2").finish_reason == "abort" and finals.final("d2").latents is None
+    assert finals.final("c2").finish_reason == "length"  # the chat beside it is unharmed
+
+
 def test_bad_drawings_are_refused_at_the_door(mot64, tiny64) -> None:
     eng = engine(mot64)
     try:
