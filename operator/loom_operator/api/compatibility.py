@@ -13,7 +13,7 @@ from loom_runtime.card.model_card import ModelCard
 
 def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:
     """What in `deploy` the model cannot do: HiSparse (and where the native runtime runs it),
-    MTP, the vllm backend's loop kinds."""
+    MTP, the vllm backend's loop kinds, P/D roles for a card with programs."""
     problems: list[Problem] = []
     spec = model.spec
     arch = spec.architecture
@@ -37,6 +37,14 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
         if role.mtp is not None and arch is not None and arch.mtp is None and not has_draft:
             msg = f"mtp needs MTP layers (architecture.mtp) or a draft component in {model.name!r}"
             problems.append(((*at, "mtp"), "mtp_without_layers", msg))
+    split = sorted(set(deploy.spec.roles.present()) & {"prefill", "decode"})
+    if spec.programs and split:
+        msg = (
+            f"{model.name!r} declares program {spec.programs[0].name!r}, whose loops hand KV "
+            f"over inside one worker; P/D ({' + '.join(split)}) is not built for it: serve it "
+            "with an aggregated role"
+        )
+        problems.append((("spec", "roles", split[0]), "program_needs_aggregated", msg))
     if deploy.spec.backend == "vllm":
         kinds = sorted({loop.kind for loop in spec.loops} - {"ar_decode"})
         if kinds:

@@ -56,6 +56,14 @@ def diffusion_steps(model: ModelCard) -> int | None:
     return loop.steps or model.spec.recipe.steps or DEFAULT_DIFFUSION_STEPS
 
 
+def program_steps(model: ModelCard) -> int | None:
+    """The denoise steps of a text model's think-then-draw program (its draw loop's), whose
+    fleet serves text and images (None: no program)."""
+    if not model.spec.programs:
+        return None
+    return model.loop(model.spec.programs[0].draw).steps or DEFAULT_DIFFUSION_STEPS
+
+
 def worker_card(model: ModelCard, source: str, version: str) -> str:
     """The ModelCard YAML a worker starts from: the served component first (the runtime serves
     `components[0]`), loading `source` as `version`."""
@@ -128,12 +136,14 @@ def router_document(
     model_name: str,
     tokenizer_path: Path | None,
     diffusion: int | None = None,
+    program: int | None = None,
 ) -> dict[str, Any]:
     """ROUTER.json as a document. The block size is the decode role's (or the aggregated
     role's): the pool whose cache the prefix index predicts. Prefill pods report theirs in every
     KV event, and a pod whose block size differs is flagged by the index, never scored zero.
     `diffusion`: the model's denoise steps (see `diffusion_steps`) for a diffusion fleet, whose
-    router serves the image and video routes by predicted cost."""
+    router serves the image and video routes by predicted cost. `program`: the draw steps of a
+    text model's program (see `program_steps`): its router also serves the image route."""
     spec = card.spec
     roles = spec.roles.present()
     engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
@@ -148,6 +158,7 @@ def router_document(
         "failover": spec.failover.model_dump(mode="json", by_alias=True),
         "endpoints": [],
         **({} if diffusion is None else {"diffusion": {"default_steps": diffusion}}),
+        **({} if program is None else {"diffusion": {"default_steps": program, "text": True}}),
         **({"scale_from_zero": True} if scales_from_zero(card) else {}),
     }
 

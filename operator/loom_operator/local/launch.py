@@ -102,7 +102,8 @@ def router_config(cards: FleetCards, tokenizer_path: Path) -> str:
     router reads no tokenizer (it routes by predicted cost, not prefix)."""
     steps = commands.diffusion_steps(cards.model)
     tokenizer = tokenizer_path if steps is None else None
-    doc = router_document(cards.deployment, cards.model.name, tokenizer, steps)
+    program = commands.program_steps(cards.model)
+    doc = router_document(cards.deployment, cards.model.name, tokenizer, steps, program)
     return json.dumps(doc, indent=1, sort_keys=True)
 
 

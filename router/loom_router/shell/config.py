@@ -48,6 +48,9 @@ class DiffusionRouting:
 
     default_steps: int = DEFAULT_DIFFUSION_STEPS
     """The workers' denoise steps for a request that names none (the card's loop steps)."""
+    text: bool = False
+    """The fleet serves text too (a card with a think-then-draw program): the text routes as
+    for any text fleet, and /v1/images/generations (its program) by cost; no video routes."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class RouterFileConfig:
     settings: RoutingSettings
     endpoints: tuple[Endpoint, ...] = ()
     diffusion: DiffusionRouting | None = None
-    """Set: /v1/images and /v1/videos are served (by predicted cost × load), not text routes."""
+    """Set: /v1/images and /v1/videos are served (by predicted cost × load), not text routes
+    (with `text`: the text routes and /v1/images only)."""
 
 
 def endpoint_from_doc(endpoint_id: str, doc: Mapping[str, Any], where: str) -> Endpoint:
@@ -118,14 +122,18 @@ def file_config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> R
 def _diffusion(raw: Any, problems: list[str]) -> DiffusionRouting | None:
     if raw is None:
         return None
-    if not isinstance(raw, Mapping) or set(raw) - {"default_steps"}:
-        problems.append('diffusion: must be an object with only "default_steps"')
+    if not isinstance(raw, Mapping) or set(raw) - {"default_steps", "text"}:
+        problems.append('diffusion: must be an object with only "default_steps" and "text"')
+        return None
+    text = raw.get("text", False)
+    if not isinstance(text, bool):
+        problems.append(f"diffusion.text: true or false, got {text!r}")
         return None
     steps = raw.get("default_steps", DEFAULT_DIFFUSION_STEPS)
     if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 1000:
         problems.append(f"diffusion.default_steps: an integer in [1, 1000], got {steps!r}")
         return None
-    return DiffusionRouting(steps)
+    return DiffusionRouting(steps, text)
 
 
 def load_file_config(path: Path) -> RouterFileConfig:

@@ -100,7 +100,8 @@ class RouterServer:
         self.media: MediaProxy | None = None
         if config.diffusion is not None:
             limit = config.settings.migration_limit
-            media = MediaSettings(config.diffusion.default_steps, limit + 1, limit)
+            diffusion = config.diffusion
+            media = MediaSettings(diffusion.default_steps, limit + 1, limit, diffusion.text)
             self.media = MediaProxy(self.source, self.upstream, self.prober, self.metrics, media)
         self.proxy = ProxyApp(
             self.dispatcher, self.metrics, config.model_name, flags.api_keys,

@@ -53,6 +53,8 @@ class MediaSettings:
     """Workers one request is sent to before it fails (the card's migration limit + 1)."""
     max_restarts: int = 3
     """Times a video job is started again after its worker was lost."""
+    images_only: bool = False
+    """A fleet that serves text too (a card with a program): only /v1/images/generations."""
 
 
 def _reply(reply: UpstreamReply, body: bytes | None = None) -> web.Response:
@@ -84,6 +86,8 @@ class MediaProxy:
         """Register the routes; `request_id` reads the id the router's middleware gave."""
         self._rid = request_id
         app.router.add_post(IMAGES, self.images)
+        if self.settings.images_only:
+            return
         app.router.add_post(VIDEOS, self.create_video)
         app.router.add_get(VIDEOS + "/{video_id}", self.get_video)
         app.router.add_get(VIDEOS + "/{video_id}/content", self.video_content)

@@ -72,7 +72,7 @@ class ProxyApp:
         )
         if self.media is not None:
             self.media.add_routes(app, lambda request: request[REQUEST_ID])
-        else:
+        if self.media is None or self.media.settings.images_only:
             app.router.add_post("/v1/completions", self.completions)
             app.router.add_post("/v1/chat/completions", self.chat)
             ResponsesProxy(self.dispatcher).add_routes(app, REQUEST_ID)

@@ -11,6 +11,7 @@ from loom_runtime.card.errors import CardError, FieldError
 from loom_runtime.card.load import load_model_card, parse_card, read_documents
 from loom_runtime.card.loop import Loop, Parity, Recipe
 from loom_runtime.card.model_card import ModelCard, ModelCardSpec, ModelCardStatus
+from loom_runtime.card.program import Program
 from loom_runtime.card.source import Source
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ObjectMeta",
     "Parity",
     "Precision",
+    "Program",
     "Recipe",
     "Source",
     "load_model_card",

@@ -29,6 +29,7 @@ from loom_runtime.card.component import Component
 from loom_runtime.card.conditions import Condition
 from loom_runtime.card.loop import MAX_COMPONENTS, Loop, Parity, Recipe
 from loom_runtime.card.model_rules import SPEC_RULES
+from loom_runtime.card.program import Program
 
 
 def _registered_family(name: str) -> str:
@@ -75,6 +76,11 @@ class ModelCardSpec(CardModel):
     """Shape numbers for the capacity planner; the runtime reads config.json instead."""
     loops: list[Loop] = Field(min_length=1, max_length=16, json_schema_extra=list_map("name"))
     """The ways a request can be driven."""
+    programs: list[Program] = Field(
+        default_factory=list, max_length=8, json_schema_extra=list_map("name")
+    )
+    """Loops run in sequence inside one request (a mot model's think_then_draw). Needs the
+    aggregated role: a program's loops hand KV over inside one worker."""
     recipe: Recipe
     """How the weights were made and what they assume."""
     parity: Parity = Field(default_factory=Parity)
@@ -132,6 +138,13 @@ class ModelCard(CardModel):
         for loop in self.spec.loops:
             if loop.name == name:
                 return loop
+        raise KeyError(name)
+
+    def program(self, name: str) -> Program:
+        """The program called `name` (KeyError if there is none)."""
+        for program in self.spec.programs:
+            if program.name == name:
+                return program
         raise KeyError(name)
 
     def shared_components(self) -> dict[str, tuple[str, ...]]:

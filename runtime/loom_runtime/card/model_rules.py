@@ -134,11 +134,45 @@ def family_problems(spec: ModelCardSpec) -> list[Problem]:
     return problems
 
 
+def program_problems(spec: ModelCardSpec) -> list[Problem]:
+    """A think_then_draw program thinks with an ar_decode loop and draws with a diffusion loop
+    that has steps, and both run one shared component (the draw reads the think's KV)."""
+    loops = {loop.name: loop for loop in spec.loops}
+    problems: list[Problem] = []
+    for i, program in enumerate(spec.programs):
+        found = []
+        for field, name, kind in (("think", program.think, "ar_decode"),
+                                  ("draw", program.draw, "diffusion")):  # fmt: skip
+            loop = loops.get(name)
+            if loop is None:
+                msg = f"no loop named {name!r} (declared: {_declared(list(loops))})"
+                problems.append((("programs", i, field), "unknown_loop", msg))
+            elif loop.kind != kind:
+                msg = f"a {program.kind} program's {field} loop is {kind}; {name!r} is {loop.kind}"
+                problems.append((("programs", i, field), "wrong_loop_kind", msg))
+            else:
+                found.append(loop)
+        if len(found) < 2:
+            continue
+        think, draw = found
+        if draw.steps is None:
+            msg = f"the draw loop {draw.name!r} must set steps (the program's denoise steps)"
+            problems.append((("programs", i, "draw"), "missing_steps", msg))
+        if not set(think.components) & set(draw.components):
+            msg = (
+                f"loops {think.name!r} and {draw.name!r} share no component: the draw attends "
+                "to the think loop's KV, so both must run the same weights"
+            )
+            problems.append((("programs", i), "no_shared_component", msg))
+    return problems
+
+
 def duplicate_problems(spec: ModelCardSpec) -> list[Problem]:
-    """Component names and loop names are unique."""
+    """Component, loop and program names are unique."""
     return [
         *_duplicates("components", [c.name for c in spec.components]),
         *_duplicates("loops", [loop.name for loop in spec.loops]),
+        *_duplicates("programs", [p.name for p in spec.programs]),
     ]
 
 
@@ -150,4 +184,5 @@ SPEC_RULES: tuple[Rule, ...] = (
     recipe_loop_problems,
     recipe_precision_problems,
     family_problems,
+    program_problems,
 )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState
+from loom_runtime.engine.denoise_lane import DenoiseLane
 from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
@@ -53,7 +54,8 @@ class Batcher:
     offload, asynchronous) holds admitted requests while their host-tier prefix is copied in.
     `replica_blocks` (DP ranks): each attention replica's capacity in blocks; the scheduler
     places each admitted request on a replica (its table's `replica`) and keeps every replica
-    within its own. Empty: one pool.
+    within its own. Empty: one pool. `lane` (a MoT model): the denoise loops of think-then-draw
+    requests, whose steps share each step's token budget with the AR loops (denoise_lane.py).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Batcher:
         remote: RemoteKV | None = None,
         reloads: HostReloads | None = None,
         replica_blocks: tuple[int, ...] = (),
+        lane: DenoiseLane | None = None,
     ) -> None:
         self.loop = loop
         self.executors = executors
@@ -80,6 +83,7 @@ class Batcher:
         self.remote = remote
         self.reloads = reloads
         self.replica_blocks = replica_blocks
+        self.lane = lane
 
     @property
     def has_work(self) -> bool:
@@ -89,6 +93,7 @@ class Batcher:
             or self.parked
             or (self.remote and self.remote.has_work)
             or (self.reloads and self.reloads.reloading)
+            or (self.lane and len(self.lane))
         )
 
     def stats_counts(self) -> dict[str, int]:
@@ -97,7 +102,7 @@ class Batcher:
         c, remote = self.counters, self.remote
         t = remote.counters if remote is not None else None
         return {
-            "num_running": len(self.running),
+            "num_running": len(self.running) + (len(self.lane) if self.lane is not None else 0),
             "num_waiting": len(self.waiting) + sum(len(p) for p in self.parked.values()),
             "num_preemptions": c.num_preemptions,
             "prefill_backlog_tokens": self.prefill_backlog_tokens(),
@@ -167,6 +172,8 @@ class Batcher:
                 self._finish(state)
         if self.reloads is not None:
             self.reloads.abort(request_ids)
+        if self.lane is not None:
+            self.lane.abort(request_ids)
         self._unpark()
 
     def abort_all(self) -> None:
@@ -174,7 +181,8 @@ class Batcher:
         reloading = set(self.reloads.reloading) if self.reloads is not None else set()
         parked = {s.request_id for p in self.parked.values() for s in p}
         local = {s.request_id for s in [*self.running, *self.waiting]}
-        self.abort(local | parked | remote | reloading)
+        drawing = set(self.lane.drawing) if self.lane is not None else set()
+        self.abort(local | parked | remote | reloading | drawing)
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -185,8 +193,14 @@ class Batcher:
             self._reload_step(self.reloads)
         if self.remote is not None:
             self._remote_step(self.remote)
-        batch = self._schedule_batch()
+        # denoise steps first (oldest always), leaving each running AR loop at least one token
+        denoise = self.lane.schedule(self.token_budget - len(self.running)) if self.lane else []
+        batch = self._schedule_batch(sum(p.resources.compute_tokens for _, p in denoise))
+        if denoise and self.lane is not None:
+            self.lane.run(denoise)
         if not batch:
+            if denoise:
+                return True
             if self.reloads is None or not self.reloads.reloading:
                 return False
             self.reloads.wait(_RELOAD_WAIT_S)  # only copies in flight: let them land
@@ -267,13 +281,14 @@ class Batcher:
                 free[state.table.replica] -= plan.resources.cache_blocks
         return tuple(free)
 
-    def _schedule_batch(self) -> Batch:
-        """Schedule this step and take its KV steps: the batch of (state, plan) to execute."""
+    def _schedule_batch(self, denoise_tokens: int = 0) -> Batch:
+        """Schedule this step and take its KV steps: the batch of (state, plan) to execute
+        (`denoise_tokens` of the step's budget went to denoise steps)."""
         plans = self._next_plans()
-        decision = self._schedule(plans)
+        decision = self._schedule(plans, self.token_budget - denoise_tokens)
         return [] if decision.empty else self._apply(decision, plans)
 
-    def _schedule(self, plans: Mapping[str, WorkPlan[TokenResult]]) -> Schedule:
+    def _schedule(self, plans: Mapping[str, WorkPlan[TokenResult]], budget: int) -> Schedule:
         pool = self.kv.pool
         exact = self._growth(plans) > pool.num_free  # shared blocks only matter when preempting
         running = [
@@ -287,7 +302,7 @@ class Batcher:
             self.loop.admission_view(self.waiting[i]) for i in range(max(0, candidates))
         ]
         limits = StepLimits(
-            self.token_budget, max_seqs, pool.num_free, self.kv.block_size, self._replica_free()
+            budget, max_seqs, pool.num_free, self.kv.block_size, self._replica_free()
         )
         return schedule(running, waiting, limits)
 
@@ -366,8 +381,11 @@ class Batcher:
             self._drop_parked(state)
         if self.remote is not None:
             self.remote.hold(state)  # a P/D prefill keeps its prompt blocks under a lease
+        drawing = self.lane is not None and self.lane.take(state)  # it keeps the text KV
         self.loop.finalize(state)
         out = self.loop.take_output(state)
+        if drawing and out is not None and self.lane is not None:
+            out = self.lane.hold(out)  # its final output comes with the image
         if state.finish_reason == "abort":
             self._count(num_requests_aborted=1)
         else:

@@ -1,6 +1,6 @@
 """The parts an Engine is built from, one small builder per feature: what runs a step's forward
 (one process, ranks, or MTP speculation on either), the P/D remote-KV side, and the CPU offload
-tier's asynchronous reloads.
+tier's asynchronous reloads, and a MoT model's denoise lane.
 
 Owns choosing and wiring those parts from an EngineConfig; never runs a step (engine.py and
 batcher.py do) and holds no state of its own.
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.denoise_lane import DenoiseLane, Emit
+from loom_runtime.engine.denoise_loop import MotDenoiseExecutor, MotDenoiseLoop
 from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.ranked_runner import RankedRunner
@@ -22,11 +24,13 @@ from loom_runtime.engine.spec.forward import SpecForward
 from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
 from loom_runtime.engine.token_forward import TokenForward
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
-from loom_runtime.kv.cache import KVStore
+from loom_runtime.kv.allocator import KVAllocator
+from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.models.causal_lm import CausalLM
+from loom_runtime.models.mot.model import MotForCausalLM
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,25 @@ def build_reloads(
     if offload is None or not config.kv_reload_async:
         return None
     return HostReloads(loop, offload, config.max_num_seqs, wake)
+
+
+def build_lane(
+    model: CausalLM,
+    cache: KVStore,
+    kv: KVAllocator,
+    emit: Emit,
+    ranks: EngineRanks | None = None,
+    disagg: DisaggSettings | None = None,
+) -> DenoiseLane | None:
+    """The denoise lane of a MoT model served aggregated in this process (its image loop runs
+    the very model object the AR loop runs, over the same paged cache), or None for any other
+    engine: another family, ranks, or a P/D role (whose finished prompts go to a lease, not to
+    a drawing; such an engine still serves the MoT's text loop)."""
+    if not isinstance(model, MotForCausalLM) or ranks is not None or disagg is not None:
+        return None
+    if not isinstance(cache, PagedKVCache):
+        raise ValueError(f"a MoT model's denoise loop reads a paged KV cache, not {cache!r}")
+    executor = MotDenoiseExecutor(model, cache)
+    return DenoiseLane(
+        MotDenoiseLoop(model.config.patch_size), executor, kv, model.config.latent_channels, emit
+    )

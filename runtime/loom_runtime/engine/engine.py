@@ -18,10 +18,11 @@ from typing import Literal
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest
 from loom_runtime.engine.batcher import Batcher
-from loom_runtime.engine.build import build_forward, build_reloads, build_remote
+from loom_runtime.engine.build import build_forward, build_lane, build_reloads, build_remote
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
+from loom_runtime.engine.draw import check_draw
 from loom_runtime.engine.grammar.check import check_grammar
 from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
@@ -131,10 +132,11 @@ class Engine:
             self._loop, config, disagg, connector, cache, self._hisparse, self._wake
         )
         self._reloads = build_reloads(self._loop, config, self._offload, self._wake)
+        self._lane = build_lane(loaded.model, cache, self._kv, self._emit, ranks, disagg)
         limits = (config.max_num_batched_tokens, config.max_num_seqs)
         self._batcher = Batcher(
             self._loop, {TOKEN_FORWARD: forward.executor}, limits, self._emit, remote,
-            self._reloads, kv.replica_blocks,
+            self._reloads, kv.replica_blocks, self._lane,
         )  # fmt: skip
         self._weights_version = config.weights_version
         # Shared with callers, guarded by _lock; _cond wakes the step thread and pause waiters.
@@ -219,6 +221,8 @@ class Engine:
         check_transfer_request(req, self.disagg)
         check_prompt_logprobs(req, self._prompt_logprobs)
         check_grammar(req, self.grammars, self._loop.draft_tokens)
+        patch = None if self._lane is None else self._lane.loop.patch_size
+        check_draw(req, patch, self.config.max_num_batched_tokens)
         with self._lock:
             if self._thread.lost is not None:
                 raise AdmissionError(

@@ -6,11 +6,14 @@ Frozen dataclasses only; the server builds them from HTTP bodies and reads them 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from loom_runtime.engine.transfer_port import TransferParams
 from loom_runtime.wire.openai.logprobs import TokenLogprob
 from loom_runtime.wire.openai.structured import GrammarSpec
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -40,6 +43,18 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class DrawSpec:
+    """A think-then-draw request's image half (engine/draw.py checks and seeds it): latents
+    [C, height, width] from seeded noise, denoised in `num_steps` Euler steps that attend to
+    the text KV its AR loop left."""
+
+    height: int  # latent pixels, a positive multiple of the model's patch size
+    width: int
+    num_steps: int
+    seed: int = 0  # the noise's generator seed
+
+
+@dataclass(frozen=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -49,6 +64,9 @@ class EngineRequest:
     shares_prompt_of: str | None = None
     """Another request of the same prompt (n > 1): this one waits until that one's prompt KV
     is computed, then takes its full blocks from the prefix cache instead of prefilling them."""
+    draw: DrawSpec | None = None
+    """The think-then-draw program: after its AR loop ends (EOS or max_tokens) the request's
+    denoise loop draws conditioned on that loop's KV (engine/denoise_lane.py). None: text only."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None  # set on the final output only
     kv_transfer_params: TransferParams | None = None  # final output of a P/D prefill: the lease
     transfer_error: str | None = None  # final output of a decode whose KV pull failed ("fail")
+    latents: torch.Tensor | None = None  # final output of a think-then-draw: the image latents
 
 
 @dataclass(frozen=True)

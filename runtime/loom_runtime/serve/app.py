@@ -20,7 +20,7 @@ from aiohttp import web
 from loom_runtime.card.chat_parsers import ChatParsers
 from loom_runtime.engine.engine import Engine
 from loom_runtime.errors import LoomError
-from loom_runtime.serve import openai_api, probes, responses_api, tokenize_api
+from loom_runtime.serve import draw_api, openai_api, probes, responses_api, tokenize_api
 from loom_runtime.serve.api_context import ApiContext
 from loom_runtime.serve.bridge import Mailbox
 from loom_runtime.serve.control_service import (
@@ -56,6 +56,8 @@ class ServeSettings:
     # How chat output is read back: the tool-call and reasoning parsers (the card's, else its
     # family's; --tool-call-parser / --reasoning-parser override them). None: neither.
     chat_parsers: ChatParsers = field(default_factory=ChatParsers)
+    # A card with a think_then_draw program (a mot model): /v1/images/generations runs it.
+    draw: draw_api.DrawSettings | None = None
 
 
 class EngineHealth:
@@ -113,6 +115,11 @@ def build_http_app(
     openai_api.add_routes(app, api_context(engine, settings, metrics, mailbox))
     tokenize_api.add_routes(app)
     responses_api.add_routes(app)
+    if settings.draw is not None:
+        ctx = draw_api.DrawContext(
+            engine, settings.draw, engine.config.model_name, settings.stall_timeout_s, mailbox
+        )
+        draw_api.add_routes(app, ctx)
     probes.add_routes(app, probes.ProbeContext(EngineHealth(engine), metrics))
     return app
 

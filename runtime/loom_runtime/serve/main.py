@@ -34,6 +34,7 @@ from loom_runtime.serve.app import ServeSettings, Worker
 from loom_runtime.serve.diffusion import main as diffusion_main
 from loom_runtime.serve.dual_app import DualWorker
 from loom_runtime.serve.engine_args import add_engine_arguments, engine_values
+from loom_runtime.serve.program_worker import draw_settings, engine_from_instance
 from loom_runtime.serve.sources import checkpoint_path
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 from loom_runtime.wire.engine_settings import setting
@@ -196,7 +197,13 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         max_body_bytes=args.max_body_bytes,
         strict_fields=args.strict_fields,
         chat_parsers=chat_parsers(card, args),
+        draw=draw_settings(card),
     )
+    if serve.draw is not None and (pd is not None or args.diffusion_card is not None):
+        raise UsageError(
+            f"{args.card}: program {serve.draw.program!r} hands KV from its think loop to its "
+            "draw loop inside one engine: serve it aggregated (--role aggregated), alone"
+        )
     if serve.max_body_bytes < 1024:
         raise UsageError(f"--max-body-bytes must be at least 1024, got {serve.max_body_bytes}")
     return WorkerPlan(path, engine, serve, *(pd or (None, None)))
@@ -251,9 +258,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             connector = None if plan.connector is None else build_connector(plan.connector)
-            engine = Engine.from_checkpoint(
-                plan.checkpoint, plan.engine, publisher, plan.disagg, connector, shared_thread
-            )
+            if plan.serve.draw is not None:  # a program: the card's ModelInstance
+                engine = engine_from_instance(
+                    load_model_card(args.card), args.card, plan.engine, publisher
+                )
+            else:
+                engine = Engine.from_checkpoint(
+                    plan.checkpoint, plan.engine, publisher, plan.disagg, connector, shared_thread
+                )
             if side is not None:
                 wan = load_wan(side.checkpoint, dtype=side.engine.dtype)
                 dit = DiffusionEngine(wan, side.engine, shared_thread)

@@ -87,3 +87,24 @@ def test_vllm_backend_serves_ar_decode_loops_only(
         {"name": "embed", "kind": "encode", "components": ["decoder"]}
     )
     assert _check(model_data, deploy_data) == [("spec.backend", "backend_loop_kind")]
+
+
+def test_a_card_with_a_program_is_served_aggregated_only(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    spec = model_data["spec"]
+    spec["family"] = "mot"
+    spec["loops"].append(
+        {"name": "draw", "kind": "diffusion", "components": ["decoder"], "steps": 4}
+    )
+    spec["programs"] = [
+        {"name": "think-then-draw", "kind": "think_then_draw", "think": "generate", "draw": "draw"}
+    ]
+    model = parse_card(ModelCard, model_data)
+    problems = compatibility_problems(parse_card(DeploymentCard, deploy_data), model)
+    assert [(".".join(map(str, p)), code) for p, code, _ in problems] == [
+        ("spec.roles.decode", "program_needs_aggregated")
+    ]
+    assert "serve it with an aggregated role" in problems[0][2]
+    deploy_data["spec"]["roles"] = {"aggregated": {"replicas": 1}}
+    assert _check(model_data, deploy_data) == []

@@ -23,6 +23,7 @@ from loom_operator.fleet.commands import (
     WorkerPorts,
     diffusion_steps,
     kv_offload_gib,
+    program_steps,
     router_document,
     runtime_flags,
 )
@@ -87,6 +88,20 @@ def test_a_fleet_that_scales_to_zero_gets_a_router_that_holds_requests_while_it_
     settings = file_config_from_dict(doc).settings
     assert settings.hold_when_empty is holds
     assert (settings.max_held, settings.hold_s) == (256, 60.0)  # the card's router.hold
+
+
+def test_the_router_of_a_card_with_a_program_serves_text_and_its_images() -> None:
+    model, deployment = cards("tiny-mot.yaml")
+    assert diffusion_steps(model) is None and program_steps(model) == 4
+    argv = runtime_flags(model, deployment, "aggregated", PORTS, None)
+    assert "--kv-events-port" in argv  # a text fleet: KV events and prefix-aware routing
+    doc = router_document(deployment, model.name, None, None, program_steps(model))
+    config = file_config_from_dict(doc)
+    assert config.diffusion is not None and config.diffusion.text
+    assert config.diffusion.default_steps == 4
+    assert program_steps(cards("tiny-aggregated.yaml")[0]) is None
+    data = cards_config_map(model, deployment)["data"]
+    assert json.loads(data["router.json"])["diffusion"] == {"default_steps": 4, "text": True}
 
 
 def test_the_pods_router_json_is_the_same_document() -> None:

@@ -103,7 +103,10 @@ def test_a_diffusion_object_turns_on_media_routing_and_is_checked() -> None:
     config = file_config_from_dict(doc(diffusion={"default_steps": 4}))
     assert config.diffusion is not None and config.diffusion.default_steps == 4
     assert file_config_from_dict(doc(diffusion={})).diffusion is not None  # the default steps
-    cases = (({"default_steps": 0}, r"in \[1, 1000\]"), ({"steps": 4}, "only"), ("yes", "object"))
+    text = file_config_from_dict(doc(diffusion={"default_steps": 4, "text": True})).diffusion
+    assert text is not None and text.text and not config.diffusion.text
+    cases = (({"default_steps": 0}, r"in \[1, 1000\]"), ({"steps": 4}, "only"), ("yes", "object"),
+             ({"text": "yes"}, "true or false"))  # fmt: skip
     for bad, message in cases:
         with pytest.raises(ConfigError, match=message):
             file_config_from_dict(doc(diffusion=bad))

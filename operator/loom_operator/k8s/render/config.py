@@ -11,7 +11,12 @@ from typing import Any
 import yaml
 
 from loom_operator.api.deployment_card import DeploymentCard
-from loom_operator.fleet.commands import diffusion_steps, router_document, worker_card
+from loom_operator.fleet.commands import (
+    diffusion_steps,
+    program_steps,
+    router_document,
+    worker_card,
+)
 from loom_operator.fleet.desired import served_component
 from loom_operator.k8s.labels import cards_object, common
 from loom_runtime.card.model_card import ModelCard
@@ -29,7 +34,7 @@ def cards_config_map(model: ModelCard, deployment: DeploymentCard) -> dict[str, 
     doc = deployment.model_dump(mode="json", by_alias=True, exclude_none=True)
     doc.pop("status", None)
     router = router_document(
-        deployment, model.name, tokenizer_path=None, diffusion=diffusion_steps(model)
+        deployment, model.name, None, diffusion_steps(model), program_steps(model)
     )
     return {
         "apiVersion": "v1",

@@ -8,7 +8,6 @@ statuses (errors.py does), never blocks the event loop (encoding runs on worker 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import secrets
 import time
@@ -22,7 +21,7 @@ from aiohttp import web
 
 from loom_runtime.diffusion.engine_types import DiffusionProgress
 from loom_runtime.diffusion.types import DiffusionOutput, DiffusionRequest
-from loom_runtime.serve.diffusion.media import mp4_bytes, png_bytes, to_uint8
+from loom_runtime.serve.diffusion.media import images_reply, mp4_bytes, png_bytes, to_uint8
 from loom_runtime.serve.diffusion.protocol import (
     SEED_MAX,
     ImageGenerationRequest,
@@ -103,8 +102,7 @@ async def images(request: web.Request) -> web.Response:
     if any(o.finish_reason != "done" for o in outs):
         raise RequestAbortedError(f"images {base}: aborted by the worker; retry")
     pngs = await asyncio.to_thread(lambda: [png_bytes(to_uint8(o.frames)[0]) for o in outs])
-    data = [{"b64_json": base64.b64encode(p).decode(), "revised_prompt": None} for p in pngs]
-    return web.json_response({"created": int(time.time()), "data": data})
+    return web.json_response(images_reply(int(time.time()), pngs, [None] * len(pngs)))
 
 
 async def create_video(request: web.Request) -> web.Response:

@@ -5,7 +5,10 @@ Owns pixel conversion and container formats; never runs a model and never touche
 
 from __future__ import annotations
 
+import base64
 import io
+from collections.abc import Sequence
+from typing import Any
 
 import av
 import numpy as np
@@ -25,6 +28,19 @@ def png_bytes(frame: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(frame, mode="RGB").save(buf, format="PNG")
     return buf.getvalue()
+
+
+def images_reply(
+    created: int, pngs: Sequence[bytes], revised_prompts: Sequence[str | None]
+) -> dict[str, Any]:
+    """OpenAI's images response: each PNG as b64_json, with the prompt the model drew from
+    (`revised_prompt`: a think-then-draw program's thought; None where the prompt was used as
+    given)."""
+    data = [
+        {"b64_json": base64.b64encode(png).decode(), "revised_prompt": revised}
+        for png, revised in zip(pngs, revised_prompts, strict=True)
+    ]
+    return {"created": created, "data": data}
 
 
 def mp4_bytes(frames: np.ndarray, fps: int) -> bytes:
