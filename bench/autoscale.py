@@ -2,8 +2,10 @@
 simulated P/D fleet (in-process workers with a service-time model calibrated from this
 machine's measurements) under four policies — Loom's planner (the real `plan_autoscale` fed by
 the real `role_signals`), a fixed fleet at the peak size, one at the mean size, and a
-queue-depth threshold scaler (KEDA on vllm:num_requests_waiting) — compared on SLO attainment
-and replica-seconds. Deterministic (seeded); writes bench/results/autoscale.json.
+queue-depth threshold scaler (KEDA on vllm:num_requests_waiting) — and two oracles that read the
+trace's offered load (what reacting to load at once, or forecasting it a worker start ahead,
+could reach at best), compared on SLO attainment and replica-seconds. Deterministic (seeded);
+writes bench/results/autoscale.json.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench.autoscale_sim.fleet import Fleet
-from bench.autoscale_sim.policies import Fixed, Planner, Policy, QueueThreshold
-from bench.autoscale_sim.report import Slo, Summary, fleet_sizes, summarize
+from bench.autoscale_sim.policies import Fixed, Oracle, Planner, Policy, QueueThreshold
+from bench.autoscale_sim.report import Slo, Summary, bin_needs, fleet_sizes, summarize
 from bench.autoscale_sim.service import MODELS, ServiceModel
 from bench.autoscale_sim.trace import DEFAULT_PHASES, BurstyTrace, requests
 
@@ -28,7 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def policies(
-    args: argparse.Namespace, peak: dict[RoleName, int], mean: dict[RoleName, int]
+    args: argparse.Namespace,
+    peak: dict[RoleName, int],
+    mean: dict[RoleName, int],
+    need: dict[RoleName, list[float]],
+    start_s: float,
 ) -> list[Policy]:
     # the scalers' max: the peak fleet's size unless asked (what would otherwise be provisioned)
     bounds: dict[RoleName, tuple[int, int]] = {
@@ -47,6 +53,8 @@ def policies(
         Fixed("fixed-peak", peak),
         Fixed("fixed-mean", mean),
         QueueThreshold(bounds, threshold=args.queue),
+        Oracle("oracle-reactive", need, headroom=args.oracle_headroom),
+        Oracle("oracle-ahead", need, lead_s=start_s, headroom=args.oracle_headroom),
     ]
 
 
@@ -61,8 +69,9 @@ def run_intensity(args: argparse.Namespace, intensity: float) -> dict[str, objec
     reqs = requests(trace, intensity)
     slo = Slo(args.ttft_ms / 1000, args.itl_ms / 1000)
     peak, mean = fleet_sizes(reqs, model, slo)
+    need = bin_needs(reqs, model, slo)
     rows: list[Summary] = []
-    for policy in policies(args, peak, mean):
+    for policy in policies(args, peak, mean, need, model.start_s):
         start = time.perf_counter()
         # the fixed fleets run their size; the scalers start at the mean size (the card's replicas)
         initial = dict(policy.sizes) if isinstance(policy, Fixed) else dict(mean)
@@ -112,6 +121,12 @@ def main() -> int:
     parser.add_argument("--max-prefill", type=int, help="the scalers' max (default: peak size)")
     parser.add_argument("--max-decode", type=int, help="the scalers' max (default: peak size)")
     parser.add_argument("--start-s", type=float, help="a new worker's start delay (s)")
+    parser.add_argument(
+        "--oracle-headroom",
+        type=float,
+        default=1.5,
+        help="the oracles' fleet over the offered work (default 1.5)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/autoscale.json")
     args = parser.parse_args()

@@ -1,6 +1,7 @@
-"""The four ways the bench moves the fleet: Loom's planner (the real `plan_autoscale`, fed by the
-real `role_signals` as the operator's shell feeds it), fixed fleets, and a queue-depth threshold
-scaler (KEDA's ScaledObject on `vllm:num_requests_waiting` driving an HPA).
+"""The ways the bench moves the fleet: Loom's planner (the real `plan_autoscale`, fed by the
+real `role_signals` as the operator's shell feeds it), fixed fleets, a queue-depth threshold
+scaler (KEDA's ScaledObject on `vllm:num_requests_waiting` driving an HPA), and two oracles that
+read the trace's offered load (bounds on what scaling can reach, not scalers anyone can run).
 
 Each policy is a small object deciding from a `Snapshot`; none touches a worker.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -122,3 +123,27 @@ class QueueThreshold:
         if raw > current:
             return min(raw, max(2 * current, current + 4))
         return min(current, max(n for _, n in recs))
+
+
+@dataclass
+class Oracle:
+    """Not a scaler anyone can run: each role asks for its offered work per `bin_s` of arrivals
+    (`report.bin_needs`) times `headroom`, read from the trace itself — the bin under way from the
+    moment it starts (`lead_s` 0: all that any scaler reacting to load could know, at once), or
+    the bin `lead_s` ahead (a perfect forecast one worker start ahead). Bounds the SLO
+    attainment reachable at a given cost with workers that take the model's start delay."""
+
+    name: str
+    need: Mapping[RoleName, Sequence[float]]
+    lead_s: float = 0.0
+    headroom: float = 1.5
+    bin_s: float = 30.0
+    every_s: float = 5.0
+
+    def decide(self, snap: Snapshot) -> dict[RoleName, int]:
+        i = int((snap.now + self.lead_s) // self.bin_s)
+        out: dict[RoleName, int] = {}
+        for role, need in self.need.items():
+            window = need[max(0, i - 1) : i + 1] or [0.0]  # the bin and the one before it
+            out[role] = max(1, math.ceil(self.headroom * max(window) - 1e-9))
+        return out

@@ -65,12 +65,11 @@ def summarize(run: RunResult, slo: Slo) -> Summary:
     )  # fmt: skip
 
 
-def fleet_sizes(
+def bin_needs(
     requests: list[Request], model: ServiceModel, slo: Slo, bin_s: float = 30.0, util: float = 0.8
-) -> tuple[dict[RoleName, int], dict[RoleName, int]]:
-    """The fixed fleets (peak, mean): per `bin_s` of arrivals, the workers whose prefill time and
-    decode throughput (at the largest batch within the ITL target) cover the bin's work at
-    `util`; peak is the largest bin's, mean the mean over bins, rounded up."""
+) -> dict[RoleName, list[float]]:
+    """Per `bin_s` of arrivals, the workers of each role whose prefill time and decode
+    throughput (at the largest batch within the ITL target) cover the bin's work at `util`."""
     batch = model.batch_within(slo.itl_s)
     tok_s = batch / model.decode_s(batch)
     bins = int(max(r.arrival_s for r in requests) // bin_s) + 1
@@ -79,14 +78,18 @@ def fleet_sizes(
         i = int(r.arrival_s // bin_s)
         prefill[i] += model.prefill_token_s * r.prompt_tokens
         decode[i] += r.output_tokens / tok_s
-    need_p = [s / bin_s / util for s in prefill]
-    need_d = [s / bin_s / util for s in decode]
-    peak: dict[RoleName, int] = {
-        "prefill": math.ceil(max(need_p)),
-        "decode": math.ceil(max(need_d)),
+    return {
+        "prefill": [s / bin_s / util for s in prefill],
+        "decode": [s / bin_s / util for s in decode],
     }
-    mean: dict[RoleName, int] = {
-        "prefill": max(1, math.ceil(sum(need_p) / bins)),
-        "decode": max(1, math.ceil(sum(need_d) / bins)),
-    }
+
+
+def fleet_sizes(
+    requests: list[Request], model: ServiceModel, slo: Slo, bin_s: float = 30.0, util: float = 0.8
+) -> tuple[dict[RoleName, int], dict[RoleName, int]]:
+    """The fixed fleets (peak, mean) from `bin_needs`: peak is the largest bin's, the mean fleet
+    the mean over bins, rounded up."""
+    need = bin_needs(requests, model, slo, bin_s, util)
+    peak = {role: math.ceil(max(n)) for role, n in need.items()}
+    mean = {role: max(1, math.ceil(sum(n) / len(n))) for role, n in need.items()}
     return peak, mean

@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 from bench.autoscale_sim.fleet import Fleet
-from bench.autoscale_sim.policies import Fixed, Planner, QueueThreshold
-from bench.autoscale_sim.report import Slo, summarize
+from bench.autoscale_sim.policies import Fixed, Oracle, Planner, QueueThreshold, Snapshot
+from bench.autoscale_sim.report import Slo, bin_needs, fleet_sizes, summarize
 from bench.autoscale_sim.service import TINY
 from bench.autoscale_sim.trace import BurstyTrace, Phase, Request, requests
 
+from loom_operator.api.roles import RoleName
 from loom_operator.fleet.autoscale import AutoscalePolicy, RoleBounds, Targets
 
 # 1 ms per prompt token, 10 ms per decode step whatever the batch, no hand-off, 10 s to start
@@ -80,3 +81,26 @@ def test_the_bursty_trace_is_seeded_and_grows_each_sessions_context() -> None:
     assert {r.prompt_tokens for r in reqs} >= {13}  # a first turn: system + one message
     assert all(13 <= r.prompt_tokens <= 10 + 3 + 4 + 3 for r in reqs)
     assert len(requests(trace, 2.0)) > len(reqs)
+
+
+def test_the_oracles_ask_for_the_offered_work_of_the_bin_under_way_or_ahead() -> None:
+    need: dict[RoleName, list[float]] = {"prefill": [1.0, 4.0, 2.0], "decode": [2.0, 2.0, 6.0]}
+    reactive, ahead = Oracle("r", need, headroom=1.5), Oracle("a", need, lead_s=40, headroom=1.5)
+
+    def at(now: float) -> Snapshot:
+        return Snapshot(now, {"prefill": 1, "decode": 1}, (), {}, {})
+
+    assert reactive.decide(at(5)) == {"prefill": 2, "decode": 3}  # bin 0: 1.5 x 1, 1.5 x 2
+    assert reactive.decide(at(35)) == {"prefill": 6, "decode": 3}  # bin 1 (and 0 before it)
+    assert ahead.decide(at(35)) == {"prefill": 6, "decode": 9}  # bin 2, 40 s ahead
+    assert reactive.decide(at(95)) == {"prefill": 3, "decode": 9}  # past the trace: the last bin
+
+
+def test_bin_needs_size_the_fixed_fleets() -> None:
+    slo = Slo(1.0, 0.025)
+    need = bin_needs(TRACE, TINY, slo, bin_s=30.0, util=0.5)
+    assert need["prefill"] == [pytest.approx(TINY.prefill_token_s * 300 / 30 / 0.5)]
+    tok_s = 23 / TINY.decode_s(23)  # the largest batch within 25 ms
+    assert need["decode"] == [pytest.approx(34 / tok_s / 30 / 0.5)]
+    assert fleet_sizes(TRACE, TINY, slo) == ({"prefill": 1, "decode": 1},
+                                             {"prefill": 1, "decode": 1})  # fmt: skip
