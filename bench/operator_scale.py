@@ -60,6 +60,7 @@ from scale_cluster import (  # noqa: E402
 )
 
 from loom_operator.k8s.kube import Kube, object_path  # noqa: E402
+from loom_operator.testing.cards import small_glm  # noqa: E402
 
 STATE = ROOT / ".cache" / "e2e" / "operator-scale"
 
@@ -68,16 +69,12 @@ def glm_docs() -> list[dict[str, Any]]:
     return list(yaml.safe_load_all((ROOT / "examples" / "glm-5-class.yaml").read_text()))
 
 
-def small_card(name: str) -> dict[str, Any]:
-    """glm-5-class with one 2-GPU replica per role (CPU and memory scaled with the GPUs)."""
-    card = glm_docs()[1]
-    card["metadata"] = {"name": name}
-    roles = card["spec"]["roles"]
-    roles["prefill"]["parallelism"] = {"dp": 1, "tp": 1, "pcp": 2, "dcp": 2, "ep": 2}
-    roles["decode"]["parallelism"] = {"dp": 2, "tp": 1, "ep": 2}
-    for role in roles.values():
-        role["replicas"], role["resources"] = 1, {"cpu": 24, "memory": "250Gi", "gpus": 2}
-    return card
+def small_card(name: str, smaller: bool = False) -> dict[str, Any]:
+    return small_glm(glm_docs()[1], name, smaller)
+
+
+def gpus(card: dict[str, Any]) -> int:
+    return sum(r["replicas"] * r["resources"]["gpus"] for r in card["spec"]["roles"].values())
 
 
 def big_card() -> dict[str, Any]:
@@ -283,7 +280,8 @@ def scenarios(args: argparse.Namespace) -> Iterator[tuple[str, list[dict[str, An
         suffix = f"x{replicas}" if replicas > 1 else ""
         for n in args.scales:
             for _ in range(args.repeat):
-                yield f"{n}{suffix}", [small_card(f"glm-5-{i:04d}") for i in range(n)], replicas
+                cards = [small_card(f"glm-5-{i:04d}", args.smaller_pods) for i in range(n)]
+                yield f"{n}{suffix}", cards, replicas
                 if n == 1 and args.big:
                     yield f"1-big{suffix}", [big_card()], replicas
 
@@ -300,6 +298,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="operator replicas, comma-separated: each scale runs with each count "
                         "(more than one: sharded, --shards); default 1")
     p.add_argument("--shards", type=int, default=12, help="shards when replicas > 1 (default 12)")
+    p.add_argument("--smaller-pods", action="store_true",
+                   help="one GPU per worker and one router per card (for 1,000 cards)")
     p.add_argument("--expect-phase", type=lambda s: set(s.split(",")),
                    default={"Ready", "Progressing"},
                    help="phases a converged card may show (default Ready,Progressing)")
@@ -335,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
         "operator_tree": tree(),
     }  # fmt: skip
     try:
-        cluster = start_cluster(STATE)
+        most = max(args.scales)
+        card = small_card("size", args.smaller_pods)
+        gpu_nodes = max(100, -(-most * gpus(card) // 8))
+        cluster = start_cluster(STATE, gpu_nodes, most * card["spec"]["router"]["replicas"])
         for label, cards, replicas in scenarios(args):
             results.append(run_scale(cluster, label, cards, args, replicas))
     except (TimeoutError, RuntimeError, OSError) as exc:

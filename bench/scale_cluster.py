@@ -41,14 +41,16 @@ def wait(probe: Callable[[], Any], timeout: float, what: str, interval: float = 
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} ({last})")
 
 
-def start_cluster(root: Path) -> Cluster:
-    """The control plane under `root`, its kwok nodes Ready and the CRDs Established."""
+def start_cluster(root: Path, gpu_nodes: int = GPU_NODES, router_pods: int = 110) -> Cluster:
+    """The control plane under `root`, its kwok nodes Ready (`gpu_nodes` of 8 GPUs, and room for
+    `router_pods` on the router nodes) and the CRDs Established."""
     say(f"starting the control plane under {root.relative_to(ROOT)}")
     state = control_plane.up(root)
     cluster = Cluster("local", Path(state.kubeconfig), ensure_tools(), False, root)
-    say(f"registering {GPU_NODES} kwok nodes of 8 GPUs and {ROUTER_NODES} for the routers")
-    nodes = cluster.add_fake_nodes(GPU_NODES, GPU_NODE)
-    for name in kwok.add_nodes(cluster.kube, ROUTER_NODES, ROUTER_NODE, prefix="kwok-router"):
+    say(f"registering {gpu_nodes} kwok nodes of 8 GPUs and {ROUTER_NODES} for the routers")
+    nodes = cluster.add_fake_nodes(gpu_nodes, GPU_NODE)
+    router_node = ROUTER_NODE | {"pods": str(max(110, -(-router_pods // ROUTER_NODES)))}
+    for name in kwok.add_nodes(cluster.kube, ROUTER_NODES, router_node, prefix="kwok-router"):
         cluster.kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
         nodes.append(name)
 

@@ -17,7 +17,6 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -39,7 +38,7 @@ from e2e.providers import REPO, Cluster
 from loom_operator.k8s.kube import object_path
 from loom_operator.k8s.lease import holder, leases_path
 from loom_operator.k8s.shards import LEASE_LABEL, SHARD_PREFIX, shard_of
-from loom_operator.testing.cards import card_text
+from loom_operator.testing.cards import card_text, small_glm
 from loom_operator.testing.load import StreamingLoad, check_streams
 from loom_operator.testing.weights import Weights
 
@@ -52,19 +51,6 @@ NAME = "sync"
 KWOK_CARDS = 29
 GPU_NODE = {"nvidia.com/gpu": "8", "cpu": "128", "memory": "2Ti"}
 ROUTER_NODE = {"cpu": "64", "memory": "256Gi"}
-
-
-def small_glm(name: str) -> dict[str, Any]:
-    """examples/glm-5-class.yaml's DeploymentCard with one 2-GPU replica per role."""
-    docs = list(yaml.safe_load_all((REPO / "examples" / "glm-5-class.yaml").read_text()))
-    deployment: dict[str, Any] = docs[1]
-    deployment["metadata"] = {"name": name}
-    roles = deployment["spec"]["roles"]
-    roles["prefill"]["parallelism"] = {"dp": 1, "tp": 1, "pcp": 2, "dcp": 2, "ep": 2}
-    roles["decode"]["parallelism"] = {"dp": 2, "tp": 1, "ep": 2}
-    for role in roles.values():
-        role["replicas"], role["resources"] = 1, {"cpu": 24, "memory": "250Gi", "gpus": 2}
-    return deployment
 
 
 def acted(op: Operator, namespace: str, since: int = 0) -> set[str]:
@@ -149,7 +135,7 @@ def test_three_replicas_share_thirty_cards_and_a_killed_ones_cards_move_mid_sync
             cluster.kube.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
             fake.append(name)
         docs = list(yaml.safe_load_all((REPO / "examples" / "glm-5-class.yaml").read_text()))
-        cards = [docs[0], *(small_glm(f"glm-{i:02d}") for i in range(KWOK_CARDS))]
+        cards = [docs[0], *(small_glm(docs[1], f"glm-{i:02d}") for i in range(KWOK_CARDS))]
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(cards))
         wait_for(lambda: converged(cluster, ns), 600, "30 cards converged", interval=2.0)
 

@@ -1,12 +1,34 @@
 """Card files for local-fleet tests and benches: the tiny model, any roles, a chosen weights source
-and version, fp64 engines (greedy ties vanish, so outputs compare exactly) and small KV pools.
+and version, fp64 engines (greedy ties vanish, so outputs compare exactly) and small KV pools;
+and the small GLM-5-class cards the operator's scale bench and suites place on kwok nodes.
 
 Owns the text of those cards; never starts anything.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
+from typing import Any
+
+
+def small_glm(deployment: Mapping[str, Any], name: str, smaller: bool = False) -> dict[str, Any]:
+    """examples/glm-5-class.yaml's DeploymentCard (`deployment`) with one 2-GPU replica per role
+    (CPU and memory scaled with the GPUs); `smaller`: one GPU per worker (no splits) and one
+    router replica."""
+    card = copy.deepcopy(dict(deployment))
+    card["metadata"] = {"name": name}
+    roles = card["spec"]["roles"]
+    roles["prefill"]["parallelism"] = {"dp": 1, "tp": 1, "pcp": 2, "dcp": 2, "ep": 2}
+    roles["decode"]["parallelism"] = {"dp": 2, "tp": 1, "ep": 2}
+    for role in roles.values():
+        role["replicas"], role["resources"] = 1, {"cpu": 24, "memory": "250Gi", "gpus": 2}
+    if smaller:
+        for role in roles.values():
+            role["parallelism"] = {"dp": 1, "tp": 1, "pcp": 1, "dcp": 1, "ep": 1}
+            role["resources"] = {"cpu": 12, "memory": "125Gi", "gpus": 1}
+        card["spec"]["router"]["replicas"] = 1
+    return card
 
 CARD = """\
 apiVersion: loom.dev/v1alpha1
