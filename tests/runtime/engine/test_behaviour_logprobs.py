@@ -1,6 +1,7 @@
 """The sampler's behaviour log-prob: each sampled token's log-prob under the exact distribution
 it was drawn from (temperature, filters, logit_bias, penalties), 0.0 for a greedy pick; asking for
-it changes no draw; and the loop reports it per token with the generator's seed."""
+it changes no draw; and the engine reports it per token with the generator's seed, the same
+alone or in a batch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import math
 from dataclasses import replace
 
 import torch
+from tests.runtime.engine.conftest import random_prompt
 
+from loom_runtime.engine.ar_state import CompletedRequest
+from loom_runtime.engine.collector import OutputCollector
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.sampler import (
     TokenHistory,
     adjusted_logits,
@@ -17,7 +23,8 @@ from loom_runtime.engine.sampler import (
     make_generator,
     sample,
 )
-from loom_runtime.engine.types import SamplingParams
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.models.loader import LoadedModel
 
 
 def rows(n: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -88,3 +95,30 @@ def test_an_unseeded_record_gets_a_seed_it_can_send_back() -> None:
     assert len(seeds) == 4 and all(s is not None and 0 <= s < 2**63 for s in seeds)
     assert generator_seed(replace(params, seed=-3)) == -3
     assert generator_seed(SamplingParams()) is None  # no record: fresh entropy, as before
+
+
+def test_a_llama_record_does_not_depend_on_who_shares_the_batch(tiny64: LoadedModel) -> None:
+    """float64 llama: a request's record alone equals its record among others within 1e-12 (the
+    C2 gate holds in a batch; sparse-mla's float32 expert routing moves it ~1e-7, docs/rl.md)."""
+    params = SamplingParams(max_tokens=10, temperature=0.8, seed=3, ignore_eos=True, behaviour=True)
+    mine = EngineRequest("mine", random_prompt(50, 1), params)
+    others = [EngineRequest(f"o{i}", random_prompt(20 + 30 * i, 10 + i),
+                            SamplingParams(max_tokens=10, seed=i, ignore_eos=True))
+              for i in range(4)]  # fmt: skip
+    alone = serve(tiny64, [mine])["mine"]
+    together = serve(tiny64, [mine, *others])["mine"]
+    assert together.output_token_ids == alone.output_token_ids
+    assert alone.seed == together.seed == 3
+    gaps = [abs(a - b) for a, b in zip(alone.behaviour_logprobs, together.behaviour_logprobs,
+                                        strict=True)]  # fmt: skip
+    assert len(gaps) == 10 and max(gaps) <= 1e-12
+
+
+def serve(loaded: LoadedModel, reqs: list[EngineRequest]) -> dict[str, CompletedRequest]:
+    engine = Engine(loaded, EngineConfig(dtype=torch.float64, max_model_len=256, num_blocks=64))
+    got = {r.request_id: OutputCollector(r) for r in reqs}
+    for r in reqs:
+        engine.add_request(r, got[r.request_id])
+    while not all(c.done.is_set() for c in got.values()):
+        engine.step()
+    return {k: c.result() for k, c in got.items()}

@@ -3,7 +3,8 @@ equals a plain forward of the same weights on the same sequence within 1e-9 — 
 training forward for the tiny llama, Loom's own model on one plain sequence (no paging, no
 batching) for the tiny sparse-mla — at temperature 1 (where it is the raw log_softmax, the
 `logprobs` field's value too) and at temperature 0.7 (log_softmax(logits / 0.7)), streamed and
-not, on both routes."""
+not, on both routes. Each request is served alone: sparse-mla's float32 expert routing moves its
+log-probs ~1e-7 in a batch (docs/rl.md)."""
 
 from __future__ import annotations
 
