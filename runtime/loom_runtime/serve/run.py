@@ -80,6 +80,8 @@ class Run:
             return {}
         if out is None:
             acc = self.acc
+            if self.echo is not None and self.echo.alone:  # its one token is not returned
+                return record_fields(self.record, acc.seed, [], [])
             return record_fields(self.record, acc.seed, acc.behaviour_logprobs, acc.version_spans)
         spans = self.acc.version_spans if out.finished else None
         return record_fields(self.record, out.seed, out.behaviour_logprobs, spans)

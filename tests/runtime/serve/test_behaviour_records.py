@@ -114,3 +114,9 @@ def test_weight_versions_alone_come_without_the_behaviour_object(worker: Any) ->
 def test_a_bad_value_is_a_400_naming_the_field(worker: Any, path: str) -> None:
     status, answer, _ = worker.post(path, body(worker, path, return_behaviour="yes"))
     assert status == 400 and answer["error"]["param"] == "return_behaviour"
+
+
+def test_an_echo_of_the_prompt_alone_has_an_empty_record(worker: Any) -> None:
+    choice = whole(worker, "/v1/completions", echo=True, max_tokens=0, return_behaviour=True)
+    record = choice["choices"][0]
+    assert record["behaviour"]["logprobs"] == [] and record["weight_versions"] == []
