@@ -3,7 +3,8 @@ decode worker, fp64): the fleet then answers exactly like a fresh fleet started 
 checkpoint of the pushed weights; a push that does not fit, a trainer or a worker killed
 mid-push, a second trainer and a worker that is not ready change nothing; a Barrier push under
 streaming load fails no request and no response mixes versions; a restarted controller keeps
-the pushed version."""
+the pushed version; after a push the behaviour records the fleet returns (through its router, P/D)
+equal transformers' training forward of the pushed weights within 1e-9 (the C2 gate)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tests.runtime.training_forward import llama_logits, sampled_logprobs
 
 from loom_operator.local.snapshot import FleetStatus
 from loom_operator.local.state import load_controller, load_or_create_secrets
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
 from loom_operator.testing.load import StreamingLoad, check_streams, reference_streams
+from loom_runtime.testing.processes import post, sse_events
 from loom_trainer import PushFailed, PushRefused, WeightSync
 
 MODEL = "tiny"
@@ -274,3 +277,47 @@ def test_a_worker_killed_mid_push_fails_the_push_and_the_fleet_keeps_its_version
         sync.push(weights_of(checkpoints[1]), "v2", bucket_bytes=BUCKET)
         fleet.wait_settled(120, "v2")
         assert served_version(fleet) == "v2" and outputs(fleet) != before
+
+
+def test_behaviour_records_after_a_push_equal_a_training_forward_of_the_pushed_weights(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    gen = torch.Generator().manual_seed(3)
+    pushed = {
+        n: t + 0.01 * torch.randn(t.shape, generator=gen, dtype=t.dtype)
+        for n, t in weights_of(checkpoints[0]).items()
+    }
+    version = next_version(fleet)
+    connect(fleet).push(pushed, version, mode="barrier", bucket_bytes=BUCKET)
+    fleet.wait_settled(120, version)
+    ask = {"model": MODEL, "max_tokens": MAX_TOKENS, "ignore_eos": True, "seed": 21,
+           "return_behaviour": True}  # fmt: skip
+    for temperature in (1.0, 0.7):
+        status, answer, headers = post(
+            fleet.endpoint + "/completions",
+            {**ask, "prompt": PROMPTS[0], "temperature": temperature},
+        )
+        assert status == 200, answer
+        assert (
+            headers["x-loom-pd"] == "remote-prefill"
+        )  # prefilled on one worker, decoded on another
+        choice = answer["choices"][0]
+        prompt, out = choice["prompt_token_ids"], choice["token_ids"]
+        assert choice["weight_versions"] == [{"version": version, "start": 0, "end": MAX_TOKENS}]
+        want = sampled_logprobs(
+            llama_logits(checkpoints[0], prompt + out, pushed), len(prompt), out, temperature
+        )
+        got = choice["behaviour"]["logprobs"]
+        assert len(got) == MAX_TOKENS
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1e-9
+    chat = {**ask, "temperature": 0.7, "messages": [{"role": "user", "content": PROMPTS[1]}]}
+    events = sse_events(fleet.endpoint + "/chat/completions", chat)
+    prompt = next(e["prompt_token_ids"] for e in events if "prompt_token_ids" in e)
+    choices = [c for e in events for c in e["choices"]]
+    out = [t for c in choices for t in c.get("token_ids") or []]
+    got = [lp for c in choices for lp in (c.get("behaviour") or {}).get("logprobs", [])]
+    want = sampled_logprobs(
+        llama_logits(checkpoints[0], prompt + out, pushed), len(prompt), out, 0.7
+    )
+    assert len(got) == MAX_TOKENS
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1e-9

@@ -27,7 +27,8 @@ A structured output (response_format / structured_outputs) keeps its grammar's s
 worker that generated it, so it is never continued from a boundary: the original request is
 resent and regenerates the tokens sent so far through a fresh matcher, which is exact only when
 the request is deterministic (greedy or seeded); a sampled unseeded one is not moved (a clear
-error instead of a corrupted output).
+error instead of a corrupted output). A stream with a behaviour record restarts the same way,
+with the seed its record reported (record_relay.py), so the record continues exactly.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loom_router.core.record_relay import relayed_fields, reported_seed, seeded_replay
 from loom_router.errors import MigrationFailedError
 from loom_runtime.wire.context_length import COMPLETIONS_DEFAULT_MAX_TOKENS
 from loom_runtime.wire.kv_transfer import FIELD as KV_TRANSFER_FIELD
+from loom_runtime.wire.openai.behaviour import RecordAsk
 from loom_runtime.wire.openai.logprobs import COMPLETION_FIELDS, chat_entry
 from loom_runtime.wire.openai.response import (
     HEAD_FIELDS,
@@ -109,7 +112,9 @@ class StreamTracker:
 
     def __init__(self, kind: ResponseKind, body: Mapping[str, Any]) -> None:
         self.kind = kind
-        self.want_ids = body.get("return_token_ids") is True
+        self.record = RecordAsk.of(body)
+        self.want_ids = body.get("return_token_ids") is True or self.record.behaviour
+        self.seed: int | None = None  # a behaviour record's, as the worker reported it
         self.read_back = kind == "chat" and calls_are_read(body)  # deltas are not the text
         self.stops = stop_strings(body)
         self.prompt_ids: tuple[int, ...] | None = None
@@ -147,6 +152,7 @@ class StreamTracker:
     ) -> Attempt:
         """The next attempt after a failure: prompt + tokens so far, or the original again."""
         original = {k: v for k, v in body.items() if k != KV_TRANSFER_FIELD}
+        original = seeded_replay(original, self.record, self.seed)
         restart = Attempt(
             path,
             {**original, "stream": True, "return_token_ids": True},
@@ -157,7 +163,7 @@ class StreamTracker:
         )
         if self.read_back:
             return _unread(restart)
-        if is_constrained(original):
+        if is_constrained(original) or self.record.behaviour:
             return _regenerated(restart, original)
         if self.prompt_ids is None:
             return restart
@@ -216,6 +222,9 @@ class StreamTracker:
         if reason is not None:
             self.finished = True
         logprobs = _logprobs(attempt, choice.get("logprobs"), skipped, self.kind)
+        if self.seed is None:
+            self.seed = reported_seed(choice)
+        record = relayed_fields(choice, self.record, skipped, attempt.token_base)
         out_ids = ids[skipped:]
         out_text = text[cut:]
         if role and self.role_sent:
@@ -225,7 +234,9 @@ class StreamTracker:
             return None
         self.role_sent = self.role_sent or role
         fields = None if not read else ({"content": out_text} if out_text else {}) | read
-        return self._chunk(event, role, out_text, out_ids, logprobs, reason, fields)
+        out = self._chunk(event, role, out_text, out_ids, logprobs, reason, fields)
+        out["choices"][0] |= record
+        return out
 
     def _track(self, ids: list[int], text: str, skipped: int, cut: int) -> None:
         new_text = text[cut:]

@@ -13,7 +13,13 @@ from functools import partial
 from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest, TextDecoder
 from loom_runtime.engine.grammar.matcher import CompileGrammar, request_grammar
 from loom_runtime.engine.runner import TOKEN_FORWARD, TokenWork
-from loom_runtime.engine.sampler import SampledToken, TokenHistory, is_greedy, make_generator
+from loom_runtime.engine.sampler import (
+    SampledToken,
+    TokenHistory,
+    generator_seed,
+    is_greedy,
+    make_generator,
+)
 from loom_runtime.engine.scheduler import RunningSeq, WaitingSeq
 from loom_runtime.engine.stop import find_stop, holdback
 from loom_runtime.engine.token_forward import TokenResult
@@ -70,7 +76,8 @@ class ARDecodeLoop:
 
     def init(self, req: EngineRequest, ctx: LoopContext) -> ARDecodeState:
         params = req.sampling
-        gen = None if is_greedy(params) else make_generator(params.seed)
+        seed = generator_seed(params)
+        gen = None if is_greedy(params) else make_generator(seed)
         tokens = list(req.prompt_token_ids)
         stop_ids = self.eos_token_ids.union(params.stop_token_ids)
         return ARDecodeState(
@@ -85,6 +92,7 @@ class ARDecodeLoop:
             arrival_time=req.arrival_time or ctx.clock(),
             prompt_logprobs=None if params.prompt_logprobs is None else [None] * len(tokens),
             grammar=request_grammar(req, self.grammars),
+            seed=seed if params.behaviour else None,
         )
 
     def next(self, state: ARDecodeState) -> WorkPlan[TokenResult] | Done:
@@ -137,6 +145,8 @@ class ARDecodeLoop:
             weights_version=state.ctx.weights_version,
             metrics=self.metrics(state),
             prompt_logprobs=tuple(state.prompt_logprobs or ()),
+            behaviour_logprobs=tuple(state.behaviour_logprobs),
+            seed=state.seed,
         )
 
     # --- plans --------------------------------------------------------------------------------
@@ -226,6 +236,8 @@ class ARDecodeLoop:
             state.grammar.accept(tok.token_id)
         if tok.logprob is not None:
             state.logprobs.append(tok.logprob)
+        if tok.behaviour_logprob is not None:
+            state.behaviour_logprobs.append(tok.behaviour_logprob)
         params = state.request.sampling
         # before min_tokens no stop id ends the request (the sampler masks them, as vLLM)
         stop_token = state.num_output_tokens >= params.min_tokens and (
@@ -388,6 +400,7 @@ class ARDecodeLoop:
         if not final and not new_tokens and not new_text:
             return None
         new_logprobs = tuple(state.logprobs[state.emitted_tokens :]) if state.logprobs else ()
+        behaviour = tuple(state.behaviour_logprobs[state.emitted_tokens :])
         prompt_lps: tuple[TokenLogprob | None, ...] = ()
         sent = state.prompt_logprobs_sent
         if state.prompt_logprobs is not None and not sent and state.first_token_time is not None:
@@ -407,6 +420,8 @@ class ARDecodeLoop:
             logprobs=new_logprobs,
             prompt_logprobs=prompt_lps,
             weights_version=state.ctx.weights_version,
+            behaviour_logprobs=behaviour,
+            seed=state.seed,
             metrics=self.metrics(state) if final else None,
             kv_transfer_params=state.kv_transfer_params if final else None,
             transfer_error=state.transfer_error if final else None,

@@ -48,6 +48,8 @@ class CompletedRequest:
     weights_version: str
     metrics: RequestMetrics
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # when asked: one per prompt token
+    behaviour_logprobs: tuple[float, ...] = ()  # with a behaviour record: one per output token
+    seed: int | None = None  # with a behaviour record: the generator's seed (None: greedy)
 
 
 @dataclass(eq=False)
@@ -66,6 +68,8 @@ class ARDecodeState:
     num_cached_tokens: int | None = None  # prefix hits at first admission
     text: str = ""  # detokenized output, cut at a stop string (after it, when included)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    behaviour_logprobs: list[float] = field(default_factory=list)  # with a behaviour record
+    seed: int | None = None  # the generator's seed, when a behaviour record reports it
     prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt position, when asked
     prompt_logprobs_sent: bool = False
     finish_reason: FinishReason | None = None

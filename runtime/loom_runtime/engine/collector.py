@@ -63,4 +63,6 @@ class OutputCollector:
             prompt_logprobs=next(
                 (o.prompt_logprobs for o in self.outputs if o.prompt_logprobs), ()
             ),
+            behaviour_logprobs=tuple(b for o in self.outputs for b in o.behaviour_logprobs),
+            seed=final.seed,
         )

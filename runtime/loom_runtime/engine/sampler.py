@@ -8,6 +8,7 @@ so a token never depends on who shares the batch.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,9 @@ from loom_runtime.wire.openai.logprobs import TokenLogprob
 class SampledToken:
     token_id: int
     logprob: TokenLogprob | None = None  # set when the request asked for logprobs
+    behaviour_logprob: float | None = None
+    """With a behaviour record (SamplingParams.behaviour): the token's log-prob under the exact
+    distribution it was drawn from (`processed_logprob`); 0.0 for a greedy pick."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,17 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return gen
 
 
+def generator_seed(params: SamplingParams) -> int | None:
+    """The seed of a request's generator: its own, or, when a behaviour record must report one
+    and it gave none, a fresh one in [0, 2**63) (so it can be sent back as `seed`); None for
+    fresh entropy (or a greedy request, which draws nothing)."""
+    if is_greedy(params):
+        return None
+    if params.seed is None and params.behaviour:
+        return secrets.randbelow(2**63)
+    return params.seed
+
+
 SAMPLING_EPS = 1e-5
 """Temperatures below this are greedy, as in vLLM: dividing by a denormal one overflows the
 logits to inf and the softmax to NaN."""
@@ -67,7 +82,8 @@ def sample(
 
     Each row is first adjusted (`adjusted_logits`); greedy rows take its first maximum (argmax),
     the others draw from its filtered softmax with their generator, which a greedy row may leave
-    as None. Logprobs are of the raw logits, as vLLM's default (raw_logprobs).
+    as None. Logprobs are of the raw logits, as vLLM's default (raw_logprobs); a behaviour
+    record's log-prob is of the distribution the token was drawn from.
     """
     if histories is None:
         histories = [None] * len(params)
@@ -86,16 +102,21 @@ def sample(
     for i, (p, gen, history) in enumerate(zip(params, generators, histories, strict=True)):
         row = logits[i]
         x = adjusted_logits(row, p, history)
+        behaviour: float | None = None
         if is_greedy(p):
             token_id = int(greedy_ids[i]) if x is row else int(torch.argmax(x))
+            behaviour = 0.0 if p.behaviour else None  # drawn with certainty
         else:
             if gen is None:
                 raise ValueError(
                     f"row {i} samples with temperature {p.temperature}: needs a generator"
                 )
-            token_id = _draw(x, p, gen)
+            kept = filtered_logits(x, p)
+            token_id = _draw(torch.softmax(kept, dim=-1), gen)
+            if p.behaviour:
+                behaviour = processed_logprob(kept, token_id)
         lp = token_logprob(row, token_id, p.logprobs) if p.logprobs is not None else None
-        out.append(SampledToken(token_id=token_id, logprob=lp))
+        out.append(SampledToken(token_id=token_id, logprob=lp, behaviour_logprob=behaviour))
     return out
 
 
@@ -133,7 +154,19 @@ def min_tokens_masked(params: SamplingParams, history: TokenHistory, vocab: int)
 
 def filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Softmax of row / temperature after min-p, top-k and top-p filtering ([vocab], sums to
-    1); min-p keeps the tokens whose probability is at least min_p times the top one's."""
+    1): the distribution a sampled token is drawn from."""
+    return torch.softmax(filtered_logits(row, params), dim=-1)
+
+
+def processed_logprob(kept: torch.Tensor, token_id: int) -> float:
+    """A token's log-prob under the softmax of `kept` (filtered_logits' row): with temperature
+    1 and no filter it is the raw log_softmax, with temperature T log_softmax(logits / T)."""
+    return float(torch.log_softmax(kept, dim=-1)[token_id])
+
+
+def filtered_logits(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """row / temperature in float64 with the tokens min-p, top-k and top-p drop set to -inf;
+    min-p keeps the tokens whose probability is at least min_p times the top one's."""
     x = row.to(torch.float64) / params.temperature
     vocab = x.shape[0]
     if params.min_p > 0.0:
@@ -150,11 +183,10 @@ def filtered_probs(row: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop_sorted[0] = False  # the most likely token always survives
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
-    return torch.softmax(x, dim=-1)
+    return x
 
 
-def _draw(row: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
-    probs = filtered_probs(row, params)
+def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
     if probs.device != gen.device:
         probs = probs.to(gen.device)
     return int(torch.multinomial(probs, 1, generator=gen).item())

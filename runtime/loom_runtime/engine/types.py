@@ -40,6 +40,10 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
     prompt_logprobs: int | None = None  # top alternatives per prompt token's logprob, None = off
     grammar: GrammarSpec | None = None  # structured output: what the output must match
+    behaviour: bool = False
+    """A behaviour record: each output token's log-prob under the exact distribution it was
+    drawn from (temperature, min-p/top-k/top-p, logit_bias, penalties and the grammar mask
+    applied; 0.0 for a greedy pick), and the seed of the request's generator."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,9 @@ class RequestOutput:
     num_output_tokens: int = 0  # total generated so far
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()  # final output: one per prompt token
-    weights_version: str = ""
+    weights_version: str = ""  # the weights that generated this increment's tokens
+    behaviour_logprobs: tuple[float, ...] = ()  # with a behaviour record: one per new token
+    seed: int | None = None  # with a behaviour record: the generator's seed (None: greedy)
     metrics: RequestMetrics | None = None  # set on the final output only
     kv_transfer_params: TransferParams | None = None  # final output of a P/D prefill: the lease
     transfer_error: str | None = None  # final output of a decode whose KV pull failed ("fail")

@@ -168,8 +168,10 @@ def _decode(
     On a CPU, Loom's kernel attends every sequence in one call, reading the blocks where they
     lie in the pool (bench/decode_step.py times it against the torch path); an fp8 pool's
     blocks are first dequantised into a pool of their own, so both stores share one kernel.
-    Elsewhere, the torch path."""
-    if q.device.type == "cpu" and q.dtype == kv.spec.dtype and kernels.available():
+    Elsewhere, and in float64 (the parity precision: the kernel accumulates in float32, which
+    would cap a float64 decode near 1e-8), the torch path."""
+    exact = q.dtype == torch.float64
+    if q.device.type == "cpu" and q.dtype == kv.spec.dtype and not exact and kernels.available():
         pool, at, blocks = _kernel_pool(kv, layer, group)
         return kernels.paged_decode(
             q.contiguous(), pool, at, blocks, group.starts, group.context_lens, scale

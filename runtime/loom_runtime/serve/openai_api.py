@@ -126,8 +126,10 @@ async def _events(
                 reason = finish_reason(plan, reader.called, reason)
             tokens = out.new_token_ids if ids else None
             so_far = run.acc.usage() if usage.every_chunk else None
-            yield chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
-                        usage.final, False, tokens, prompt_ids, so_far, fields)  # fmt: skip
+            body = chunk(run.kind, meta.chunk_head(run.kind), out.new_text, lp, reason,
+                         usage.final, False, tokens, prompt_ids, so_far, fields)  # fmt: skip
+            body["choices"][0] |= run.record_fields(out)
+            yield body
             prompt_ids = None
             run.text_len += len(out.new_text)
         if out.finished:
@@ -206,7 +208,7 @@ def _body(flights: Sequence[_Flight], meta: ResponseMeta, choices: Choices) -> d
             f.run.acc.completion_tokens = 0
         body = f.run.acc.body(f.run.kind, meta, f.run.logprobs(None), f.run.prompt_ids,
                               f.run.plan)  # fmt: skip
-        choice = body["choices"][0] | {"index": index}
+        choice = body["choices"][0] | {"index": index} | f.run.record_fields(None)
         if echo is not None and echo.wanted:
             choice = echo_choice(choice, echo, f.run.acc, f.run.token_text)
         out.append(choice)
@@ -246,8 +248,8 @@ async def _serve(
         try:
             flights = []
             for k, (ereq, outputs, echo) in enumerate(zip(ereqs, streams, echoes, strict=True)):
-                ids = ereq.prompt_token_ids if parsed.return_token_ids else None
-                run = Run(ctx, kind, asked, ids, echo, plan)
+                ids = ereq.prompt_token_ids if parsed.wants_token_ids else None
+                run = Run(ctx, kind, asked, ids, echo, plan, parsed.record)
                 first = await outputs.next(ctx.stall_timeout_s)
                 if first.finished and first.finish_reason == "abort":
                     run.take(first)  # raises RequestAbortedError before any header is sent

@@ -91,6 +91,7 @@ def _sampling(
         min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
         seed=req.seed,
+        behaviour=req.return_behaviour,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,

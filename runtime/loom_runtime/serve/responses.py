@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loom_runtime.engine.types import RequestOutput
+from loom_runtime.wire.openai.behaviour import add_span
 from loom_runtime.wire.openai.chat.output import OutputPlan, finish_reason, read_message
 from loom_runtime.wire.openai.logprobs import TokenLogprob
 from loom_runtime.wire.openai.response import ResponseKind, ResponseMeta, full_body
@@ -29,11 +30,17 @@ class Accumulated:
     cached_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
+    behaviour_logprobs: list[float] = field(default_factory=list)  # with a behaviour record
+    seed: int | None = None  # with a behaviour record: the generator's seed
+    version_spans: list[dict[str, Any]] = field(default_factory=list)  # vLLM's weight_versions
 
     def add(self, out: RequestOutput) -> None:
         self.text.append(out.new_text)
         self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.logprobs)
+        self.behaviour_logprobs.extend(out.behaviour_logprobs)
+        self.seed = out.seed
+        add_span(self.version_spans, out.weights_version, len(out.new_token_ids))
         if out.prompt_logprobs:
             self.prompt_logprobs = out.prompt_logprobs
         self.prompt_tokens = out.num_prompt_tokens

@@ -18,6 +18,7 @@ from loom_runtime.serve.bridge import OutputStream
 from loom_runtime.serve.echo import PromptEcho
 from loom_runtime.serve.errors import RequestAbortedError
 from loom_runtime.serve.responses import Accumulated
+from loom_runtime.wire.openai.behaviour import NO_RECORD, RecordAsk, record_fields
 from loom_runtime.wire.openai.chat.output import OutputPlan
 from loom_runtime.wire.openai.logprobs import chat_logprobs, completion_logprobs
 from loom_runtime.wire.openai.response import ResponseKind
@@ -34,8 +35,10 @@ class Run:
         prompt_ids: tuple[int, ...] | None = None,
         echo: PromptEcho | None = None,
         plan: OutputPlan | None = None,
+        record: RecordAsk = NO_RECORD,
     ) -> None:
         self.ctx = ctx
+        self.record = record  # what the client asked of the behaviour record
         self.kind = kind
         self.plan = plan  # a chat's: how its output is read (reasoning, tool calls)
         self.prompt_ids = prompt_ids  # set when the client asked for return_token_ids
@@ -69,6 +72,19 @@ class Run:
             return chat_logprobs(entries, token_text)
         offset = 0 if out is None else self.text_len
         return completion_logprobs(entries, token_text, offset)
+
+    def record_fields(self, out: RequestOutput | None) -> dict[str, Any]:
+        """The behaviour record's choice fields for the chunk of `out` (its new tokens; the
+        weight_versions on the last) or, when None, for the whole request."""
+        if not self.record.any:
+            return {}
+        if out is None:
+            acc = self.acc
+            if self.echo is not None and self.echo.alone:  # its one token is not returned
+                return record_fields(self.record, acc.seed, [], [])
+            return record_fields(self.record, acc.seed, acc.behaviour_logprobs, acc.version_spans)
+        spans = self.acc.version_spans if out.finished else None
+        return record_fields(self.record, out.seed, out.behaviour_logprobs, spans)
 
     def token_text(self, token_id: int) -> str:
         return self.ctx.engine.tokenizer.decode([token_id])

@@ -95,6 +95,16 @@ def post(
         return err.code, json.loads(err.read()), _lower(err.headers.items())
 
 
+def sse_events(url: str, body: dict[str, Any], timeout: float = 300) -> list[dict[str, Any]]:
+    """POST a streamed request (stream forced true) and return its SSE events' JSON, [DONE]
+    left out; raises urllib's HTTPError on a non-200 answer."""
+    req = urllib.request.Request(url, data=json.dumps({**body, "stream": True}).encode())
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        lines = resp.read().decode().splitlines()
+    return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+
+
 def get_json(url: str, timeout: float = 30) -> tuple[int, Any]:
     """GET JSON; (status, parsed body), HTTP errors included."""
     try:

@@ -228,3 +228,39 @@ def test_a_refusing_worker_is_marked_down_at_once_and_back_up_when_it_answers(
                 router.metric("loom_router:marked_down_total", endpoint="late", cause="refused")
                 == 1
             )
+
+
+def test_an_admin_migrate_continues_a_sampled_streams_behaviour_record_exactly(
+    survivor: Any, mover: Any, launch_router: Any
+) -> None:
+    """Sampled without a seed: the worker's reported seed lets the replay regenerate the tokens
+    and log-probs the client has, so the record the client assembles is the one an
+    uninterrupted request with that seed answers."""
+    record = {"temperature": 1.0, "return_behaviour": True, "return_token_ids": False}
+    with launch_router([survivor, mover], router=NO_SESSIONS) as router:
+        stream = start_on(router, mover, "completion", **record)
+        moved: list[Any] = []
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        seeds: set[int] = set()
+        spans: list[Any] = []
+        for event in stream.events():
+            for choice in event["choices"]:
+                before = len(tokens)
+                tokens += choice["token_ids"]
+                logprobs += choice["behaviour"]["logprobs"]
+                seeds.add(choice["behaviour"]["seed"])
+                spans = choice.get("weight_versions", spans)
+                if before < 10 <= len(tokens):
+                    moved.append(router.admin("POST", "/admin/endpoints/mover/migrate"))
+        stream.close()
+        assert moved[0][1]["migrated"] == 1
+        assert router.metric("loom_router:migrations_total", outcome="restarted") == 1
+    (seed,) = seeds
+    path, body = request_body("completion", **record, seed=seed)
+    status, answer, _ = post(survivor.url + path, body)
+    assert status == 200, answer
+    want = answer["choices"][0]
+    assert tokens == want["token_ids"] and len(tokens) == MAX_TOKENS
+    assert logprobs == want["behaviour"]["logprobs"]
+    assert spans == want["weight_versions"] == [{"version": "v1", "start": 0, "end": MAX_TOKENS}]

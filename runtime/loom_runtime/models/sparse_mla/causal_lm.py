@@ -53,5 +53,10 @@ class SparseMlaCausalLM:
         hidden = self.model.hidden_states(batch.input_ids, batch.positions, hooks)
         return self.model.logits(hidden.index_select(0, batch.logits_indices))
 
+    def targets(self) -> dict[str, torch.Tensor]:
+        """Every Hugging Face tensor name the model reads -> the tensor (view) it fills (what a
+        weight push must send; load_state copies into the same views)."""
+        return self.model.targets()
+
     def load_state(self, tensors: Mapping[str, torch.Tensor], strict: bool = True) -> None:
         self.model.load_state(tensors, strict)

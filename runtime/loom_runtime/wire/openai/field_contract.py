@@ -116,10 +116,16 @@ SHARED: Mapping[str, FieldRule] = {
     "priority": _r("priority scheduling is not implemented (first come, first served)", 0),
     "request_id": _r("send the request id as the X-Request-Id header instead"),
     "return_tokens_as_token_ids": _r("not implemented: use return_token_ids", False),
-    "return_weight_versions": _r(
-        "per-token weight versions are not returned: the X-Loom-Weights-Version header names "
-        "the weights that answered",
-        False,
+    "return_weight_versions": _h(
+        "vLLM extension: each choice's weight_versions, [{version, start, end}] over its output "
+        "tokens (streamed: on the choice's last chunk); return_behaviour implies it"
+    ),
+    "return_behaviour": _h(
+        "Loom extension: the behaviour record of each choice (docs/rl.md): its token_ids and "
+        "prompt_token_ids (as return_token_ids), weight_versions (as return_weight_versions) "
+        "and `behaviour`: {seed, logprobs}, each output token's log-prob under the exact "
+        "distribution it was drawn from (temperature, top-p/top-k/min-p, logit_bias, "
+        "penalties and grammar mask applied; 0.0 when greedy); streamed: each chunk's own"
     ),
     "routed_experts_prompt_start": _r("routed-expert data is not returned: leave it out", 0),
     "return_token_offsets": _r("token offsets are not returned: leave it out", False),
@@ -258,6 +264,10 @@ RESPONSES: Mapping[str, FieldRule] = {
     "reasoning": _r("reasoning options are not implemented: leave it out"),
     "service_tier": _r("Loom has one tier", "auto", "default"),
     "top_logprobs": _r("log-probs are not returned on /v1/responses: use chat", 0),
+    "return_behaviour": _r(
+        "behaviour records are returned on /v1/completions and /v1/chat/completions: use chat",
+        False,
+    ),
     "truncation": _r("the input is never truncated: a too-long input is a 400", "disabled"),
     "conversation": _r("the Conversations API is not implemented: use previous_response_id"),
     "context_management": _r("context management is not implemented: leave it out"),

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.wire.openai.behaviour import RecordAsk
 from loom_runtime.wire.openai.body import StrictBody
 from loom_runtime.wire.openai.choices import MAX_N, MAX_SAMPLES
 from loom_runtime.wire.openai.field_contract import CONTRACTS, Endpoint, refused_field
@@ -138,6 +139,8 @@ class _SamplingRequest(StrictBody):
     user: str | None = None  # accepted and ignored, as OpenAI does for abuse tracking
     kv_transfer_params: dict[str, Any] | None = None  # P/D (vLLM NixlConnector's object)
     return_token_ids: bool = False  # vLLM extension: prompt_token_ids + token_ids answered
+    return_weight_versions: bool = False  # vLLM extension: each choice's weight_versions spans
+    return_behaviour: bool = False  # Loom: the behaviour record (wire/openai/behaviour.py)
     response_format: ResponseFormat | None = None  # text, json_object or json_schema
     structured_outputs: StructuredOutputs | None = None  # vLLM extension (structured.py)
 
@@ -163,6 +166,17 @@ class _SamplingRequest(StrictBody):
     def samples(self) -> int:
         """Samples run per prompt: n (completions' best_of may ask for more)."""
         return self.n
+
+    @property
+    def record(self) -> RecordAsk:
+        """What the client asked of the behaviour record (return_behaviour: all of it)."""
+        behaviour = self.return_behaviour
+        return RecordAsk(self.return_weight_versions or behaviour, behaviour)
+
+    @property
+    def wants_token_ids(self) -> bool:
+        """vLLM's return_token_ids, which a behaviour record implies (its sampled ids)."""
+        return self.return_token_ids or self.return_behaviour
 
     @property
     def grammar(self) -> GrammarSpec | None:
