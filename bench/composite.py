@@ -13,16 +13,17 @@ the same requests, half think-then-draw images and half chats of the same length
               writer's cache), each engine on its own step thread, as two workers would be
 
 At each concurrency C, a closed loop of C clients keeps C requests in flight until the phase's
-requests are done; it reports requests/s and images/s, the resident memory (VmRSS once loaded
-and warmed up, the peak VmHWM) and the parameter bytes the loops hold (each storage once). Each
-arrangement runs in a process of its own (its memory is its own), both in every round, one after
-the other; round 0 warms up and is not counted; the summary is the median over rounds (of the
-rates, and of each round's shared ÷ separate ratio). Before timing, each process runs the parity
-probe: the same images one at a time; the two arrangements must give the same thoughts (and the
-painter's one token must be the thought's last), and the largest latent difference is reported:
-in --quick (float64, Loom's CPU decode kernel off: it accumulates in float32 whatever the dtype,
-so a thought decoded token by token would differ from the painter's float64 prefill by ~1e-8)
-it must be within 1e-12, else within 1e-3. Usage:
+requests are done; it reports requests/s and images/s, requests per CPU-second (every thread of
+the process: a machine shared with other work distorts it far less than wall time), the resident
+memory (VmRSS once loaded and warmed up, the peak VmHWM) and the parameter bytes the loops hold
+(each storage once). Each arrangement runs in a process of its own (its memory is its own), both
+in every round, one after the other; round 0 warms up and is not counted; the summary is the
+median over rounds (of the rates, and of each round's shared ÷ separate ratios). Before timing,
+each process runs the parity probe: the same images one at a time; the two arrangements must give
+the same thoughts (and the painter's one token must be the thought's last), and the largest
+latent difference is reported: in --quick (float64, Loom's CPU decode kernel off: it accumulates
+in float32 whatever the dtype, so a thought decoded token by token would differ from the
+painter's float64 prefill by ~1e-8) it must be within 1e-12, else within 1e-3. Usage:
 
     PYTHONPATH=runtime:operator:router:. .venv/bin/python bench/composite.py --rounds 5
 """
@@ -227,12 +228,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         phases = []
         for c in args.levels:
             jobs = make_jobs(w, max(2 * c, args.min_jobs), f"r{args.round}c{c}", args.round)
-            t0 = time.perf_counter()
+            cpu0, t0 = time.process_time(), time.perf_counter()
             closed_loop(arr, jobs, c)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             images = sum(j.draw is not None for j in jobs)
             phases.append({"concurrency": c, "requests": len(jobs), "images": images,
-                           "wall_s": wall})  # fmt: skip
+                           "wall_s": wall, "cpu_s": cpu})  # fmt: skip
     finally:
         for engine in arr.engines:
             engine.shutdown()
@@ -311,18 +312,19 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
             rates[p["concurrency"], run["arrangement"], run["round"]] = {
                 "requests_per_s": p["requests"] / p["wall_s"],
                 "images_per_s": p["images"] / p["wall_s"],
+                "requests_per_cpu_s": p["requests"] / p["cpu_s"],
             }
     out: dict[str, dict[str, float]] = {}
     for c in sorted({k[0] for k in rates}):
         rounds = sorted({k[2] for k in rates if k[0] == c})
         med: dict[str, float] = {}
         for arr in ARRANGEMENTS:
-            for name in ("requests_per_s", "images_per_s"):
+            for name in ("requests_per_s", "images_per_s", "requests_per_cpu_s"):
                 med[f"{arr}_{name}"] = statistics.median(rates[c, arr, r][name] for r in rounds)
-        med["shared_vs_separate"] = statistics.median(
-            rates[c, "shared", r]["requests_per_s"] / rates[c, "separate", r]["requests_per_s"]
-            for r in rounds
-        )
+        for ratio, name in (("", "requests_per_s"), ("_cpu", "requests_per_cpu_s")):
+            med[f"shared_vs_separate{ratio}"] = statistics.median(
+                rates[c, "shared", r][name] / rates[c, "separate", r][name] for r in rounds
+            )
         out[str(c)] = med
     memory: dict[str, float] = {}
     for arr in ARRANGEMENTS:
@@ -334,15 +336,18 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 def print_table(summary: dict[str, dict[str, float]]) -> None:
-    print("\n| C | shared req/s | separate req/s | shared images/s | separate images/s | "
-          "**shared ÷ separate** |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| C | shared req/s | separate req/s | shared images/s | separate images/s | "
+        "**shared ÷ separate** | shared req/CPU-s | separate req/CPU-s | **÷ per CPU-s** |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for c, m in summary.items():
         if c != "memory":
             print(
                 f"| {c} | {m['shared_requests_per_s']:.2f} | {m['separate_requests_per_s']:.2f} "
                 f"| {m['shared_images_per_s']:.2f} | {m['separate_images_per_s']:.2f} | "
-                f"**{m['shared_vs_separate']:.2f}×** |"
+                f"**{m['shared_vs_separate']:.2f}×** | {m['shared_requests_per_cpu_s']:.2f} | "
+                f"{m['separate_requests_per_cpu_s']:.2f} | **{m['shared_vs_separate_cpu']:.2f}×** |"
             )
     m = summary["memory"]
     print("\n| arrangement | parameter MB | RSS loaded (MiB) | peak RSS (MiB) |")
@@ -358,7 +363,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--concurrency", default="1,4,16", help="comma-separated C levels")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds (after a warm-up)")
-    p.add_argument("--min-jobs", type=int, default=8, help="requests per phase at least")
+    p.add_argument("--min-jobs", type=int, default=16, help="requests per phase at least")
     p.add_argument("--think", type=int, default=16, help="thought (and chat) tokens")
     p.add_argument("--side", type=int, default=16, help="latent height and width")
     p.add_argument("--steps", type=int, default=4, help="denoise steps")

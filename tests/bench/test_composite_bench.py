@@ -20,7 +20,8 @@ def test_the_quick_composite_bench_compares_one_instance_with_two_engines(tmp_pa
         med = doc["median"][c]
         for arr in ("shared", "separate"):
             assert med[f"{arr}_requests_per_s"] > med[f"{arr}_images_per_s"] > 0
-        assert med["shared_vs_separate"] > 0
+            assert med[f"{arr}_requests_per_cpu_s"] > 0
+        assert med["shared_vs_separate"] > 0 and med["shared_vs_separate_cpu"] > 0
     assert {(r["arrangement"], r["round"]) for r in doc["runs"]} == {
         ("shared", 1),
         ("separate", 1),
