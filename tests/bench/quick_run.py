@@ -7,19 +7,22 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_quick(script: str, tmp_path: Path, timeout: float = 600) -> tuple[Any, str]:
-    """`bench/<script> --quick --json OUT` in `tmp_path`; fails the test with its stderr tail
-    unless it exits 0; the parsed JSON and what it printed."""
+def run_quick(
+    script: str, tmp_path: Path, timeout: float = 600, extra: Sequence[str] = ()
+) -> tuple[Any, str]:
+    """`bench/<script> --quick --json OUT [extra]` in `tmp_path`; fails the test with its stderr
+    tail unless it exits 0; the parsed JSON and what it printed."""
     out = tmp_path / "bench.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ran = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick", "--json", str(out)],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", "--json", str(out), *extra],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]

@@ -256,6 +256,14 @@ class Engine:
                 self._aborts.add(request_id)
                 self._cond.notify_all()
 
+    def loop_models(self) -> dict[str, object]:
+        """The live model object each of this engine's loops runs: "text" (the AR loop) and, with
+        a denoise lane, "denoise" (for a MoT worker both are one object: its weights once)."""
+        models: dict[str, object] = {"text": self._model}
+        if self._lane is not None:
+            models["denoise"] = self._lane.executor.model
+        return models
+
     def in_flight(self) -> int:
         with self._lock:
             return len(self._callbacks)

@@ -45,12 +45,18 @@ class ModelInstance:
 
     def resident_parameter_bytes(self) -> int:
         """Bytes the weights of every component hold, each storage once."""
-        tensors: list[torch.Tensor] = []
-        for name, loaded in self.components.items():
-            if not isinstance(loaded.model, NamedWeights):
-                raise TypeError(f"component {name!r}: its model does not list its weights")
-            tensors.extend(loaded.model.targets().values())
-        return resident_bytes(tensors)
+        return weights_bytes({name: c.model for name, c in self.components.items()})
+
+
+def weights_bytes(models: Mapping[str, object]) -> int:
+    """Bytes the weights of `models` (by a name for errors) hold together, each storage once:
+    models that share weights count them once, separate copies count each."""
+    tensors: list[torch.Tensor] = []
+    for name, model in models.items():
+        if not isinstance(model, NamedWeights):
+            raise TypeError(f"{name!r}: its model does not list its weights")
+        tensors.extend(model.targets().values())
+    return resident_bytes(tensors)
 
 
 def instantiate(card: ModelCard, load: LoadComponent) -> ModelInstance:
