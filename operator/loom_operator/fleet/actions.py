@@ -60,6 +60,8 @@ class RestartWorker:
     version: str
     attempt: int
     backoff_s: float
+    reason: str
+    """Why the worker counts as failed (failover.worker_failure's words)."""
 
 
 @dataclass(frozen=True)

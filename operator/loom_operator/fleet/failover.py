@@ -134,7 +134,13 @@ def _plan_worker(
         return _WorkerPlan(tuple(actions), h, failure, due)
     actions.append(
         RestartWorker(
-            w.name, slot.role, desired.source_uri, desired.weights_version, attempt, delay
+            w.name,
+            slot.role,
+            desired.source_uri,
+            desired.weights_version,
+            attempt,
+            delay,
+            failure,
         )
     )
     return _WorkerPlan(tuple(actions), replace(h, last_restart_at=now), failure, None)

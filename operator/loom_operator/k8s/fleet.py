@@ -18,8 +18,9 @@ out the actions:
   scaler (scaler.py) sets its replicas after the round: a stopped (drained) worker's pod is
   removed only once no higher one still serves (pod_count.py). A Terminating pod is not observed
   at all: it drains itself and its replacement takes its slot.
-- RestartWorker: a pod that is alive but fails its probes is deleted (the StatefulSet brings it
-  back); a crashed container is restarted by its kubelet.
+- RestartWorker: a pod that is alive but failed (no passing probe for the health timeout, or
+  not ready within the startup timeout) is deleted, the Event saying which (the StatefulSet
+  brings it back); a crashed container is restarted by its kubelet.
 
 Owns these meanings and each action's idempotence; never chooses an action (the core does) and
 never writes the card's status (handlers.py does, from what `round` returns).
@@ -299,7 +300,7 @@ class PodFleet:
                 path = object_path("Pod", self.namespace, a.worker)
                 body = {"preconditions": {"uid": pod.uid}}
                 await self._call(self._kube.delete, path, body)
-                msg = f"deleted {a.worker} (attempt {a.attempt}): it stopped answering its probes"
+                msg = f"deleted {a.worker} (attempt {a.attempt}): {a.reason}"
                 self._events("Restart", msg, "Warning")
         elif isinstance(a, StartWorker | StopWorker):
             return  # the StatefulSet creates and removes pods

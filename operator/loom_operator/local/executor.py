@@ -101,7 +101,8 @@ class Executor:
         elif isinstance(a, RestartWorker):
             self._start(a.worker, a.role, a.source, a.version, r)
             msg = (
-                f"restarted {a.worker} on {a.version} (attempt {a.attempt}, after {a.backoff_s:g}s)"
+                f"restarted {a.worker} on {a.version} (attempt {a.attempt}, after "
+                f"{a.backoff_s:g}s): {a.reason}"
             )
             self._events(FleetEvent("restarted", msg, a.worker, "warning"))
         elif isinstance(a, StartWorker):

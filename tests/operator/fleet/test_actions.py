@@ -27,7 +27,7 @@ def test_ordered_puts_route_off_first_and_conditions_last_and_sorts_by_worker() 
         Resume("a"),
         LoadWeights("a", "s", "v2"),
         StartWorker("c", "decode", "s", "v2"),
-        RestartWorker("b", "decode", "s", "v2", 1, 1.0),
+        RestartWorker("b", "decode", "s", "v2", 1, 1.0, "exited"),
         StopWorker("d", "scaled down"),
         MigrateRequests("b", abort=False, reason="dead"),
         Freeze("z"),

@@ -103,7 +103,7 @@ def test_a_dead_worker_is_routed_off_and_migrated_at_once_and_restarted_after_ba
     assert early.actions == ()
     due = plan_failover(desired, FleetObservation((gone,), 11.0), plan.history)
     assert due.actions == (
-        RestartWorker("dep-decode-0", "decode", "file:///models/v2", "v2", 1, 1.0),
+        RestartWorker("dep-decode-0", "decode", "file:///models/v2", "v2", 1, 1.0, "exited"),
     )
 
 
