@@ -30,6 +30,7 @@ def small_glm(deployment: Mapping[str, Any], name: str, smaller: bool = False) -
         card["spec"]["router"]["replicas"] = 1
     return card
 
+
 CARD = """\
 apiVersion: loom.dev/v1alpha1
 kind: ModelCard

@@ -82,8 +82,10 @@ class LeaseStore:
         now = self.leases.get(name)
         if (read is None) != (now is None):
             return False
-        if read is not None and now is not None and read["metadata"]["resourceVersion"] != (
-            now["metadata"]["resourceVersion"]
+        if (
+            read is not None
+            and now is not None
+            and read["metadata"]["resourceVersion"] != (now["metadata"]["resourceVersion"])
         ):
             return False
         self.version += 1
