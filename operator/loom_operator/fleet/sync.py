@@ -241,6 +241,10 @@ def plan_sync(
     for name in choice.chosen:
         p = progress[name]
         taken: Taken = choice.taken
+        if ctx.strategy.keeps_running:  # loaded under its running requests: no freeze, no drain
+            progress[name] = replace(_to(p, "drained", now), loads=p.loads + 1, taken=taken)
+            acts.append(LoadWeights(name, desired.source_uri, ctx.target, desired.sync.kv))
+            continue
         progress[name] = replace(
             _to(p, "frozen", now), frozen_at=now, migrated_at=None, taken=taken
         )

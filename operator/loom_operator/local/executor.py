@@ -153,7 +153,7 @@ class Executor:
 
         async def load() -> None:
             try:
-                status = await client.load_weights(a.source, a.version, timeout)
+                status = await client.load_weights(a.source, a.version, timeout, a.kv)
                 self._processes.record_version(a.worker, a.version)
                 msg = f"{a.worker} loaded {a.version} ({status.state})"
                 self._events(FleetEvent("weights", msg, a.worker))
