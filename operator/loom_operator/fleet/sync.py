@@ -189,7 +189,8 @@ def advance(
     if not w.healthy or p.step == "resumed":
         return p, []
     on_target = w.weights_version == ctx.target
-    if on_target and w.routable:
+    swapped_serving = p.step == "drained" and ctx.strategy.keeps_running  # Resume re-routes it
+    if on_target and w.routable and not swapped_serving:
         return _to(p, "resumed", ctx.now), []
     if p.step == "failed":
         if p.reason.startswith(FAILED_LOAD_TIMEOUT) and not on_target:

@@ -58,7 +58,8 @@ def fresh_engine(path: Path, **kw: object) -> Engine:
 
 
 def pushed(new_dir: Path, tmp_path: Path, name: str = "v2") -> StagedPush:
-    tensors = load_model(new_dir, dtype=torch.float64).model.targets()
+    model = load_model(new_dir, dtype=torch.float64).model
+    tensors: dict[str, torch.Tensor] = model.targets()  # type: ignore[attr-defined]
     return stage(tensors, name, tmp_path / f"staged-{name}")
 
 

@@ -40,7 +40,7 @@ def worker(launch: Any, tiny_v1: Path) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def stub(worker: Any) -> Iterator[pb_grpc.ControlStub]:
     with grpc.insecure_channel(worker.control) as ch:
-        yield pb_grpc.ControlStub(ch)
+        yield pb_grpc.ControlStub(ch)  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,9 @@ def auth(worker: Any) -> list[tuple[str, str]]:
 
 
 def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    return load_model(checkpoint, dtype=torch.float64).model.targets()
+    model = load_model(checkpoint, dtype=torch.float64).model
+    tensors: dict[str, torch.Tensor] = model.targets()  # type: ignore[attr-defined]
+    return tensors
 
 
 def stage(stub: Any, auth: Any, tensors: Mapping[str, torch.Tensor], version: str) -> str:
