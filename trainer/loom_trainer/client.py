@@ -22,8 +22,10 @@ from loom_trainer.group import Rendezvous, TransferGroup
 from loom_trainer.protocol import DEFAULT_BUCKET_BYTES, plan_buckets, spec_of
 from loom_trainer.sender import send_push
 
-Mode = Literal["barrier", "rolling"]
-MODES: tuple[Mode, ...] = ("barrier", "rolling")
+Mode = Literal["barrier", "rolling", "keep"]
+MODES: tuple[Mode, ...] = ("barrier", "rolling", "keep")
+KV = Literal["keep", "recompute"]
+KVS: tuple[KV, ...] = ("keep", "recompute")
 POLL_S = 0.1
 HTTP_TIMEOUT_S = 30.0
 
@@ -81,20 +83,26 @@ class WeightSync:
         timeout_s: float = 60.0,
         swap_timeout_s: float = 600.0,
         on_bucket: Callable[[int, int], None] | None = None,
+        kv: KV | None = None,
     ) -> PushResult:
         """Make `named_tensors` the fleet's weights, as `version`.
 
         barrier: every worker switches together (no request sees two versions); rolling: the
-        fleet's drain-correct rolling order. `timeout_s` bounds the rendezvous and every
-        collective; `on_bucket(index, count)` runs after each bucket is sent. Raises
-        PushRefused (nothing moved) or PushFailed (the fleet keeps its last complete version).
+        fleet's drain-correct rolling order; keep: every worker swaps under its running
+        requests, which go on (each token tagged with the version that sampled it) over the KV
+        of the old weights (`kv="keep"`, the default) or re-prefilled under the new ones
+        (`kv="recompute"`). `timeout_s` bounds the rendezvous and every collective;
+        `on_bucket(index, count)` runs after each bucket is sent. Raises PushRefused (nothing
+        moved) or PushFailed (the fleet keeps its last complete version).
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if kv is not None and (mode != "keep" or kv not in KVS):
+            raise ValueError(f"kv is mode keep's option, one of {', '.join(KVS)}; got {kv!r}")
         started = time.monotonic()
         specs = [spec_of(n, t) for n, t in named_tensors.items()]
         buckets = plan_buckets(specs, bucket_bytes)
-        opened = self._open(version, mode, timeout_s)
+        opened = self._open(version, mode, timeout_s, kv or ("keep" if mode == "keep" else ""))
         rv = Rendezvous(
             opened.host, opened.port, 0, len(opened.workers) + 1, timeout_s, opened.update_id
         )
@@ -120,8 +128,10 @@ class WeightSync:
         """The controller's record of one update (state, version, workers, error)."""
         return self._request("GET", f"/v1/weights/updates/{update_id}")
 
-    def _open(self, version: str, mode: Mode, timeout_s: float) -> Opened:
-        body = {"version": version, "mode": mode, "timeout_seconds": timeout_s}
+    def _open(self, version: str, mode: Mode, timeout_s: float, kv: str) -> Opened:
+        body: dict[str, object] = {"version": version, "mode": mode, "timeout_seconds": timeout_s}
+        if kv:
+            body["kv"] = kv
         doc = self._request("POST", "/v1/weights/updates", body)
         workers = doc["workers"]
         assert isinstance(workers, list)

@@ -81,8 +81,12 @@ class ControlClient:
     async def resume(self, timeout: float = 10.0) -> WorkerStatus:
         return await self._call("Resume", pb.ResumeRequest(), timeout)
 
-    async def load_weights(self, source: str, version: str, timeout: float) -> WorkerStatus:
-        request = pb.LoadWeightsRequest(source=source, version=version)
+    async def load_weights(
+        self, source: str, version: str, timeout: float, kv: str = ""
+    ) -> WorkerStatus:
+        """`kv` "" (a paused, drained worker) or, for a staged push swapped in under the running
+        requests (mode keep), "keep" or "recompute"."""
+        request = pb.LoadWeightsRequest(source=source, version=version, kv=kv)
         return await self._call("LoadWeights", request, timeout)
 
     async def receive_weights(

@@ -82,6 +82,9 @@ class LoadWeights:
     worker: str
     source: str
     version: str
+    kv: str = ""
+    """A push in mode keep: swap it in under the running requests (keep | recompute), the worker
+    serving, not frozen."""
 
 
 @dataclass(frozen=True)

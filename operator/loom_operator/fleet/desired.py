@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Literal
 
 from loom_operator.api.autoscaling import Autoscaling, ScaleBounds
 from loom_operator.api.deployment_card import DeploymentCard
@@ -16,8 +17,9 @@ from loom_runtime.card.component import Component
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.card.serving import SyncStrategyName
 
-Strategy = SyncStrategyName
-"""A strategy name, as the card allows it (`strategies/registry.py` maps it to its object)."""
+Strategy = Literal[SyncStrategyName, "Keep"]
+"""A strategy name, as the card allows it or a push's mode picks it (Keep: a push in mode keep);
+`strategies/registry.py` maps it to its object."""
 
 
 class FleetError(ValueError):
@@ -44,6 +46,8 @@ class SyncPolicy:
     """How long a frozen worker may take to finish its requests before they are migrated."""
     load_timeout_s: float = 600.0
     """How long LoadWeights may take before the sync halts and says which worker is stuck."""
+    kv: str = ""
+    """Keep (a push in mode keep): the push's kv policy, keep | recompute; "" otherwise."""
 
 
 @dataclass(frozen=True)

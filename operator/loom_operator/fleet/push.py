@@ -14,12 +14,14 @@ from loom_operator.fleet.desired import DesiredFleet, Strategy
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.record import SyncRecord
 
-PushMode = Literal["barrier", "rolling"]
-MODE_STRATEGY: dict[str, Strategy] = {"barrier": "Barrier", "rolling": "Rolling"}
+PushMode = Literal["barrier", "rolling", "keep"]
+MODE_STRATEGY: dict[str, Strategy] = {"barrier": "Barrier", "rolling": "Rolling", "keep": "Keep"}
 """A push's mode -> the weight-sync strategy that swaps it in (the existing lifecycle)."""
 PushState = Literal["receiving", "swapping", "done", "failed"]
 PUSH_STATES: tuple[PushState, ...] = ("receiving", "swapping", "done", "failed")
 PUSH_SCHEME = "push://"
+KV_POLICIES = ("keep", "recompute")
+"""Mode keep: what a running request does with the KV of the old weights (runtime's keep_swap)."""
 
 
 class PushConflict(Exception):
@@ -43,6 +45,8 @@ class PushUpdate:
     state: PushState = "receiving"
     error: str = ""
     staged: frozenset[str] = frozenset()
+    kv: str = ""
+    """Mode keep: keep | recompute (the running requests' KV); "" for the other modes."""
 
     @property
     def open(self) -> bool:
@@ -58,7 +62,7 @@ class PushUpdate:
             "workers": list(self.workers), "store_host": self.store_host,
             "store_port": self.store_port, "timeout_seconds": self.timeout_s,
             "state": self.state, "error": self.error, "staged": sorted(self.staged),
-            "base_version": self.base_version,
+            "base_version": self.base_version, "kv": self.kv,
         }  # fmt: skip
 
     @classmethod
@@ -75,7 +79,7 @@ class PushUpdate:
                 str(doc["update_id"]), str(doc["version"]), cast(PushMode, mode),
                 tuple(map(str, workers)), str(doc["store_host"]), int(str(doc["store_port"])),
                 float(str(doc["timeout_seconds"])), str(doc["base_version"]),
-                state, str(doc["error"]), frozenset(map(str, staged)),
+                state, str(doc["error"]), frozenset(map(str, staged)), str(doc.get("kv", "")),
             )  # fmt: skip
         except KeyError as exc:
             raise ValueError(f"not a persisted push: no {exc}") from exc
@@ -88,10 +92,15 @@ def refuse_push(
     current: PushUpdate | None,
     version: str,
     mode: str,
+    kv: str = "",
 ) -> str | None:
-    """Why a push of `version` in `mode` may not open now (None: it may)."""
+    """Why a push of `version` in `mode` (`kv`: mode keep's KV policy) may not open now (None:
+    it may)."""
     if mode not in MODE_STRATEGY:
         return f"mode must be one of {', '.join(MODE_STRATEGY)}, got {mode!r}"
+    why = _refuse_kv(desired, mode, kv)
+    if why is not None:
+        return why
     if not version:
         return "a push needs a version"
     if current is not None and current.open:
@@ -119,6 +128,19 @@ def refuse_push(
     return None
 
 
+def _refuse_kv(desired: DesiredFleet, mode: str, kv: str) -> str | None:
+    if mode != "keep":
+        return None if not kv else f"kv is mode keep's option; mode {mode} drains, got kv {kv!r}"
+    if kv not in KV_POLICIES:
+        return f"kv must be one of {', '.join(KV_POLICIES)} for mode keep, got {kv!r}"
+    if desired.disaggregated:
+        return (
+            "mode keep is not built for a P/D fleet (a decode checks its pulled KV against its "
+            "version); push with mode barrier or rolling"
+        )
+    return None
+
+
 def pushed_desired(desired: DesiredFleet, push: PushUpdate | None) -> DesiredFleet:
     """What the fleet should serve: the pushed version (swapped in by the mode's strategy) once
     every worker has staged it, unless the card's weightsVersion changed since it opened."""
@@ -126,7 +148,7 @@ def pushed_desired(desired: DesiredFleet, push: PushUpdate | None) -> DesiredFle
         return desired
     if desired.weights_version != push.base_version:
         return desired
-    sync = replace(desired.sync, strategy=MODE_STRATEGY[push.mode])
+    sync = replace(desired.sync, strategy=MODE_STRATEGY[push.mode], kv=push.kv)
     return replace(desired, weights_version=push.version, source_uri=push.source, sync=sync)
 
 

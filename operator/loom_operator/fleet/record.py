@@ -25,7 +25,7 @@ loaded: on the target version, Resume due | resumed: done | failed: see `reason`
 HELD_STEPS: tuple[SyncStep, ...] = ("frozen", "drained", "loaded")
 """Steps in which the sync holds a worker out of routing."""
 
-Taken = Literal["", "safe", "fallback", "gap", "barrier", "adopted"]
+Taken = Literal["", "safe", "fallback", "gap", "barrier", "adopted", "keep"]
 """Why the sync took a worker out: a same-version pair stayed routable (safe), only decode
 workers stayed (fallback), nothing could stay (gap, one worker per role), Barrier, or it was
 found already out (adopted, e.g. after a controller restart from an older record)."""

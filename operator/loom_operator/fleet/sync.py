@@ -189,7 +189,8 @@ def advance(
     if not w.healthy or p.step == "resumed":
         return p, []
     on_target = w.weights_version == ctx.target
-    if on_target and w.routable:
+    swapped_serving = p.step == "drained" and ctx.strategy.keeps_running  # Resume re-routes it
+    if on_target and w.routable and not swapped_serving:
         return _to(p, "resumed", ctx.now), []
     if p.step == "failed":
         if p.reason.startswith(FAILED_LOAD_TIMEOUT) and not on_target:
@@ -241,6 +242,10 @@ def plan_sync(
     for name in choice.chosen:
         p = progress[name]
         taken: Taken = choice.taken
+        if ctx.strategy.keeps_running:  # loaded under its running requests: no freeze, no drain
+            progress[name] = replace(_to(p, "drained", now), loads=p.loads + 1, taken=taken)
+            acts.append(LoadWeights(name, desired.source_uri, ctx.target, desired.sync.kv))
+            continue
         progress[name] = replace(
             _to(p, "frozen", now), frozen_at=now, migrated_at=None, taken=taken
         )

@@ -326,7 +326,7 @@ class PodFleet:
 
         async def load() -> None:
             try:
-                status = await client.load_weights(a.source, a.version, timeout)
+                status = await client.load_weights(a.source, a.version, timeout, a.kv)
                 self._events("LoadWeights", f"{a.worker} loaded {status.weights_version}", "Normal")
             except ControlError as exc:
                 self._events("LoadWeights", f"{a.worker}: {exc}", "Warning")

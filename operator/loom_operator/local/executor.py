@@ -154,8 +154,11 @@ class Executor:
 
         async def load() -> None:
             try:
-                status = await client.load_weights(a.source, a.version, timeout)
+                status = await client.load_weights(a.source, a.version, timeout, a.kv)
                 self._processes.record_version(a.worker, a.version)
+                if a.kv:  # swapped while serving: the router pairs it with its new version now
+                    spec = endpoint_spec(entry, status.weights_version)
+                    await self._router.route_on(a.worker, spec)
                 msg = f"{a.worker} loaded {a.version} ({status.state})"
                 self._events(FleetEvent("weights", msg, a.worker))
             except ControlError as exc:

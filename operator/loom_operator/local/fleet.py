@@ -170,11 +170,11 @@ class LocalFleet:
         info = ControllerInfo(os.getpid(), now, self.endpoint, self.weights_url)
         save_controller(self.paths, info)
 
-    def _open_push(self, version: str, mode: str, timeout_s: float) -> PushUpdate:
+    def _open_push(self, version: str, mode: str, timeout_s: float, kv: str) -> PushUpdate:
         if self._observed is None:
             raise PushConflict("the controller has not observed the fleet yet; retry shortly")
         return self.pushes.open(
-            version, mode, timeout_s, self.cards.desired, self._observed, self.record.sync
+            version, mode, timeout_s, self.cards.desired, self._observed, self.record.sync, kv
         )
 
     async def _abort_start(self) -> None:

@@ -14,6 +14,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from loom_operator.control.client import ControlError
 from loom_operator.control.probe import Observer
@@ -70,11 +71,12 @@ class PushCoordinator:
         desired: DesiredFleet,
         observed: FleetObservation,
         sync: SyncRecord | None,
+        kv: str = "",
     ) -> PushUpdate:
         """Open a push and ask every worker to join it; PushConflict says why it may not."""
         card_version = desired.weights_version
         desired = self.desired(desired)
-        why = refuse_push(desired, observed, sync, self.update, version, mode)
+        why = refuse_push(desired, observed, sync, self.update, version, mode, kv)
         if why is not None:
             raise PushConflict(why)
         if self._calls:
@@ -82,9 +84,10 @@ class PushCoordinator:
             raise PushConflict(f"the last push's transfer has not ended on {busy}; retry shortly")
         workers = tuple(s.name for s in desired.slots)
         port = free_ports(1, self._processes.table.ports())[0]
-        m: PushMode = "barrier" if mode == "barrier" else "rolling"
+        m = cast(PushMode, mode)  # refuse_push checked it
         update = PushUpdate(
             secrets.token_hex(6), version, m, workers, HOST, port, timeout_s, card_version,
+            kv=kv,
         )  # fmt: skip
         self.update = update
         self._failures = []

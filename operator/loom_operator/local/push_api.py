@@ -15,8 +15,8 @@ from aiohttp import web
 
 from loom_operator.fleet.push import PushConflict, PushUpdate
 
-Opener = Callable[[str, str, float], PushUpdate]
-"""(version, mode, timeout_s) -> the opened push, or PushConflict."""
+Opener = Callable[[str, str, float, str], PushUpdate]
+"""(version, mode, timeout_s, kv) -> the opened push, or PushConflict."""
 MAX_TIMEOUT_S = 3600.0
 
 
@@ -44,12 +44,13 @@ def push_app(
             doc = json.loads(await request.read())
             version, mode = str(doc["version"]), str(doc.get("mode", "barrier"))
             timeout = float(doc.get("timeout_seconds", 60.0))
+            kv = str(doc.get("kv") or ("keep" if mode == "keep" else ""))
         except (ValueError, KeyError, TypeError) as exc:
-            return _error(400, f"a push needs JSON {{version, mode, timeout_seconds}}: {exc}")
+            return _error(400, f"a push needs JSON {{version, mode, timeout_seconds, kv}}: {exc}")
         if not 0 < timeout <= MAX_TIMEOUT_S:
             return _error(400, f"timeout_seconds must be in (0, {MAX_TIMEOUT_S:g}]")
         try:
-            update = open_push(version, mode, timeout)
+            update = open_push(version, mode, timeout, kv)
         except PushConflict as exc:
             return _error(409, str(exc))
         return web.json_response(update.as_json(), status=201)

@@ -82,12 +82,14 @@ class ResumeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("source", "version")
+    __slots__ = ("source", "version", "kv")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    KV_FIELD_NUMBER: _ClassVar[int]
     source: str
     version: str
-    def __init__(self, source: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    kv: str
+    def __init__(self, source: _Optional[str] = ..., version: _Optional[str] = ..., kv: _Optional[str] = ...) -> None: ...
 
 class ReceiveWeightsRequest(_message.Message):
     __slots__ = ("update_id", "store_host", "store_port", "rank", "world_size", "version", "timeout_seconds")

@@ -8,6 +8,7 @@ schedules.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest, TextDecoder
@@ -354,11 +355,21 @@ class ARDecodeLoop:
         self._free(state)
         state.num_computed = 0
         state.num_preemptions += 1
+        state.stale_kv = False  # recomputed on readmission, under the weights it then runs
+
+    def rebase(self, state: ARDecodeState, version: str) -> None:
+        """New weights are in under this state (a keep swap): its next tokens carry `version`;
+        KV it already holds was computed under the old weights, so it never enters the prefix
+        cache (its blocks were uncached by the swap; later ones attend to them)."""
+        state.ctx = replace(state.ctx, weights_version=version)
+        if state.num_computed or state.table.block_ids:
+            state.stale_kv = True
 
     def _caching(self, state: ARDecodeState) -> bool:
         """Prefix caching for this state: not for one that asks for prompt log-probs, whose
-        every prompt position must be computed (as vLLM skips the cache for them)."""
-        return self.prefix_caching and state.prompt_logprobs is None
+        every prompt position must be computed (as vLLM skips the cache for them), nor for one
+        whose KV is partly of older weights (a keep swap)."""
+        return self.prefix_caching and state.prompt_logprobs is None and not state.stale_kv
 
     def _free(self, state: ARDecodeState) -> None:
         if self.on_free is not None:  # the state beside the blocks goes first (it may write them)

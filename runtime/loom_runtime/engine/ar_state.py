@@ -86,6 +86,7 @@ class ARDecodeState:
     kv_transfer_params: TransferParams | None = None  # P/D prefill: the lease it answers with
     transfer_error: str | None = None  # P/D decode: why the request failed (policy "fail")
     grammar: GrammarState | None = None  # structured output: the matcher (None: free text)
+    stale_kv: bool = False  # KV computed under older weights (a keep swap): never prefix-cached
 
     @property
     def request_id(self) -> str:

@@ -184,6 +184,18 @@ class Batcher:
         drawing = set(self.lane.drawing) if self.lane is not None else set()
         self.abort(local | parked | remote | reloading | drawing)
 
+    def new_weights(self, version: str, recompute: bool) -> None:
+        """New weights are in under these requests (a keep swap, at a step boundary): each one's
+        next tokens carry `version`. `recompute`: every running request drops its KV and is
+        re-prefilled (prompt + output so far) under the new weights, oldest first, as after a
+        preemption (and counted as one); otherwise it keeps its KV and goes on."""
+        if recompute:
+            for state in self.running[::-1]:  # each goes to the queue's front: oldest first
+                self._preempt(state)
+        parked = [s for p in self.parked.values() for s in p]
+        for state in [*self.running, *self.waiting, *parked]:
+            self.loop.rebase(state, version)
+
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> bool:

@@ -25,6 +25,7 @@ from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.draw import check_draw
 from loom_runtime.engine.grammar.check import check_grammar
 from loom_runtime.engine.grammar.compiler import GrammarCompiler
+from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.pushed_weights import model_specs, swap_in
@@ -338,12 +339,31 @@ class Engine:
             swap_in(self._model, staged)
             self._bump(staged.version)
 
+    def load_pushed_keep(self, staged: StagedPush, kv: str = "keep") -> None:
+        """Swap a staged push in under the running requests (push mode keep), nothing aborted:
+        at a step boundary (the step loop waits, and a request added meanwhile waits in the
+        inbox and is admitted after, on the new version), then every request goes on and its
+        next tokens carry the new version. `kv` "keep": running requests keep the KV computed
+        under the old weights; "recompute": they re-prefill prompt + output so far under the
+        new ones. The prefix cache is dropped, and KV of the old weights never re-enters it."""
+        blockers = KeepBlockers(
+            self._ranks is not None, self.disagg is not None, self._lane is not None,
+            self._reloads is not None, self._spec is not None,
+        )  # fmt: skip
+        with self._step_lock:
+            policy = check_keep(kv, staged.version, self.weights_version, blockers)
+            swap_in(self._model, staged)
+            self._batcher.new_weights(staged.version, recompute=policy == "recompute")
+            self._bump(staged.version)
+
     def _bump(self, version: str) -> None:
         """The new weights are in: drop the prefix cache (keyed by the old weights), bump the
-        version. Called under the step lock."""
+        version (requests still in the inbox will run on it). Called under the step lock."""
         dropped = self._kv.reset_prefix_cache()
         with self._lock:
             self._weights_version = version
+            for state in self._inbox:
+                self._loop.rebase(state, version)
             self._stats = self._snapshot()
         logger.info("weights loaded", extra={"version": version, "uncached_blocks": dropped})
 

@@ -146,6 +146,8 @@ class ControlService:
     async def LoadWeights(self, request: pb.LoadWeightsRequest, context: Any) -> pb.WorkerStatus:
         if not request.version:
             raise InvalidRequestError("LoadWeights needs a version", param="version")
+        if request.kv:
+            return await self._load_keep(request)
         async with self._load_lock:
             stats, in_flight = await asyncio.to_thread(self._read)
             if request.version == stats.weights_version:
@@ -172,6 +174,35 @@ class ControlService:
             "weights loaded",
             extra={"previous": stats.weights_version, "version": request.version},
         )
+        return await self.snapshot()
+
+    async def _load_keep(self, request: pb.LoadWeightsRequest) -> pb.WorkerStatus:
+        """A keep swap: a staged push swapped in under the running requests of a serving worker."""
+        if not is_push_source(request.source):
+            raise InvalidRequestError(
+                f"LoadWeights with kv={request.kv!r} (a keep swap) takes a staged push "
+                f"(source push://<update_id>), not {request.source!r}",
+                param="kv",
+            )
+        async with self._load_lock:
+            stats = await asyncio.to_thread(self._engine.stats)
+            if not self._settings.healthy() or not stats.admission_open:
+                raise ControlStateError(
+                    "a keep swap needs a serving worker (admission open, engine healthy); this "
+                    "one is paused, draining or failed: swap it in with LoadWeights without kv "
+                    "once it is paused and drained"
+                )
+            staged = self._pushes.staged(request.source, request.version)
+            self._loading = True
+            try:
+                await self._pushes.swap_keep(staged, request.kv)
+            finally:
+                self._loading = False
+        logger.info(
+            "weights swapped under running requests",
+            extra={"previous": stats.weights_version, "version": request.version,
+                   "kv": request.kv},
+        )  # fmt: skip
         return await self.snapshot()
 
     @_mapped

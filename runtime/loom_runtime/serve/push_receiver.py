@@ -2,7 +2,8 @@
 goes on), keep it staged, swap it in on LoadWeights(source="push://<update_id>").
 
 Owns the worker's one staged push (a newer push or a swap discards it); never swaps in a push
-without the drained-worker checks of LoadWeights (control_service.py runs them first).
+without the checks of LoadWeights (control_service.py runs them first: drained, or for a keep
+swap serving).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class PushTarget(Protocol):
     def push_specs(self) -> dict[str, TensorSpec]: ...
 
     def load_pushed(self, staged: StagedPush) -> None: ...
+
+    def load_pushed_keep(self, staged: StagedPush, kv: str) -> None: ...
 
 
 def is_push_source(source: str) -> bool:
@@ -88,6 +91,13 @@ class PushReceiver:
         """Swap the staged push in (the worker is paused and drained), then drop the staging."""
         target = self._require_target()
         await asyncio.to_thread(target.load_pushed, staged)
+        self.discard()
+
+    async def swap_keep(self, staged: StagedPush, kv: str) -> None:
+        """Swap the staged push in under the running requests (push mode keep, `kv` its KV
+        policy), then drop the staging; a refused swap keeps it staged."""
+        target = self._require_target()
+        await asyncio.to_thread(target.load_pushed_keep, staged, kv)
         self.discard()
 
     def discard(self) -> None:

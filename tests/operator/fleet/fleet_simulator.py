@@ -2,7 +2,8 @@
 substrates (processes, pods) under the fleet controller in tests/operator/fleet/test_simulation.py.
 
 Owns the simulated workers' states and how actions and time change them; checks nothing about
-the controller (the tests do), except that LoadWeights reaches only a frozen, idle worker.
+the controller (the tests do), except that LoadWeights reaches only a frozen, idle worker (a
+keep swap's, with `kv`, only a serving one).
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ class FleetSimulator:
         elif isinstance(a, MigrateRequests):
             self.migrated += w.busy
             self._set(w.name, in_flight=0, pending_kv_pulls=0)
+        elif isinstance(a, LoadWeights) and a.kv:  # a keep swap: under its running requests
+            assert w.alive and w.admission_open and not w.loading, (
+                f"a keep LoadWeights reached {w.name}, which is not serving"
+            )
+            self.loads[(w.name, a.version)] += 1
+            self._loading[w.name] = (a.version, self.load_ticks)
+            self._set(w.name, loading=True)
         elif isinstance(a, LoadWeights):
             assert w.alive and w.frozen and w.busy == 0 and not w.loading, (
                 f"LoadWeights reached {w.name} while routed={w.routed} "

@@ -31,7 +31,8 @@ def observe(worker: WorkerFactory, **decode: object) -> FleetObservation:
     [
         ({}, None, None, "v3", "barrier", None),
         ({}, None, None, "v3", "rolling", None),
-        ({}, None, None, "v3", "keep", "mode must be one of barrier, rolling"),
+        ({}, None, None, "v3", "sideways", "mode must be one of barrier, rolling, keep"),
+        ({}, None, None, "v3", "keep", "mode keep is not built for a P/D fleet"),
         ({}, None, None, "", "barrier", "a push needs a version"),
         ({}, None, None, "v2", "barrier", "already has weights version 'v2'"),
         ({}, PUSH, None, "v4", "barrier", "push u1 of v3 is still receiving"),
@@ -59,7 +60,35 @@ def test_a_push_opens_only_on_a_ready_fleet_with_nothing_else_in_motion(
     mode: str,
     refusal: str | None,
 ) -> None:
-    why = refuse_push(fleet(version="v2"), observe(worker, **decode), sync, current, version, mode)
+    kv = "keep" if mode == "keep" else ""
+    why = refuse_push(
+        fleet(version="v2"), observe(worker, **decode), sync, current, version, mode, kv
+    )
+    if refusal is None:
+        assert why is None
+    else:
+        assert why is not None and refusal in why
+
+
+@pytest.mark.parametrize(
+    ("mode", "kv", "refusal"),
+    [
+        ("keep", "keep", None),
+        ("keep", "recompute", None),
+        ("keep", "drop", "kv must be one of keep, recompute for mode keep, got 'drop'"),
+        ("keep", "", "kv must be one of keep, recompute"),
+        ("barrier", "recompute", "kv is mode keep's option; mode barrier drains"),
+        ("rolling", "", None),
+    ],
+)
+def test_a_keep_push_takes_its_kv_option_on_an_aggregated_fleet(
+    fleet: FleetFactory, worker: WorkerFactory, mode: str, kv: str, refusal: str | None
+) -> None:
+    desired = fleet({"aggregated": 2}, version="v2")
+    observed = FleetObservation(
+        (worker("aggregated", 0, "v2"), worker("aggregated", 1, "v2")), now=10.0
+    )
+    why = refuse_push(desired, observed, None, None, "v3", mode, kv)
     if refusal is None:
         assert why is None
     else:
@@ -91,6 +120,9 @@ def test_the_fleet_serves_a_push_once_staged_until_the_card_moves(
         assert desired.source_uri == "push://u1"
     rolling = pushed_desired(fleet(version="v2"), replace(PUSH, state="done", mode="rolling"))
     assert rolling.sync.strategy == "Rolling"
+    keep = replace(PUSH, state="swapping", mode="keep", kv="recompute")
+    kept = pushed_desired(fleet(version="v2"), keep)
+    assert (kept.sync.strategy, kept.sync.kv) == ("Keep", "recompute")
 
 
 def test_a_swap_is_done_when_every_worker_serves_the_push_and_no_sync_is_active(
@@ -113,7 +145,9 @@ def test_a_swap_is_done_when_every_worker_serves_the_push_and_no_sync_is_active(
 def test_a_push_persists_and_reads_back_the_same() -> None:
     done = replace(PUSH, state="done", staged=frozenset(PUSH.workers))
     assert PushUpdate.from_json(done.as_json()) == done
-    with pytest.raises(ValueError, match="mode 'keep'"):
-        PushUpdate.from_json(dict(done.as_json(), mode="keep"))
+    kept = replace(done, mode="keep", kv="recompute")
+    assert PushUpdate.from_json(kept.as_json()) == kept
+    with pytest.raises(ValueError, match="mode 'sideways'"):
+        PushUpdate.from_json(dict(done.as_json(), mode="sideways"))
     with pytest.raises(ValueError, match="no 'base_version'"):
         PushUpdate.from_json({k: v for k, v in done.as_json().items() if k != "base_version"})

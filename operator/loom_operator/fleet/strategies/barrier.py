@@ -18,6 +18,7 @@ class Barrier:
 
     name: str = "Barrier"
     mixes_versions: bool = False
+    keeps_running: bool = False
 
     def choose(self, now: SyncRound) -> SyncChoice:
         """Every healthy pending worker, at once."""

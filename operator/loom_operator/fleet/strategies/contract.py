@@ -16,7 +16,8 @@ from loom_operator.fleet.record import Taken, WorkerProgress
 
 @dataclass(frozen=True)
 class SyncChoice:
-    """The workers to freeze now, why they may go, and (when none may) why not."""
+    """The workers to freeze now (or, keeps_running, to load at once), why they may go, and
+    (when none may) why not."""
 
     chosen: tuple[str, ...] = ()
     taken: Taken = ""
@@ -68,6 +69,12 @@ class SyncStrategy(Protocol):
         False (Barrier): the sync holds every worker, pending ones too, until all healthy ones
         are loaded, then resumes them together; meanwhile nothing serves, by design.
         """
+        ...
+
+    @property
+    def keeps_running(self) -> bool:
+        """True (Keep): a chosen worker is not frozen or drained; LoadWeights swaps the pushed
+        weights in under its running requests, with the push's kv policy (`SyncPolicy.kv`)."""
         ...
 
     def choose(self, now: SyncRound) -> SyncChoice:

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 
 from loom_operator.fleet.strategies.barrier import Barrier
 from loom_operator.fleet.strategies.contract import SyncStrategy
+from loom_operator.fleet.strategies.keep import Keep
 from loom_operator.fleet.strategies.rolling import Rolling
 
-STRATEGIES: Mapping[str, SyncStrategy] = {s.name: s for s in (Rolling(), Barrier())}
+STRATEGIES: Mapping[str, SyncStrategy] = {s.name: s for s in (Rolling(), Barrier(), Keep())}
 """A new strategy is one module in this package and one entry here (and a card value)."""
 
 

@@ -107,6 +107,7 @@ class Rolling:
 
     name: str = "Rolling"
     mixes_versions: bool = True
+    keeps_running: bool = False
 
     def choose(self, now: SyncRound) -> SyncChoice:
         """Routable pending workers off the target (`choose_rolling`); none after a LoadTimeout."""

@@ -24,6 +24,7 @@ class Serial:
 
     name: str = "Serial"
     mixes_versions: bool = True
+    keeps_running: bool = False
 
     def choose(self, now: SyncRound) -> SyncChoice:
         if any(p.step in HELD_STEPS for p in now.progress.values()):

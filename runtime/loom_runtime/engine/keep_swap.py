@@ -1,0 +1,61 @@
+"""A `keep` weight swap: new weights swapped in under running requests, which continue on them.
+
+Owns the rules of such a swap (which KV policies there are, which engines may take one); never
+touches the model or a request's state (the engine swaps, the batcher and the loop carry the
+requests over).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from loom_runtime.errors import InvalidRequestError
+
+KVPolicy = Literal["keep", "recompute"]
+KV_POLICIES: tuple[KVPolicy, ...] = ("keep", "recompute")
+"""keep: a running request keeps the KV computed under the old weights (what async-RL systems
+do); recompute: it drops its KV and re-prefills prompt + output so far under the new weights."""
+
+
+@dataclass(frozen=True)
+class KeepBlockers:
+    """What an engine runs that a keep swap is not built for (each True blocks it)."""
+
+    ranks: bool = False
+    disagg: bool = False
+    denoise_lane: bool = False
+    async_reload: bool = False
+    speculation: bool = False
+
+    def reasons(self) -> list[str]:
+        named = {
+            "ranks (TP/EP/PCP/DCP)": self.ranks,
+            "a P/D role": self.disagg,
+            "a denoise lane": self.denoise_lane,
+            "asynchronous host-tier KV reloads": self.async_reload,
+            "MTP speculation": self.speculation,
+        }
+        return [name for name, on in named.items() if on]
+
+
+def check_keep(kv: str, version: str, serving: str, blockers: KeepBlockers) -> KVPolicy:
+    """The KV policy of a keep swap to `version`, or InvalidRequestError saying why not."""
+    if kv not in KV_POLICIES:
+        raise InvalidRequestError(
+            f"kv must be one of {', '.join(KV_POLICIES)} for a keep swap, got {kv!r}", param="kv"
+        )
+    if version == serving:
+        raise InvalidRequestError(
+            f"already serving weights version {version!r}; caches are keyed by the version, so "
+            "new weights need a new version string",
+            param="version",
+        )
+    reasons = blockers.reasons()
+    if reasons:
+        raise InvalidRequestError(
+            f"a keep swap (weights swapped under running requests) is not built for an engine "
+            f"with {', '.join(reasons)}; push with mode barrier or rolling instead",
+            param="mode",
+        )
+    return "keep" if kv == "keep" else "recompute"

@@ -1,0 +1,185 @@
+"""A trainer pushes in mode keep into a real `loom up` fleet of the tiny model (one aggregated
+worker, fp64): a greedy stream in flight goes on across the swap and fails nothing; its record
+holds two version spans split at the first token of the new weights, the tokens before equal the
+old weights' greedy run, and with kv="recompute" the tokens after equal a fresh greedy run of the
+new weights over prompt + the tokens before. A keep push that does not fit is refused whole, and
+a trainer killed mid-push leaves the old version serving (docs/rl.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.trainer.test_push_fleet import (
+    TRAINER,
+    connect,
+    current_version,
+    next_version,
+    served_version,
+    weights_of,
+)
+
+from loom_operator.local.state import load_controller, load_or_create_secrets
+from loom_operator.testing.cards import card_text
+from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
+from loom_runtime.testing.processes import post
+from loom_trainer import PushRefused
+from loom_trainer.client import KV
+
+MODEL = "tiny"
+PROMPT = list(range(300, 320))
+MAX_TOKENS = 1000  # long enough to be in flight when the swap comes (asserted, not assumed)
+BUCKET = 16 << 20
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoints: tuple[Path, Path],
+    child_env: dict[str, str],
+) -> Iterator[FleetProcess]:
+    root = tmp_path_factory.mktemp("push-keep")
+    card = root / "card.yaml"
+    card.write_text(card_text(f"file://{checkpoints[0]}", name="push-keep", health_timeout=60.0,
+                              max_model_len=1100))  # fmt: skip
+    with run_fleet(card, root / "state", child_env) as f:
+        yield f
+
+
+def greedy(fleet: FleetProcess, prompt: list[int], max_tokens: int) -> list[int]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    status, answer, _ = post(fleet.endpoint + "/completions", body, timeout=300)
+    assert status == 200, answer
+    return list(answer["choices"][0]["token_ids"])
+
+
+class Stream:
+    """A greedy stream with a behaviour record through the router, read on a thread."""
+
+    def __init__(self, fleet: FleetProcess) -> None:
+        self.choices: list[dict[str, Any]] = []
+        self.first_token = threading.Event()
+        self.error: BaseException | None = None
+        doc = {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+               "ignore_eos": True, "return_behaviour": True, "stream": True}  # fmt: skip
+        self._req = urllib.request.Request(
+            fleet.endpoint + "/completions", data=json.dumps(doc).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self._read)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            with urllib.request.urlopen(self._req, timeout=300) as resp:
+                for raw in resp:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for choice in json.loads(line[6:]).get("choices", []):
+                        self.choices.append(choice)
+                        if choice.get("token_ids"):
+                            self.first_token.set()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.first_token.set()
+
+    def result(self) -> tuple[list[int], list[dict[str, Any]], str | None]:
+        self.thread.join(300)
+        assert not self.thread.is_alive() and self.error is None, self.error
+        ids = [t for c in self.choices for t in c.get("token_ids") or []]
+        spans = [c["weight_versions"] for c in self.choices if "weight_versions" in c]
+        return ids, spans[-1], self.choices[-1].get("finish_reason")
+
+
+@pytest.mark.parametrize(("kv", "which"), [("recompute", 1), ("keep", 0)])
+def test_a_greedy_stream_goes_on_across_a_keep_push(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path], kv: KV, which: int
+) -> None:
+    before = current_version(fleet)
+    old = greedy(fleet, PROMPT, MAX_TOKENS)
+    version = next_version(fleet)
+    streams: list[Stream] = []
+
+    def start_stream_after_the_last_bucket(index: int, count: int) -> None:
+        if index == count - 1:  # the bytes have moved: the swap comes next
+            streams.append(Stream(fleet))
+            assert streams[0].first_token.wait(120)
+
+    tensors = weights_of(checkpoints[which])
+    on_bucket = start_stream_after_the_last_bucket
+    connect(fleet).push(
+        tensors, version, mode="keep", kv=kv, bucket_bytes=BUCKET, on_bucket=on_bucket
+    )
+    ids, spans, finish = streams[0].result()
+    assert finish == "length" and len(ids) == MAX_TOKENS  # nothing failed or was cut
+    assert len(spans) == 2, spans
+    k = spans[0]["end"]
+    assert spans == [
+        {"version": before, "start": 0, "end": k},
+        {"version": version, "start": k, "end": MAX_TOKENS},
+    ]
+    assert 0 < k < MAX_TOKENS and ids[:k] == old[:k]
+    fleet.wait_settled(120, version)
+    assert served_version(fleet) == version
+    if kv == "recompute":
+        assert ids[k:] == greedy(fleet, PROMPT + ids[:k], MAX_TOKENS - k)
+
+
+def test_a_keep_push_that_does_not_fit_is_refused_whole(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    version = current_version(fleet)
+    bad = weights_of(checkpoints[1])
+    name = "model.layers.1.mlp.up_proj.weight"
+    bad[name] = torch.zeros(bad[name].shape[0], bad[name].shape[1] + 1, dtype=torch.float64)
+    with pytest.raises(PushRefused, match="shape") as refused:
+        connect(fleet).push(bad, next_version(fleet), mode="keep", bucket_bytes=BUCKET)
+    assert list(refused.value.problems) == ["push-keep-aggregated-0"]
+    assert current_version(fleet) == version and served_version(fleet) == version
+
+
+def test_a_trainer_killed_mid_keep_push_leaves_the_last_version(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path], child_env: dict[str, str], tmp_path: Path
+) -> None:
+    version = current_version(fleet)
+    sync = connect(fleet)
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER.replace("on_bucket=stall)", 'on_bucket=stall, mode="keep")'))
+    info = load_controller(fleet.state)
+    assert info is not None
+    argv = [sys.executable, str(script), info.weights_url,
+            load_or_create_secrets(fleet.state).admin_token,
+            str(checkpoints[1] / "model.safetensors"), next_version(fleet)]  # fmt: skip
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=child_env)
+    try:
+        assert trainer.stdout is not None
+        line = trainer.stdout.readline()
+        assert line.startswith("sent bucket 0 of "), line
+        os.kill(trainer.pid, signal.SIGKILL)
+    finally:
+        trainer.kill()
+        trainer.wait(timeout=30)
+
+    def failed() -> bool:
+        doc = sync.latest()
+        return doc is not None and doc["state"] == "failed" and doc["mode"] == "keep"
+
+    wait_for(failed, 120, "the killed trainer's keep push to fail")
+    assert current_version(fleet) == version and served_version(fleet) == version
+    after = next_version(fleet)
+    sync.push(weights_of(checkpoints[0]), after, mode="keep", bucket_bytes=BUCKET)
+    fleet.wait_settled(120, after)
+    assert served_version(fleet) == after
