@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from side_by_side import bench_args, report
+from side_by_side import bench_args, median_rows, report
 
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
@@ -101,20 +101,6 @@ def _round(engine: Engine, n: int, max_tokens: int, k: int, vocab: int) -> list[
     ]
 
 
-def _median(rounds: list[list[Row]]) -> list[Row]:
-    out = []
-    for i, first in enumerate(rounds[0]):
-        same = [r[i] for r in rounds]
-        out.append(replace(
-            first,
-            step_ms=statistics.median(r.step_ms for r in same),
-            sample_ms=statistics.median(r.sample_ms for r in same),
-            tokens_per_s=statistics.median(r.tokens_per_s for r in same),
-            identical=all(r.identical for r in same),
-        ))  # fmt: skip
-    return out
-
-
 def main() -> int:
     args = bench_args(__doc__ or "")
     n, max_tokens, rounds = (4, 12, 1) if args.quick else (16, 64, args.rounds)
@@ -126,7 +112,10 @@ def main() -> int:
         engine = Engine(loaded, config)
         vocab = loaded.config.vocab_size
         _round(engine, n, max_tokens, -1, vocab)  # warm-up
-        rows = _median([_round(engine, n, max_tokens, k, vocab) for k in range(rounds)])
+        rows = median_rows(
+            [_round(engine, n, max_tokens, k, vocab) for k in range(rounds)],
+            ("step_ms", "sample_ms", "tokens_per_s"),
+        )
     columns = [("record", "---"), ("concurrent", "--:"), ("step ms", "--:"),
                ("sampler ms", "--:"), ("tok/s", "--:"), ("same tokens", "---")]  # fmt: skip
     return report(columns, rows, lambda r: [

@@ -1,13 +1,15 @@
 """What the side-by-side bench scripts share: their command line (--quick, --rounds, --json),
 their report (a Markdown table on stdout, the rows as JSON, exit 1 unless every run's tokens
-were identical to the baseline's), and serving requests together on an engine's own thread."""
+were identical to the baseline's), the medians of their rounds, and serving requests together on
+an engine's own thread."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,17 @@ def report(
     if json_path is not None:
         json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     return 0 if all(r.identical for r in rows) else 1
+
+
+def median_rows(rounds: Sequence[Sequence[Any]], fields: Sequence[str]) -> list[Any]:
+    """Per row position, the first round's row with each of `fields` the median over the rounds
+    and `identical` true only if it was in every round (rows: dataclasses)."""
+    out = []
+    for i, first in enumerate(rounds[0]):
+        same = [r[i] for r in rounds]
+        medians = {f: statistics.median(getattr(r, f) for r in same) for f in fields}
+        out.append(replace(first, **medians, identical=all(r.identical for r in same)))
+    return out
 
 
 def serve_together(engine: Engine, reqs: Sequence[EngineRequest]) -> dict[str, tuple[int, ...]]:

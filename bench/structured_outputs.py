@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from side_by_side import bench_args, report
+from side_by_side import bench_args, median_rows, report
 
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
@@ -151,21 +151,6 @@ def _round(engine: Engine, n: int, max_tokens: int, vocab: int, k: int) -> list[
     return rows
 
 
-def _median(rounds: list[list[Row]]) -> list[Row]:
-    out = []
-    for i, first in enumerate(rounds[0]):
-        same = [r[i] for r in rounds]
-        out.append(replace(
-            first,
-            step_ms=statistics.median(r.step_ms for r in same),
-            mask_ms=statistics.median(r.mask_ms for r in same),
-            tokens_per_s=statistics.median(r.tokens_per_s for r in same),
-            requests_per_s=statistics.median(r.requests_per_s for r in same),
-            identical=all(r.identical for r in same),
-        ))  # fmt: skip
-    return out
-
-
 def main() -> int:
     args = bench_args(__doc__ or "")
     n, max_tokens, rounds = (4, 12, 1) if args.quick else (16, 64, args.rounds)
@@ -177,7 +162,10 @@ def main() -> int:
         engine = Engine(loaded, config)
         vocab = loaded.config.vocab_size
         _round(engine, n, max_tokens, vocab, -1)  # warm-up: compiled grammars, first forwards
-        rows = _median([_round(engine, n, max_tokens, vocab, k) for k in range(rounds)])
+        rows = median_rows(
+            [_round(engine, n, max_tokens, vocab, k) for k in range(rounds)],
+            ("step_ms", "mask_ms", "tokens_per_s", "requests_per_s"),
+        )
     columns = [("workload", "---"), ("side", "---"), ("concurrent", "--:"),
                ("step ms", "--:"), ("mask ms", "--:"), ("tok/s", "--:"), ("req/s", "--:"),
                ("valid", "---")]  # fmt: skip

@@ -7,16 +7,12 @@ a trainer killed mid-push leaves the old version serving (docs/rl.md)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -33,6 +29,7 @@ from loom_operator.local.state import load_controller, load_or_create_secrets
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
 from loom_runtime.testing.processes import post
+from loom_runtime.testing.record_stream import RecordStream
 from loom_trainer import PushRefused
 from loom_trainer.client import KV
 
@@ -64,44 +61,11 @@ def greedy(fleet: FleetProcess, prompt: list[int], max_tokens: int) -> list[int]
     return list(answer["choices"][0]["token_ids"])
 
 
-class Stream:
-    """A greedy stream with a behaviour record through the router, read on a thread."""
-
-    def __init__(self, fleet: FleetProcess) -> None:
-        self.choices: list[dict[str, Any]] = []
-        self.first_token = threading.Event()
-        self.error: BaseException | None = None
-        doc = {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-               "ignore_eos": True, "return_behaviour": True, "stream": True}  # fmt: skip
-        self._req = urllib.request.Request(
-            fleet.endpoint + "/completions", data=json.dumps(doc).encode(),
-            headers={"Content-Type": "application/json"},
-        )  # fmt: skip
-        self.thread = threading.Thread(target=self._read)
-        self.thread.start()
-
-    def _read(self) -> None:
-        try:
-            with urllib.request.urlopen(self._req, timeout=300) as resp:
-                for raw in resp:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    for choice in json.loads(line[6:]).get("choices", []):
-                        self.choices.append(choice)
-                        if choice.get("token_ids"):
-                            self.first_token.set()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.first_token.set()
-
-    def result(self) -> tuple[list[int], list[dict[str, Any]], str | None]:
-        self.thread.join(300)
-        assert not self.thread.is_alive() and self.error is None, self.error
-        ids = [t for c in self.choices for t in c.get("token_ids") or []]
-        spans = [c["weight_versions"] for c in self.choices if "weight_versions" in c]
-        return ids, spans[-1], self.choices[-1].get("finish_reason")
+def open_stream(fleet: FleetProcess) -> RecordStream:
+    """A greedy stream with a behaviour record through the router."""
+    doc = {"model": MODEL, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+           "ignore_eos": True, "return_behaviour": True}  # fmt: skip
+    return RecordStream(fleet.endpoint + "/completions", doc)
 
 
 @pytest.mark.parametrize(("kv", "which"), [("recompute", 1), ("keep", 0)])
@@ -111,11 +75,11 @@ def test_a_greedy_stream_goes_on_across_a_keep_push(
     before = current_version(fleet)
     old = greedy(fleet, PROMPT, MAX_TOKENS)
     version = next_version(fleet)
-    streams: list[Stream] = []
+    streams: list[RecordStream] = []
 
     def start_stream_after_the_last_bucket(index: int, count: int) -> None:
         if index == count - 1:  # the bytes have moved: the swap comes next
-            streams.append(Stream(fleet))
+            streams.append(open_stream(fleet))
             assert streams[0].first_token.wait(120)
 
     tensors = weights_of(checkpoints[which])

@@ -7,9 +7,7 @@ kv is refused, and the push stays staged."""
 
 from __future__ import annotations
 
-import json
 import threading
-import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from loom_runtime.control_api import control_pb2 as pb
 from loom_runtime.control_api import control_pb2_grpc as pb_grpc
 from loom_runtime.models.loader import load_model
 from loom_runtime.testing.processes import free_ports
+from loom_runtime.testing.record_stream import RecordStream
 from loom_trainer.group import Rendezvous, TransferGroup
 from loom_trainer.protocol import plan_buckets, spec_of
 from loom_trainer.sender import send_push
@@ -91,52 +90,16 @@ def greedy(worker: Any, prompt: list[int], max_tokens: int) -> list[int]:
     return list(answer["choices"][0]["token_ids"])
 
 
-class Stream:
-    """A streamed greedy completion read on a thread: its chunks' choices, and an event set
-    once its first token has arrived."""
-
-    def __init__(self, worker: Any) -> None:
-        self.choices: list[dict[str, Any]] = []
-        self.first_token = threading.Event()
-        self.error: BaseException | None = None
-        doc = {**body(worker, PROMPT, MAX_TOKENS), "stream": True}
-        self._req = urllib.request.Request(
-            worker.base_url + "/v1/completions", data=json.dumps(doc).encode()
-        )
-        self._req.add_header("Content-Type", "application/json")
-        self.thread = threading.Thread(target=self._read)
-        self.thread.start()
-
-    def _read(self) -> None:
-        try:
-            with urllib.request.urlopen(self._req, timeout=300) as resp:
-                for raw in resp:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    for choice in json.loads(line[6:]).get("choices", []):
-                        self.choices.append(choice)
-                        if choice.get("token_ids"):
-                            self.first_token.set()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.first_token.set()
-
-    def result(self) -> tuple[list[int], list[dict[str, Any]], str | None]:
-        """(token ids, weight_versions, finish_reason) once the stream has ended."""
-        self.thread.join(300)
-        assert not self.thread.is_alive() and self.error is None, self.error
-        ids = [t for c in self.choices for t in c.get("token_ids") or []]
-        spans = [c["weight_versions"] for c in self.choices if "weight_versions" in c]
-        return ids, spans[-1], self.choices[-1].get("finish_reason")
+def open_stream(worker: Any) -> RecordStream:
+    """A streamed greedy completion with its record, straight to the worker."""
+    return RecordStream(worker.base_url + "/v1/completions", body(worker, PROMPT, MAX_TOKENS))
 
 
 def swap_under_a_stream(
     worker: Any, stub: Any, auth: Any, source: str, version: str, kv: str
 ) -> tuple[str, list[int], list[dict[str, Any]]]:
     before = stub.Status(pb.StatusRequest(), metadata=auth).weights_version
-    stream = Stream(worker)
+    stream = open_stream(worker)
     assert stream.first_token.wait(TIMEOUT_S)
     status = stub.LoadWeights(
         pb.LoadWeightsRequest(source=source, version=version, kv=kv), metadata=auth, timeout=120
