@@ -103,7 +103,8 @@ class ControlServicer:
     def LoadWeights(self, request, context):
         """Load new weights into a paused, drained worker; bumps weights_version, clears the
         prefix cache and publishes AllBlocksCleared on the KV event stream. Returns the status
-        after the load (still paused: call Resume to serve).
+        after the load (still paused: call Resume to serve). With `kv` set it swaps a staged push
+        into a serving worker under its running requests instead (push mode keep).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
