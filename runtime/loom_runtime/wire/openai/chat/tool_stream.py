@@ -79,10 +79,10 @@ class ToolCallStream:
     def finish(self) -> Pieces:
         """What is left once the output has ended."""
         if self._region is None:
-            return Pieces(self._content_to(len(self._text)))
+            return Pieces(self._content_to(len(self._text), final=True))
         calls = self.fmt.calls(self._text[self._region :], self.schemas)
         if calls is None and not self._sent:  # not calls after all: plain content
-            return Pieces(self._content_to(len(self._text)))
+            return Pieces(self._content_to(len(self._text), final=True))
         if calls is None:
             return Pieces("", self._closed())
         done = [PartialCall(c.name, c.arguments, done=True) for c in calls]
@@ -96,8 +96,13 @@ class ToolCallStream:
                 sent.done = True
         return tuple(out)
 
-    def _content_to(self, end: int) -> str:
+    def _content_to(self, end: int, final: bool = False) -> str:
+        """The content up to `end` not sent yet. Whitespace before any other content waits
+        until the output shows more (as `extract` reads it, whitespace alone before the calls is
+        no content at all)."""
         if end <= self._content_sent:
+            return ""
+        if not final and self._content_sent == 0 and not self._text[:end].strip():
             return ""
         out = self._text[self._content_sent : end]
         self._content_sent = end

@@ -8,7 +8,7 @@ import itertools
 import json
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loom_runtime.wire.openai.chat.calls import FunctionCall
@@ -64,6 +64,7 @@ def _streamed(fmt: ToolFormat, text: str, cuts: list[int]) -> tuple[str, list[Fu
 
 
 @settings(max_examples=150, deadline=None)
+@example(calls=[("_", {})], before="\r", kind="glm", cuts=[])  # whitespace alone is no content
 @given(
     calls=CALLS,
     before=TEXT,
