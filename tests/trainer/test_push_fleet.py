@@ -171,18 +171,27 @@ WeightSync.connect(url, token).push(tensors, version, bucket_bytes=8 << 20, time
 """
 
 
-def test_a_trainer_killed_mid_push_leaves_the_last_version_and_the_next_push_lands(
-    fleet: FleetProcess, checkpoints: tuple[Path, Path], child_env: dict[str, str], tmp_path: Path
+def kill_a_trainer_after_its_first_bucket(
+    fleet: FleetProcess,
+    checkpoint: Path,
+    child_env: dict[str, str],
+    tmp_path: Path,
+    mode: str | None = None,
 ) -> None:
-    version, before = current_version(fleet), outputs(fleet)
-    sync = connect(fleet)
+    """Start a trainer process pushing `checkpoint` (in `mode`, else the default) and kill -9 it
+    once it has sent its first bucket."""
     script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
+    text = (
+        TRAINER
+        if mode is None
+        else TRAINER.replace("on_bucket=stall)", f'on_bucket=stall, mode="{mode}")')
+    )
+    script.write_text(text)
     info = load_controller(fleet.state)
     assert info is not None
     argv = [sys.executable, str(script), info.weights_url,
             load_or_create_secrets(fleet.state).admin_token,
-            str(checkpoints[1] / "model.safetensors"), next_version(fleet)]  # fmt: skip
+            str(checkpoint / "model.safetensors"), next_version(fleet)]  # fmt: skip
     trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=child_env)
     try:
         assert trainer.stdout is not None
@@ -192,6 +201,14 @@ def test_a_trainer_killed_mid_push_leaves_the_last_version_and_the_next_push_lan
     finally:
         trainer.kill()
         trainer.wait(timeout=30)
+
+
+def test_a_trainer_killed_mid_push_leaves_the_last_version_and_the_next_push_lands(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path], child_env: dict[str, str], tmp_path: Path
+) -> None:
+    version, before = current_version(fleet), outputs(fleet)
+    sync = connect(fleet)
+    kill_a_trainer_after_its_first_bucket(fleet, checkpoints[1], child_env, tmp_path)
 
     def failed() -> bool:
         doc = sync.latest()

@@ -7,25 +7,20 @@ a trainer killed mid-push leaves the old version serving (docs/rl.md)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from tests.trainer.test_push_fleet import (
-    TRAINER,
     connect,
     current_version,
+    kill_a_trainer_after_its_first_bucket,
     next_version,
     served_version,
     weights_of,
 )
 
-from loom_operator.local.state import load_controller, load_or_create_secrets
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
 from loom_runtime.testing.processes import post
@@ -120,22 +115,7 @@ def test_a_trainer_killed_mid_keep_push_leaves_the_last_version(
 ) -> None:
     version = current_version(fleet)
     sync = connect(fleet)
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER.replace("on_bucket=stall)", 'on_bucket=stall, mode="keep")'))
-    info = load_controller(fleet.state)
-    assert info is not None
-    argv = [sys.executable, str(script), info.weights_url,
-            load_or_create_secrets(fleet.state).admin_token,
-            str(checkpoints[1] / "model.safetensors"), next_version(fleet)]  # fmt: skip
-    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=child_env)
-    try:
-        assert trainer.stdout is not None
-        line = trainer.stdout.readline()
-        assert line.startswith("sent bucket 0 of "), line
-        os.kill(trainer.pid, signal.SIGKILL)
-    finally:
-        trainer.kill()
-        trainer.wait(timeout=30)
+    kill_a_trainer_after_its_first_bucket(fleet, checkpoints[1], child_env, tmp_path, "keep")
 
     def failed() -> bool:
         doc = sync.latest()
