@@ -44,7 +44,21 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
             start_new_session=True,
             env=env,
         )
+    _wait_for_exec(proc)
     return Child(name, proc.pid, argv[0])
+
+
+def _wait_for_exec(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Returns once the child's new argv is visible in /proc (or it has exited). Popen returns as
+    soon as the exec has replaced the child's memory, before the loader publishes its argv: in
+    that window /proc/PID/cmdline is empty and `Child.alive` would read a live child as gone."""
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            if cmdline.read_bytes():
+                return
+        time.sleep(0.001)
 
 
 def stop(child: Child, timeout: float = 15.0) -> None:
