@@ -11,7 +11,6 @@ from loom_trainer.protocol import (
     Bucket,
     TensorSpec,
     check_specs,
-    checksum,
     decode_manifest,
     encode_manifest,
     pack,
@@ -54,11 +53,6 @@ def test_pieces_cover_every_tensor_byte_once_within_their_bound(
     assert [p.offset for p in parts] == sorted(p.offset for p in parts)
 
 
-def test_a_checksum_continued_over_pieces_equals_the_checksum_of_their_bytes() -> None:
-    buf = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
-    assert checksum(buf[600:], checksum(buf[:600])) == checksum(buf)
-
-
 def test_packed_bytes_unpack_to_equal_tensors_of_every_dtype() -> None:
     tensors = {
         "a": torch.randn(3, 4, dtype=torch.float64),
@@ -73,13 +67,6 @@ def test_packed_bytes_unpack_to_equal_tensors_of_every_dtype() -> None:
     for name, t in tensors.items():
         assert out[name].dtype == t.dtype and torch.equal(out[name], t)
     assert decode_manifest(encode_manifest([bucket])) == (bucket,)
-
-
-def test_checksum_changes_with_one_byte() -> None:
-    buf = torch.zeros(1000, dtype=torch.uint8)
-    before = checksum(buf)
-    buf[500] = 1
-    assert checksum(buf) != before
 
 
 def test_check_names_every_unknown_missing_and_wrong_tensor() -> None:

@@ -1,5 +1,5 @@
 """The weight-push wire format a trainer and the workers share: the manifest of names, shapes
-and dtypes, the plan of bounded buckets, and each bucket's checksum.
+and dtypes, the plan of bounded buckets and their pieces (checksum.py hashes each piece).
 
 Owns the byte layout of a push; never opens a connection (group.py does) and never decides
 what a worker does with the bytes.
@@ -8,7 +8,6 @@ what a worker does with the bytes.
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -185,10 +184,3 @@ def unpack(bucket: Bucket, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         view = buf[offset : offset + s.nbytes].view(torch_dtype(s.dtype)).reshape(s.shape)
         out[s.name] = view
     return out
-
-
-def checksum(buf: torch.Tensor, running: int = 0) -> int:
-    """CRC-32 of a uint8 CPU tensor's bytes (read in place, no copy), continuing `running`: a
-    bucket's checksum is that of its pieces' bytes in order (the padding between tensors is
-    not sent, so not checked)."""
-    return zlib.crc32(buf.numpy().data, running)

@@ -13,9 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from loom_trainer.checksum import checksum
 from loom_trainer.errors import PushFailed, PushRefused
 from loom_trainer.group import TransferGroup
-from loom_trainer.protocol import Bucket, as_bytes, checksum, encode_manifest, pieces
+from loom_trainer.protocol import Bucket, as_bytes, encode_manifest, pieces
 
 
 def send_push(
@@ -54,13 +55,13 @@ def send_bucket(group: TransferGroup, bucket: Bucket, tensors: Mapping[str, torc
     """Every piece of the bucket started at once, the checksum computed while they move, then
     the checksum and the workers' verdict."""
     sources = {s.name: as_bytes(tensors[s.name]) for s in bucket.specs}
-    crc, moving = 0, []
+    digest, moving = 0, []
     for p in pieces(bucket):
         data = sources[p.name][p.start : p.start + p.nbytes]
         moving.append(group.start_broadcast(data))
-        crc = checksum(data, crc)
+        digest = checksum(data, digest)
     for work in moving:
         work.wait()
-    group.broadcast(torch.tensor([crc], dtype=torch.int64))
+    group.broadcast(torch.tensor([digest], dtype=torch.int64))
     if not group.agree(True):
         raise PushFailed(f"bucket {bucket.index}: a worker's checksum differs from the trainer's")

@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 
 from loom_runtime.errors import CheckpointError, TransferError
+from loom_trainer.checksum import checksum
 from loom_trainer.group import Rendezvous, TransferGroup
 from loom_trainer.protocol import (
     Bucket,
     TensorSpec,
     check_specs,
-    checksum,
     decode_manifest,
     pieces,
     unpack,
@@ -117,10 +117,10 @@ def _receive_buckets(group: TransferGroup, staged: StagedPush) -> None:
     whole = torch.empty(staged.largest_bucket, dtype=torch.uint8)  # one buffer for every bucket
     try:
         for b in staged.buckets:
-            crc = _receive_bucket(group, b, whole[: b.nbytes], staged.bucket_file(b.index))
+            digest = _receive_bucket(group, b, whole[: b.nbytes], staged.bucket_file(b.index))
             expected = torch.zeros(1, dtype=torch.int64)
             group.broadcast(expected)
-            ok = crc == int(expected.item())
+            ok = digest == int(expected.item())
             if not group.agree(ok):
                 raise TransferError(
                     f"push {staged.update_id}: bucket {b.index}'s checksum differs on "
@@ -137,12 +137,12 @@ def _receive_bucket(group: TransferGroup, bucket: Bucket, buf: torch.Tensor, pat
     to `path` as soon as it has arrived, while the next ones move. The bucket's checksum."""
     parts = pieces(bucket)
     moving = [group.start_broadcast(buf[p.offset : p.offset + p.nbytes]) for p in parts]
-    crc, written = 0, 0
+    digest, written = 0, 0
     with path.open("wb") as f:
         for p, work in zip(parts, moving, strict=True):
             work.wait()
-            crc = checksum(buf[p.offset : p.offset + p.nbytes], crc)
+            digest = checksum(buf[p.offset : p.offset + p.nbytes], digest)
             f.write(buf[written : p.offset + p.nbytes].numpy().data)  # the padding before it too
             written = p.offset + p.nbytes
         f.write(buf[written:].numpy().data)
-    return crc
+    return digest
