@@ -199,7 +199,7 @@ def bench_shape(
         ):
             bench = Bench(shape, roles, fleet, first, Path(ckpts))
             quiet_pushes(bench, args.repeats, report)
-            if roles == PD:
+            if roles == PD and not args.quiet_only:
                 loaded_updates(bench, args, report)
     return baselines, updates
 
@@ -211,6 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=2, help="streaming clients during updates")
     p.add_argument("--baseline-s", type=float, default=3.0, help="quiet window before each")
     p.add_argument("--after-s", type=float, default=2.0, help="wait after each update")
+    p.add_argument(
+        "--quiet-only",
+        action="store_true",
+        help="only the baselines and the quiet pushes (the push's rate), no load",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/weight_push.json")
     args = p.parse_args(argv)
     record = RunRecord("weight_push")

@@ -3,8 +3,9 @@ decode worker, fp64): the fleet then answers exactly like a fresh fleet started 
 checkpoint of the pushed weights; a push that does not fit, a trainer or a worker killed
 mid-push, a second trainer and a worker that is not ready change nothing; a Barrier push under
 streaming load fails no request and no response mixes versions; a restarted controller keeps
-the pushed version; after a push the behaviour records the fleet returns (through its router, P/D)
-equal transformers' training forward of the pushed weights within 1e-9 (the C2 gate)."""
+the pushed version, and a worker killed after a push rebuilds it from its peer; after a push
+the behaviour records the fleet returns (through its router, P/D) equal transformers' training
+forward of the pushed weights within 1e-9 (the C2 gate)."""
 
 from __future__ import annotations
 
@@ -263,6 +264,27 @@ def test_a_restarted_controller_keeps_serving_the_pushed_version(fleet: FleetPro
     fleet.start()
     fleet.wait_settled(120, version)
     assert served_version(fleet) == version and outputs(fleet) == before
+
+
+def test_a_worker_killed_after_a_push_rebuilds_the_pushed_version_from_its_peer(
+    fleet: FleetProcess,
+) -> None:
+    version, before = current_version(fleet), outputs(fleet)
+    assert version != "v1"  # a pushed version (the card says v1): no checkpoint holds it
+    workers = fleet.wait_settled(120).workers
+    decode = next(w for w in workers if w.role == "decode")
+    prefill = next(w for w in workers if w.role == "prefill")
+    os.kill(decode.pid, signal.SIGKILL)
+
+    def restarted(s: FleetStatus) -> bool:
+        return any(w.name == decode.name and w.pid != decode.pid and w.ready for w in s.workers)
+
+    fleet.wait(restarted, 180, "the decode worker's restart")
+    fleet.wait_settled(120, version)
+    assert served_version(fleet) == version and outputs(fleet) == before
+    rebuilt = fleet.state.log(decode.name).read_text()
+    assert "rebuilt a pushed version from a peer" in rebuilt
+    assert "weights sent to a peer" in fleet.state.log(prefill.name).read_text()
 
 
 def test_a_worker_killed_mid_push_fails_the_push_and_the_fleet_keeps_its_version(

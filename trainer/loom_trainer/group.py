@@ -38,10 +38,13 @@ class Rendezvous:
     world_size: int
     timeout_s: float
     update_id: str
+    store_rank: int = 0
+    """The rank that hosts the TCPStore at host:port: the trainer (0), or a restarted worker
+    rebuilding a push from a peer (runtime's transfer/peer_rebuild.py)."""
 
 
 class TransferGroup:
-    """One push's gloo group. Rank 0 (the trainer) hosts the TCPStore."""
+    """One push's gloo group. Rank 0 sends; `rv.store_rank` hosts the TCPStore."""
 
     def __init__(self, rv: Rendezvous) -> None:
         self.rv = rv
@@ -50,7 +53,7 @@ class TransferGroup:
             rv.host,
             rv.port,
             world_size=rv.world_size,
-            is_master=rv.rank == 0,
+            is_master=rv.rank == rv.store_rank,
             timeout=timeout,
             wait_for_workers=False,
         )

@@ -21,6 +21,7 @@ from loom_operator.fleet.commands import (  # re-exported: the local substrate's
     WorkerPorts,
     router_document,
 )
+from loom_operator.fleet.push import PUSH_SCHEME
 from loom_operator.local.cards import FleetCards
 
 HOST = "127.0.0.1"
@@ -48,6 +49,40 @@ class LaunchOptions:
     """OMP_NUM_THREADS of each worker unless the environment sets it; None: cores / workers."""
     router_module: str = ROUTER_MODULE
     """The router, run as `python -m ROUTER_MODULE` with the router's flags."""
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """What a starting worker loads: a checkpoint as a version, and a pushed version to
+    rebuild from a peer on top of it (None: none)."""
+
+    source: str
+    version: str
+    rebuild: tuple[str, str, str] | None = None
+    """(a peer's control address, the push's update_id, the version it became)."""
+
+    def flags(self) -> list[str]:
+        if self.rebuild is None:
+            return []
+        peer, update_id, version = self.rebuild
+        return ["--rebuild-from", peer, "--rebuild-update", update_id, "--rebuild-version", version]
+
+
+def plan_start(
+    source: str, version: str, cards: FleetCards, peers: Mapping[str, str]
+) -> WorkerStart:
+    """A worker asked to start on `source` as `version`. A pushed version (push://<update_id>)
+    lives only in the workers that hold it, so the worker starts from the card's checkpoint and
+    rebuilds it from a peer serving it (`peers`: control address -> the version it serves);
+    with no such peer it starts as asked, and says in its log that it cannot load a push."""
+    if not source.startswith(PUSH_SCHEME):
+        return WorkerStart(source, version)
+    serving = sorted(address for address, v in peers.items() if v == version)
+    if not serving:
+        return WorkerStart(source, version)
+    card = cards.desired
+    update_id = source.removeprefix(PUSH_SCHEME)
+    return WorkerStart(card.source_uri, card.weights_version, (serving[0], update_id, version))
 
 
 def worker_card(cards: FleetCards, source: str, version: str) -> str:

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from loom_operator.api.roles import RoleName
 from loom_operator.local.cards import FleetCards
 from loom_operator.local.launch import (
+    HOST,
     LaunchOptions,
+    plan_start,
     ports_needed,
     router_argv,
     router_env,
@@ -138,8 +140,15 @@ class ProcessSet:
         avoid = self.table.ports()
         ports = worker_ports(role, free_ports(ports_needed(role), avoid))
         card_path = self._paths.worker_card(name).resolve()
-        write_atomic(card_path, worker_card(cards, source, version))
-        argv = worker_argv(cards, role, card_path, ports, version, self._options)
+        peers = {
+            f"{HOST}:{w.control_port}": w.version
+            for w in self.table.workers
+            if w.name != name and self.alive(w.name)
+        }
+        start = plan_start(source, version, cards, peers)
+        write_atomic(card_path, worker_card(cards, start.source, start.version))
+        argv = worker_argv(cards, role, card_path, ports, start.version, self._options)
+        argv += start.flags()
         env = worker_env(self._env, self._secrets.control_token, workers, self._options)
         proc = LocalProcess.spawn(name, argv, env, self._paths.log(name))
         self._procs[name] = proc

@@ -108,3 +108,17 @@ class ReceiveWeightsRequest(_message.Message):
     version: str
     timeout_seconds: float
     def __init__(self, update_id: _Optional[str] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., version: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class SendWeightsRequest(_message.Message):
+    __slots__ = ("update_id", "store_host", "store_port", "version", "timeout_seconds")
+    UPDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    update_id: str
+    store_host: str
+    store_port: int
+    version: str
+    timeout_seconds: float
+    def __init__(self, update_id: _Optional[str] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...

@@ -64,6 +64,11 @@ class ControlStub:
                 request_serializer=loom__runtime_dot_control__api_dot_control__pb2.ReceiveWeightsRequest.SerializeToString,
                 response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
                 _registered_method=True)
+        self.SendWeights = channel.unary_unary(
+                '/loom.control.v1.Control/SendWeights',
+                request_serializer=loom__runtime_dot_control__api_dot_control__pb2.SendWeightsRequest.SerializeToString,
+                response_deserializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -121,6 +126,16 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendWeights(self, request, context):
+        """Send the weights this worker serves to a restarted peer (a group of two: this worker is
+        rank 0 and sends, the peer is rank 1, hosts the TCPStore and receives as from a trainer),
+        so a worker that restarts after a push rebuilds the pushed version. Refused unless this
+        worker serves `version`; no LoadWeights runs here while it sends; serving goes on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +167,11 @@ def add_ControlServicer_to_server(servicer, server):
             'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.ReceiveWeights,
                     request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.ReceiveWeightsRequest.FromString,
+                    response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
+            ),
+            'SendWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendWeights,
+                    request_deserializer=loom__runtime_dot_control__api_dot_control__pb2.SendWeightsRequest.FromString,
                     response_serializer=loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.SerializeToString,
             ),
     }
@@ -316,6 +336,33 @@ class Control:
             target,
             '/loom.control.v1.Control/ReceiveWeights',
             loom__runtime_dot_control__api_dot_control__pb2.ReceiveWeightsRequest.SerializeToString,
+            loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/loom.control.v1.Control/SendWeights',
+            loom__runtime_dot_control__api_dot_control__pb2.SendWeightsRequest.SerializeToString,
             loom__runtime_dot_control__api_dot_control__pb2.WorkerStatus.FromString,
             options,
             channel_credentials,

@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest
 from loom_runtime.engine.batcher import Batcher
@@ -28,7 +30,7 @@ from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
-from loom_runtime.engine.pushed_weights import model_specs, swap_in
+from loom_runtime.engine.pushed_weights import model_specs, model_tensors, swap_in
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.check import check_ranks
 from loom_runtime.engine.ranks.start import start_engine_ranks
@@ -330,6 +332,12 @@ class Engine:
                 "sync it from a checkpoint (LoadWeights with a source) instead"
             )
         return model_specs(self._model)
+
+    def push_tensors(self) -> dict[str, torch.Tensor]:
+        """The live tensors push_specs describes (what this worker sends a restarted peer);
+        the caller reads them only while no swap can run."""
+        self.push_specs()  # the same refusals
+        return model_tensors(self._model)
 
     def load_pushed(self, staged: StagedPush) -> None:
         """Swap a staged push in at a step boundary, like load_weights (paused and drained)."""

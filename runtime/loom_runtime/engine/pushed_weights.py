@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from loom_runtime.errors import CheckpointError
 from loom_runtime.transfer.weight_push import StagedPush
 from loom_trainer.protocol import TensorSpec, spec_of
@@ -16,13 +18,19 @@ from loom_trainer.protocol import TensorSpec, spec_of
 
 def model_specs(model: Any) -> dict[str, TensorSpec]:
     """Every tensor the model reads, by Hugging Face name (what a push must send)."""
+    return {name: spec_of(name, t) for name, t in model_tensors(model).items()}
+
+
+def model_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """Every tensor the model reads, by Hugging Face name: the live tensors a push fills, and
+    what a worker sends a restarted peer (transfer/peer_rebuild.py)."""
     targets = getattr(model, "targets", None)
     if targets is None:
         raise CheckpointError(
             f"{type(model).__name__} does not list its tensors (targets()): pushing weights "
             "into this model family is not built; load a checkpoint with LoadWeights instead"
         )
-    return {name: spec_of(name, t) for name, t in targets().items()}
+    return dict(targets())
 
 
 def swap_in(model: Any, staged: StagedPush) -> None:

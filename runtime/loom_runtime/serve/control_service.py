@@ -215,6 +215,22 @@ class ControlService:
         logger.info("push staged", extra={"update_id": staged.update_id, "version": staged.version})
         return await self.snapshot()
 
+    @_mapped
+    async def SendWeights(self, request: pb.SendWeightsRequest, context: Any) -> pb.WorkerStatus:
+        if not request.version:
+            raise InvalidRequestError("SendWeights needs a version", param="version")
+        async with self._load_lock:  # no swap while the peer copies what this worker serves
+            stats = await asyncio.to_thread(self._engine.stats)
+            if not self._settings.healthy() or stats.weights_version != request.version:
+                raise ControlStateError(
+                    f"asked to send weights version {request.version!r}; this worker serves "
+                    f"{stats.weights_version!r}{'' if self._settings.healthy() else ' (failed)'}"
+                )
+            await self._pushes.send(request)
+        logger.info("weights sent to a peer", extra={"update_id": request.update_id,
+                                                     "version": request.version})  # fmt: skip
+        return await self.snapshot()
+
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Refuses every call whose `authorization` metadata is not `Bearer <token>`."""
@@ -274,6 +290,7 @@ def rpc_handler(service: ControlService) -> grpc.GenericRpcHandler:
         "ReceiveWeights": unary(
             service.ReceiveWeights, pb.ReceiveWeightsRequest.FromString, _serialize
         ),
+        "SendWeights": unary(service.SendWeights, pb.SendWeightsRequest.FromString, _serialize),
     }
     declared = {m.name for m in desc.methods}
     if declared != set(methods):

@@ -30,11 +30,13 @@ from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.wan.loader import load_wan
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
+from loom_runtime.serve import rebuild as rebuild_flags
 from loom_runtime.serve.app import ServeSettings, Worker
 from loom_runtime.serve.diffusion import main as diffusion_main
 from loom_runtime.serve.dual_app import DualWorker
 from loom_runtime.serve.engine_args import add_engine_arguments, engine_values
 from loom_runtime.serve.program_worker import draw_settings, engine_from_instance
+from loom_runtime.serve.rebuild import Rebuild, plan_rebuild, rebuild
 from loom_runtime.serve.sources import checkpoint_path
 from loom_runtime.transfer.connector import ConnectorSettings, KVConnector, build_connector
 from loom_runtime.wire.engine_settings import setting
@@ -126,6 +128,7 @@ def add_parser(sub: Any) -> None:
         default="recompute",
         help="decode: when a KV pull fails, prefill locally or answer 500",
     )
+    rebuild_flags.add_arguments(p)
     diffusion_main.add_arguments(p)
     p.set_defaults(run=run)  # fmt: skip
 
@@ -137,6 +140,7 @@ class WorkerPlan:
     serve: ServeSettings
     disagg: DisaggSettings | None = None  # P/D role, None when aggregated
     connector: ConnectorSettings | None = None
+    rebuild: Rebuild | None = None  # a pushed version to rebuild from a peer before serving
 
 
 def plan_disagg(args: argparse.Namespace) -> tuple[DisaggSettings, ConnectorSettings] | None:
@@ -206,7 +210,14 @@ def plan_worker(args: argparse.Namespace, env: dict[str, str]) -> WorkerPlan:
         )
     if serve.max_body_bytes < 1024:
         raise UsageError(f"--max-body-bytes must be at least 1024, got {serve.max_body_bytes}")
-    return WorkerPlan(path, engine, serve, *(pd or (None, None)))
+    try:
+        peer = plan_rebuild(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if peer is not None and (serve.draw is not None or args.diffusion_card is not None):
+        raise UsageError("--rebuild-from is for a worker of one LLM, not a program or a pair")
+    disagg, connector = pd or (None, None)
+    return WorkerPlan(path, engine, serve, disagg, connector, peer)
 
 
 def chat_parsers(card: ModelCard, args: argparse.Namespace) -> ChatParsers:
@@ -283,6 +294,14 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
         gc.freeze()
         engine.start()
+        if plan.rebuild is not None:
+            try:
+                rebuild(engine, plan.rebuild, args.host, plan.serve.control_token)
+            except (TransferError, CheckpointError) as exc:
+                engine.shutdown()
+                print(f"loom runtime: cannot rebuild {plan.rebuild.version} from the peer at "
+                      f"{plan.rebuild.peer}: {exc}", file=sys.stderr)  # fmt: skip
+                return 2
         worker: Worker | DualWorker = Worker(engine, plan.serve, checkpoint_path)
         if dit is not None and shared_thread is not None and side is not None:
             worker = DualWorker(engine, dit, shared_thread, plan.serve, side.jobs, checkpoint_path)

@@ -1,5 +1,6 @@
 """A worker's weight pushes as its control service sees them: receive one (in a thread, serving
-goes on), keep it staged, swap it in on LoadWeights(source="push://<update_id>").
+goes on), keep it staged, swap it in on LoadWeights(source="push://<update_id>"); and send the
+weights it serves to a restarted peer that rebuilds a pushed version (SendWeights).
 
 Owns the worker's one staged push (a newer push or a swap discards it); never swaps in a push
 without the checks of LoadWeights (control_service.py runs them first: drained, or for a keep
@@ -11,9 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+import torch
+
 from loom_runtime.control_api import control_pb2 as pb
 from loom_runtime.errors import CheckpointError, InvalidRequestError
 from loom_runtime.serve.errors import ControlStateError
+from loom_runtime.transfer.peer_rebuild import send_weights
 from loom_runtime.transfer.weight_push import StagedPush, receive_push
 from loom_trainer.group import Rendezvous
 from loom_trainer.protocol import TensorSpec
@@ -25,6 +29,8 @@ class PushTarget(Protocol):
     """The engine's side of a push (the LLM Engine satisfies it)."""
 
     def push_specs(self) -> dict[str, TensorSpec]: ...
+
+    def push_tensors(self) -> dict[str, torch.Tensor]: ...
 
     def load_pushed(self, staged: StagedPush) -> None: ...
 
@@ -74,6 +80,19 @@ class PushReceiver:
             self._receiving = None
         self._staged = staged
         return staged
+
+    async def send(self, request: pb.SendWeightsRequest) -> None:
+        """Send the weights this worker serves to a restarted peer (the caller holds the load
+        lock: no swap runs meanwhile). TransferError when the transfer breaks."""
+        target = self._require_target()
+        if not request.update_id or not request.store_host or not request.store_port:
+            raise InvalidRequestError("SendWeights needs an update_id and the peer's store")
+        tensors = await asyncio.to_thread(target.push_tensors)
+        rv = Rendezvous(
+            request.store_host, request.store_port, 0, 2, request.timeout_seconds or 60.0,
+            request.update_id, store_rank=1,
+        )  # fmt: skip
+        await asyncio.to_thread(send_weights, rv, tensors)
 
     def staged(self, source: str, version: str) -> StagedPush:
         """The staged push `source` names, for `version`; ControlStateError if there is none."""

@@ -14,6 +14,8 @@ from loom_operator.local.cards import parse_fleet_cards
 from loom_operator.local.launch import (
     LaunchOptions,
     WorkerPorts,
+    WorkerStart,
+    plan_start,
     router_argv,
     router_config,
     router_env,
@@ -82,6 +84,33 @@ def test_worker_card_loads_the_given_source_as_the_given_version(
     assert model.name == "tiny"
     assert model.spec.components[0].source.uri == "file:///models/v9"
     assert model.spec.components[0].weights_version == "v9"
+
+
+@pytest.mark.parametrize(
+    ("source", "version", "peers", "want"),
+    [
+        ("file:///m/v2", "v2", {"127.0.0.1:9": "v2"}, ("file:///m/v2", "v2", None)),
+        ("push://ab12", "p3", {}, ("push://ab12", "p3", None)),  # no peer: the worker says why
+        ("push://ab12", "p3", {"127.0.0.1:9": "v1"}, ("push://ab12", "p3", None)),
+        ("push://ab12", "p3", {"127.0.0.1:9": "v1", "127.0.0.1:8": "p3", "127.0.0.1:7": "p3"},
+         ("CARD", "v1", ("127.0.0.1:7", "ab12", "p3"))),
+    ],
+)  # fmt: skip
+def test_a_worker_starting_on_a_pushed_version_rebuilds_it_from_a_peer_serving_it(
+    pd_card: Path,
+    source: str,
+    version: str,
+    peers: dict[str, str],
+    want: tuple[str, str, tuple[str, str, str] | None],
+) -> None:
+    cards = parse_fleet_cards(pd_card)
+    start = plan_start(source, version, cards, peers)
+    card_source = cards.desired.source_uri  # the card's checkpoint, the card's version (v1)
+    assert start == WorkerStart(card_source if want[0] == "CARD" else want[0], want[1], want[2])
+    args = build_parser().parse_args(["runtime", "--card", "c.yaml", *start.flags()])
+    assert (args.rebuild_from, args.rebuild_update, args.rebuild_version) == (
+        want[2] or (None,) * 3
+    )
 
 
 def test_worker_env_carries_the_token_and_one_thread_share(pd_card: Path) -> None:

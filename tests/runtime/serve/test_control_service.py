@@ -340,3 +340,21 @@ def test_a_push_that_was_not_received_cannot_be_swapped_in(
     finally:
         stub.Resume(pb.ResumeRequest(), metadata=auth)
     assert stub.Status(pb.StatusRequest(), metadata=auth).weights_version == before
+
+
+def test_send_weights_is_refused_unless_the_worker_serves_the_version_asked(
+    worker: Any, stub: pb_grpc.ControlStub, auth: Any
+) -> None:
+    serving = stub.Status(pb.StatusRequest(), metadata=auth).weights_version
+    no_version = pb.SendWeightsRequest(update_id="u1", store_host="127.0.0.1", store_port=1)
+    assert _code(lambda: stub.SendWeights(no_version, metadata=auth)) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+    other = pb.SendWeightsRequest(
+        update_id="u1", store_host="127.0.0.1", store_port=1, version=f"not-{serving}"
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SendWeights(other, metadata=auth)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"this worker serves {serving!r}" in (info.value.details() or "")
+    assert stub.Status(pb.StatusRequest(), metadata=auth).state == pb.WORKER_STATE_SERVING
