@@ -30,7 +30,12 @@ from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
-from loom_runtime.engine.pushed_weights import model_specs, model_tensors, swap_in
+from loom_runtime.engine.pushed_weights import (
+    model_specs,
+    model_tensors,
+    staged_checkpoint,
+    swap_in,
+)
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.check import check_ranks
 from loom_runtime.engine.ranks.start import start_engine_ranks
@@ -118,6 +123,7 @@ class Engine:
             self._pool, hasher, self._offload, config.kv_reload_async, draft_rows=k > 0
         )
         self._ranks = ranks
+        self._checkpoint: Path | None = None
         forward = build_forward(loaded.model, cache, config, ranks, drafter)
         self._runner, self._spec = forward.runner, forward.spec
         self._prompt_logprobs = forward.prompt_logprobs
@@ -177,10 +183,12 @@ class Engine:
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         ranks = start_engine_ranks(str(path), loaded, config, disagg)
         try:
-            return cls(loaded, config, events, disagg, connector, shared_thread, ranks, drafter)
+            engine = cls(loaded, config, events, disagg, connector, shared_thread, ranks, drafter)
         except BaseException:
             ranks.close()
             raise
+        engine._checkpoint = Path(path)  # a push becomes a checkpoint beside it for the ranks
+        return engine
 
     @property
     def weights_version(self) -> str:
@@ -325,26 +333,34 @@ class Engine:
             self._bump(version)
 
     def push_specs(self) -> dict[str, TensorSpec]:
-        """What a pushed version must send: every tensor of the model (name, shape, dtype)."""
-        if self._ranks is not None:
-            raise CheckpointError(
-                "pushing weights into a parallel (TP/EP/PCP/DCP) worker is not built yet; "
-                "sync it from a checkpoint (LoadWeights with a source) instead"
-            )
+        """What a pushed version must send: every tensor of the model (name, shape, dtype; a
+        parallel worker's whole model, each rank takes its shard)."""
         return model_specs(self._model)
 
     def push_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors push_specs describes (what this worker sends a restarted peer);
         the caller reads them only while no swap can run."""
-        self.push_specs()  # the same refusals
+        if self._ranks is not None:
+            raise CheckpointError(
+                "a parallel (TP/EP/PCP/DCP) worker's weights live in its ranks' shards: it "
+                "cannot send them to a peer"
+            )
         return model_tensors(self._model)
 
     def load_pushed(self, staged: StagedPush) -> None:
-        """Swap a staged push in at a step boundary, like load_weights (paused and drained)."""
+        """Swap a staged push in at a step boundary, like load_weights (paused and drained).
+        A parallel worker's ranks load it as a checkpoint (written beside the staging first)."""
         self._require_drained(staged.version)
+        checkpoint = None
+        if self._ranks is not None:
+            assert self._checkpoint is not None  # from_checkpoint sets it with the ranks
+            checkpoint = staged_checkpoint(staged, self._checkpoint)
         with self._step_lock:
             self._require_drained(staged.version)
-            swap_in(self._model, staged)
+            if self._ranks is None:
+                swap_in(self._model, staged)
+            else:
+                self._ranks.load_weights(str(checkpoint))
             self._bump(staged.version)
 
     def load_pushed_keep(self, staged: StagedPush, kv: str = "keep") -> None:

@@ -125,7 +125,8 @@ def test_a_worker_that_takes_no_push_tells_the_trainer_why_before_bytes_move(
 ) -> None:
     tensors = model()
     good = {n: spec_of(n, t) for n, t in tensors.items()}
-    why = "pushing weights into a parallel (TP/EP/PCP/DCP) worker is not built yet"
+    why = "WanTransformer does not list its tensors (targets()): pushing weights into this model "
+    why += "family is not built"
     err, results = run_push(tensors, [good, {}], tmp_path, 1 << 20, refusals=("", why))
     assert isinstance(err, PushRefused) and err.problems == {"w-b": [why]}
     assert all(isinstance(r, CheckpointError) for r in results), results

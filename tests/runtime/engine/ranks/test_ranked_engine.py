@@ -2,8 +2,9 @@
 the one-rank engine's greedy tokens: PCP2×DCP2 (interleave 1 and 4, ag_rs and a2a) and EP2,
 over concurrent requests of different lengths with chunked prefill and preemption (a step's
 decodes in one forward on the ranks), index top-k (64) below the contexts. Each rank's KV
-equals the planner's per-rank figure, the ranks release every finished request, and a rank
-that dies takes the engine down with RankFailure instead of a hang. Settings the ranks cannot
+equals the planner's per-rank figure, the ranks release every finished request, a weight sync
+or a trainer's push reloads every rank, and a rank that dies takes the engine down with
+RankFailure instead of a hang. Settings the ranks cannot
 serve are refused with a readable error."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tests.runtime.engine.ranks_config import BLOCK, SPARSE_LAYOUTS, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
@@ -29,6 +31,9 @@ from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
+from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
+from loom_trainer.group import Rendezvous
+from loom_trainer.protocol import torch_dtype
 
 
 def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
@@ -227,6 +232,38 @@ def test_a_weight_sync_reloads_every_rank_and_a_misfit_checkpoint_changes_none(
     v2_model = load_model(v2, dtype=torch.float64)
     assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens
     assert again == v1_tokens
+
+
+def test_a_push_into_a_ranked_worker_reloads_every_rank_from_the_staged_checkpoint(
+    sparse_dir: Path, prompt: Prompt, tmp_path: Path
+) -> None:
+    """The whole model's tensors pushed (as a trainer sends them) into a PCP2×DCP2×EP2 engine:
+    each rank re-shards the staged push and the engine gives v2's one-rank tokens."""
+    v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
+    req = prompt(70, 3)
+    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
+    try:
+        v1_tokens = engine.generate(req, greedy(8)).output_token_ids
+        specs = engine.push_specs()
+        weights = load_file(str(v2 / "model.safetensors"))
+        pushed = {n: weights[n].to(torch_dtype(s.dtype)) for n, s in specs.items()}
+        rv = rendezvous("127.0.0.1", "u-ranks", 30.0)
+        trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
+
+        def send() -> None:
+            send_weights(trainer, pushed)
+
+        staged = receive_from_peer(rv, "v2", specs, send)
+        assert engine.pause(timeout=30)
+        engine.load_pushed(staged)
+        staged.discard()
+        engine.resume()
+        got = engine.generate(req, greedy(8))
+    finally:
+        engine.shutdown()
+    v2_model = load_model(v2, dtype=torch.float64)
+    assert got.weights_version == "v2"
+    assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,10 @@
 rank processes — each with half the q heads and their kv heads, half the MLP's columns, its own
 paged pool indexed by the engine's block tables, o_proj and down_proj all-reduced — and gives
 the one-rank engine's greedy tokens (float64): concurrent requests of different lengths with
-chunked prefill, a prefix-cache hit, preemption, a weight sync. Each rank holds half the KV
-bytes of a token and less than the whole model; a rank that dies takes the engine down with
-RankFailure instead of a hang; settings TP cannot serve are refused with a readable error."""
+chunked prefill, a prefix-cache hit, preemption, a weight sync, a trainer's push. Each rank
+holds half the KV bytes of a token and less than the whole model; a rank that dies takes the
+engine down with RankFailure instead of a hang; settings TP cannot serve are refused with a
+readable error."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from tests.runtime.engine.ranks_config import BLOCK, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, run_all
 
@@ -31,6 +33,8 @@ from loom_runtime.models.tiny import init_tiny
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.llama.tp import weight_bytes
 from loom_runtime.parallel.ranks import RankFailure
+from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
+from loom_trainer.group import Rendezvous
 
 TP2 = ParallelLayout(tp=2)
 
@@ -165,6 +169,36 @@ def test_a_weight_sync_reloads_every_tp_rank(
     expected = one_rank(v2_model, [EngineRequest("x", req, greedy(8))])["x"]
     assert got.weights_version == "v2"
     assert got.output_token_ids == expected != v1_tokens
+
+
+def test_a_push_into_a_tp_worker_reloads_every_rank_from_the_staged_checkpoint(
+    tiny_dir: Path, prompt: Prompt, tmp_path: Path
+) -> None:
+    """The whole model's tensors pushed (as a trainer sends them) into a TP 2 engine: each rank
+    takes its shard of the staged push and the engine answers like one rank on those weights."""
+    v2 = init_tiny(tmp_path / "v2", seed=1)
+    pushed = {n: t.to(torch.float64) for n, t in load_file(str(v2 / "model.safetensors")).items()}
+    req = prompt(70, 3)
+    engine = Engine.from_checkpoint(tiny_dir, config())
+    try:
+        v1_tokens = engine.generate(req, greedy(8)).output_token_ids
+        rv = rendezvous("127.0.0.1", "u-tp", 30.0)
+        trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
+
+        def send() -> None:
+            send_weights(trainer, pushed)
+
+        staged = receive_from_peer(rv, "v2", engine.push_specs(), send)
+        assert engine.pause(timeout=30)
+        engine.load_pushed(staged)
+        staged.discard()
+        engine.resume()
+        got = engine.generate(req, greedy(8))
+    finally:
+        engine.shutdown()
+    expected = one_rank(load_model(v2, dtype=torch.float64), [EngineRequest("x", req, greedy(8))])
+    assert got.weights_version == "v2"
+    assert got.output_token_ids == expected["x"] != v1_tokens
 
 
 def test_a_tp_rank_that_dies_fails_the_step_with_rank_failure(
