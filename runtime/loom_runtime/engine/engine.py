@@ -30,12 +30,7 @@ from loom_runtime.engine.grammar.compiler import GrammarCompiler
 from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
-from loom_runtime.engine.pushed_weights import (
-    model_specs,
-    model_tensors,
-    staged_checkpoint,
-    swap_in,
-)
+from loom_runtime.engine.model_weights import ModelWeights, Swap
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.check import check_ranks
 from loom_runtime.engine.ranks.start import start_engine_ranks
@@ -52,15 +47,13 @@ from loom_runtime.engine.types import (
     SamplingParams,
 )
 from loom_runtime.engine.validate import check_prompt_logprobs, validate_request
-from loom_runtime.errors import AdmissionError, CheckpointError, InvalidRequestError
+from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.loop.contract import LoopContext
 from loom_runtime.models.loader import (
     LoadedModel,
     load_model,
-    read_weight_shapes,
-    read_weights,
 )
 from loom_runtime.transfer.weight_push import StagedPush
 from loom_runtime.wire.kv_events import KVEventSink
@@ -90,12 +83,14 @@ class Engine:
         shared_thread: SharedStepThread | None = None,
         ranks: EngineRanks | None = None,
         drafter: Drafter | None = None,
+        checkpoint: Path | None = None,
     ) -> None:
         """`shared_thread`: share one step thread (and lock) with the other engines of this worker.
         `ranks`: the rank processes of a parallel engine (config.parallel; `from_checkpoint`
         starts them); the engine then schedules and samples here and runs every forward on
         them, and closes them at shutdown. `drafter`: with MTP speculation, what proposes the
-        drafts instead of the MTP layer (tests force acceptances with an oracle)."""
+        drafts instead of the MTP layer (tests force acceptances with an oracle). `checkpoint`:
+        the directory the ranks started from (a push becomes a checkpoint beside it)."""
         check_ranks(loaded.config, config, ranks, disagg)
         if (disagg is None) != (connector is None):
             raise ValueError("a P/D engine needs both its role (disagg) and a KV connector")
@@ -123,7 +118,7 @@ class Engine:
             self._pool, hasher, self._offload, config.kv_reload_async, draft_rows=k > 0
         )
         self._ranks = ranks
-        self._checkpoint: Path | None = None
+        self._weights = ModelWeights(loaded.model, ranks, checkpoint)
         forward = build_forward(loaded.model, cache, config, ranks, drafter)
         self._runner, self._spec = forward.runner, forward.spec
         self._prompt_logprobs = forward.prompt_logprobs
@@ -183,12 +178,12 @@ class Engine:
         loaded = load_model(path, dtype=config.dtype, device=config.device, weights=False)
         ranks = start_engine_ranks(str(path), loaded, config, disagg)
         try:
-            engine = cls(loaded, config, events, disagg, connector, shared_thread, ranks, drafter)
+            return cls(
+                loaded, config, events, disagg, connector, shared_thread, ranks, drafter, Path(path)
+            )
         except BaseException:
             ranks.close()
             raise
-        engine._checkpoint = Path(path)  # a push becomes a checkpoint beside it for the ranks
-        return engine
 
     @property
     def weights_version(self) -> str:
@@ -321,47 +316,27 @@ class Engine:
         parallel engine checks the checkpoint's names and shapes here, then every rank loads
         it (a rank that fails after that takes the worker down: WorkerLostError)."""
         self._require_drained(version)
-        if self._ranks is not None:
-            self._model.load_state(read_weight_shapes(path))  # shapes only: nothing is read
-        tensors = read_weights(path) if self._ranks is None else {}
-        with self._step_lock:
-            self._require_drained(version)
-            if self._ranks is None:
-                self._model.load_state(tensors)
-            else:
-                self._ranks.load_weights(path)
-            self._bump(version)
+        self._swap(self._weights.from_checkpoint(path), version)
 
     def push_specs(self) -> dict[str, TensorSpec]:
-        """What a pushed version must send: every tensor of the model (name, shape, dtype; a
-        parallel worker's whole model, each rank takes its shard)."""
-        return model_specs(self._model)
+        """What a pushed version must send (ModelWeights.specs)."""
+        return self._weights.specs()
 
     def push_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors push_specs describes (what this worker sends a restarted peer);
         the caller reads them only while no swap can run."""
-        if self._ranks is not None:
-            raise CheckpointError(
-                "a parallel (TP/EP/PCP/DCP) worker's weights live in its ranks' shards: it "
-                "cannot send them to a peer"
-            )
-        return model_tensors(self._model)
+        return self._weights.tensors()
 
     def load_pushed(self, staged: StagedPush) -> None:
-        """Swap a staged push in at a step boundary, like load_weights (paused and drained).
-        A parallel worker's ranks load it as a checkpoint (written beside the staging first)."""
+        """Swap a staged push in at a step boundary, like load_weights (paused and drained)."""
         self._require_drained(staged.version)
-        checkpoint = None
-        if self._ranks is not None:
-            assert self._checkpoint is not None  # from_checkpoint sets it with the ranks
-            checkpoint = staged_checkpoint(staged, self._checkpoint)
+        self._swap(self._weights.from_push(staged), staged.version)
+
+    def _swap(self, swap: Swap, version: str) -> None:
         with self._step_lock:
-            self._require_drained(staged.version)
-            if self._ranks is None:
-                swap_in(self._model, staged)
-            else:
-                self._ranks.load_weights(str(checkpoint))
-            self._bump(staged.version)
+            self._require_drained(version)
+            swap()
+            self._bump(version)
 
     def load_pushed_keep(self, staged: StagedPush, kv: str = "keep") -> None:
         """Swap a staged push in under the running requests (push mode keep), nothing aborted:
@@ -376,7 +351,7 @@ class Engine:
         )  # fmt: skip
         with self._step_lock:
             policy = check_keep(kv, staged.version, self.weights_version, blockers)
-            swap_in(self._model, staged)
+            self._weights.from_push(staged)()
             self._batcher.new_weights(staged.version, recompute=policy == "recompute")
             self._bump(staged.version)
 
