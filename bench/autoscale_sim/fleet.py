@@ -17,7 +17,7 @@ from typing import Any
 from bench.autoscale_sim.policies import Policy, Snapshot
 from bench.autoscale_sim.service import ServiceModel
 from bench.autoscale_sim.trace import Request
-from bench.autoscale_sim.workers import DecodeWorker, Histogram, Prefilling, PrefillWorker, Worker
+from bench.autoscale_sim.workers import DecodeWorker, Histogram, PrefillWorker, Worker
 
 from loom_operator.api.roles import RoleName
 from loom_operator.control.role_metrics import WorkerSample
@@ -131,7 +131,7 @@ class Fleet:
             self.held["prefill"].append(r)
             return
         w = min(prefills, key=lambda w: w.backlog_tokens())  # the least prompt work queued
-        w.queue.append(Prefilling(r, r.prompt_tokens))
+        w.take(r)
         if w.busy_until is None:
             self._prefill_next(w)
 
@@ -223,12 +223,16 @@ class Fleet:
             if isinstance(w, PrefillWorker):
                 assert w.ttft is not None
                 statuses[w.name] = w.status()
-                scrapes[w.name] = WorkerSample(self.now, w.ttft.buckets(), (), w.backlog_tokens())
+                scrapes[w.name] = WorkerSample(
+                    self.now, w.ttft.buckets(), (), w.backlog_tokens(), w.arrived_tokens
+                )
             else:
                 assert isinstance(w, DecodeWorker) and w.itl is not None
                 w.advance(self.now, self.model)
                 statuses[w.name] = w.status(self.model)
-                scrapes[w.name] = WorkerSample(self.now, (), w.itl.buckets(), 0.0)
+                scrapes[w.name] = WorkerSample(
+                    self.now, (), w.itl.buckets(), 0.0, generation_tokens=w.generated
+                )
         return Snapshot(self.now, dict(self.asked), tuple(states), statuses, scrapes)
 
     def _busy(self, w: Worker) -> int:

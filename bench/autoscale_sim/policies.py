@@ -60,11 +60,13 @@ class Fixed:
 @dataclass
 class Planner:
     """Loom's planner as control/autoscaler.py runs it: every `every_s` one scrape of every
-    worker (samples kept for the window), `role_signals` per role, `plan_autoscale`."""
+    worker (samples kept for the windows), `role_signals` per role, `plan_autoscale` (with the
+    card's capacity, or without: the latency and queue pressures alone)."""
 
     policy: AutoscalePolicy
     every_s: float = 5.0
     window_s: float = 30.0
+    rate_window_s: float = 5.0
     name: str = "planner"
     last: AutoscalePlan | None = None
     _history: Mapping[RoleName, tuple[Recommendation, ...]] = field(default_factory=dict)
@@ -73,12 +75,12 @@ class Planner:
     def decide(self, snap: Snapshot) -> dict[RoleName, int]:
         for gone in set(self._samples) - set(snap.scrapes):
             del self._samples[gone]
-        keep = int(self.window_s / self.every_s) + 2
+        keep = int(max(self.window_s, self.rate_window_s) / self.every_s) + 2
         for name, sample in snap.scrapes.items():
             self._samples.setdefault(name, deque(maxlen=keep)).append(sample)
         signals = [
             role_signals(role, n, snap.workers, snap.statuses, self._samples, 0, snap.now,
-                         self.window_s)
+                         self.window_s, self.rate_window_s)
             for role, n in snap.replicas.items()
             if role in self.policy.roles
         ]  # fmt: skip
@@ -128,10 +130,12 @@ class QueueThreshold:
 @dataclass
 class Oracle:
     """Not a scaler anyone can run: each role asks for its offered work per `bin_s` of arrivals
-    (`report.bin_needs`) times `headroom`, read from the trace itself — the bin under way from the
-    moment it starts (`lead_s` 0: all that any scaler reacting to load could know, at once), or
-    the bin `lead_s` ahead (a perfect forecast one worker start ahead). Bounds the SLO
-    attainment reachable at a given cost with workers that take the model's start delay."""
+    (`report.bin_needs`) times `headroom`, read from the trace itself, with the bin before it —
+    the bin under way from the moment it starts (`lead_s` 0: the bin's whole work known from its
+    first second, so a forecast of up to `bin_s`), the bin `lead_s` ahead (a perfect forecast
+    one worker start ahead), or with a negative `lead_s` of one short bin the last complete bins
+    (what measuring the arrivals can know, at once). Bounds the SLO attainment reachable at a
+    given cost with workers that take the model's start delay."""
 
     name: str
     need: Mapping[RoleName, Sequence[float]]

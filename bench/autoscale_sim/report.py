@@ -70,8 +70,7 @@ def bin_needs(
 ) -> dict[RoleName, list[float]]:
     """Per `bin_s` of arrivals, the workers of each role whose prefill time and decode
     throughput (at the largest batch within the ITL target) cover the bin's work at `util`."""
-    batch = model.batch_within(slo.itl_s)
-    tok_s = batch / model.decode_s(batch)
+    tok_s = model.decode_tokens_per_s(slo.itl_s)
     bins = int(max(r.arrival_s for r in requests) // bin_s) + 1
     prefill, decode = [0.0] * bins, [0.0] * bins
     for r in requests:

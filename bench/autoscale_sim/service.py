@@ -43,6 +43,17 @@ class ServiceModel:
         """One decode step with `batch` sequences (one token each)."""
         return self.decode_step_s + self.decode_seq_s * batch
 
+    def prefill_tokens_per_s(self) -> float:
+        """What one prefill worker computes per second, saturated (full chunked forwards): the
+        card's profiled `prefillTokensPerSecond`."""
+        return self.prefill_budget / self.prefill_s(self.prefill_budget)
+
+    def decode_tokens_per_s(self, itl_s: float) -> float:
+        """What one decode worker generates per second at its largest batch within `itl_s`: the
+        card's profiled `decodeTokensPerSecond`."""
+        batch = self.batch_within(itl_s)
+        return batch / self.decode_s(batch)
+
     def batch_within(self, itl_s: float) -> int:
         """The largest decode batch whose step stays within `itl_s` (at least 1)."""
         fits = int((itl_s - self.decode_step_s) / self.decode_seq_s)

@@ -74,6 +74,13 @@ class PrefillWorker(Worker):
     step_tokens: list[int] = field(default_factory=list)
     busy_until: float | None = None
     ttft: Histogram | None = None
+    arrived_tokens: int = 0
+    """Prompt tokens of the requests routed to it (`loom:prompt_tokens_arrived`)."""
+
+    def take(self, r: Request) -> None:
+        """A request arrives: queued, its prompt counted."""
+        self.queue.append(Prefilling(r, r.prompt_tokens))
+        self.arrived_tokens += r.prompt_tokens
 
     def backlog_tokens(self) -> int:
         return sum(p.left for p in self.queue) + sum(p.left for p in self.step)
@@ -137,6 +144,8 @@ class DecodeWorker(Worker):
     version: int = 0
     """Bumped whenever the next finish moves (a stale finish event is ignored)."""
     itl: Histogram | None = None
+    generated: float = 0.0
+    """Tokens generated (`vllm:generation_tokens`)."""
 
     def advance(self, now: float, model: ServiceModel) -> None:
         """Moves the token clock to `now`, observing each token's gap."""
@@ -145,6 +154,7 @@ class DecodeWorker(Worker):
             step = model.decode_s(b)
             tokens = (now - self.at) / step
             self.v += tokens
+            self.generated += b * tokens
             if self.itl is not None:
                 self.itl.observe(step, b * tokens)
         self.at = now

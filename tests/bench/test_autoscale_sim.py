@@ -13,7 +13,7 @@ from bench.autoscale_sim.service import TINY
 from bench.autoscale_sim.trace import BurstyTrace, Phase, Request, requests
 
 from loom_operator.api.roles import RoleName
-from loom_operator.fleet.autoscale import AutoscalePolicy, RoleBounds, Targets
+from loom_operator.fleet.autoscale import AutoscalePolicy, Capacity, RoleBounds, Targets
 
 # 1 ms per prompt token, 10 ms per decode step whatever the batch, no hand-off, 10 s to start
 MODEL = replace(
@@ -62,6 +62,26 @@ def test_the_real_planner_grows_a_role_whose_queue_is_over_target() -> None:
     assert len(result.outcomes) == 12
     assert max(p for _, p, _ in result.timeline) > 1
     assert max(d for _, _, d in result.timeline) == 1  # decode never had a queue
+
+
+def test_the_profiled_capacity_is_one_saturated_worker() -> None:
+    assert TINY.prefill_tokens_per_s() == pytest.approx(4096 / (0.005 + 4096 * 0.000145))
+    assert TINY.decode_tokens_per_s(0.025) == pytest.approx(23 / (0.0051 + 23 * 0.00086))
+
+
+def test_the_planner_sizes_prefill_from_the_prompt_tokens_arriving() -> None:
+    """Prompts arriving at 3x what one prefill worker plans for: the real planner, reading the
+    simulated `loom:prompt_tokens_arrived`, grows prefill for that load although no latency
+    target is set and the queue target is out of reach."""
+    card = AutoscalePolicy({"prefill": RoleBounds(1, 8), "decode": RoleBounds(1, 8)},
+                           Targets(queue=1000), Capacity(prefill_tokens_s=1000, utilization=0.5),
+                           scale_up_s=0.0)  # fmt: skip
+    steady = [Request(i, i * 0.1, 150, 2) for i in range(300)]  # 1,500 prompt tokens/s
+    result = Fleet(MODEL, Planner(card), {"prefill": 1, "decode": 1}).run(steady)
+    assert len(result.outcomes) == 300
+    # 1,500 / 500 per worker, and more while the backlog the first worker built drains
+    assert max(p for _, p, _ in result.timeline) >= 3
+    assert max(d for _, _, d in result.timeline) == 1  # no decode capacity: decode unmoved
 
 
 def test_queue_threshold_scaler_follows_the_hpa_formula() -> None:

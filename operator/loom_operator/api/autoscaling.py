@@ -1,5 +1,6 @@
 """The DeploymentCard's autoscaling section: per-role bounds, the latency and load targets the
-planner holds each role to, and its stabilisation windows (docs/autoscaling.md).
+planner holds each role to, each worker's profiled capacity, and its stabilisation windows
+(docs/autoscaling.md).
 
 Owns these fields, their defaults and ranges; never decides a replica count (the planner,
 `loom_operator.fleet.autoscale`, does).
@@ -47,6 +48,24 @@ class ScaleTargets(CardModel):
     """Prefill (and aggregated): prompt tokens waiting to be prefilled per worker."""
 
 
+class ScaleCapacity(CardModel):
+    """What one worker of a role serves within the card's latency targets, as profiled for this
+    model and hardware (docs/autoscaling.md#capacity). Set, the planner sizes the role from
+    its offered load (the needed workers) besides its latency and queue; unset, from those
+    alone."""
+
+    prefill_tokens_per_second: float | None = Field(default=None, gt=0)
+    """Prefill (and aggregated): prompt tokens one worker prefills per second, saturated."""
+    decode_tokens_per_second: float | None = Field(default=None, gt=0)
+    """Decode (and aggregated): tokens one worker generates per second within the ITL target
+    (its largest batch within the target over that batch's step time)."""
+    decode_sequences: float | None = Field(default=None, gt=0)
+    """Decode (and aggregated): sequences one worker runs at once within the ITL target."""
+    utilization: float = Field(default=0.5, gt=0, le=1)
+    """The share of that capacity the planner plans to use (the rest absorbs the load's
+    noise between rounds and the time a new worker takes to start)."""
+
+
 class Autoscaling(CardModel):
     """Loom's planner moves each named role between its bounds (the role's `replicas` is where
     it starts); a role not named keeps its `replicas`."""
@@ -55,6 +74,7 @@ class Autoscaling(CardModel):
     decode: ScaleBounds | None = None
     aggregated: ScaleBounds | None = None
     targets: ScaleTargets = Field(default_factory=ScaleTargets)
+    capacity: ScaleCapacity = Field(default_factory=ScaleCapacity)
     scale_up_seconds: float = Field(default=30.0, ge=0, le=3600)
     """Growth follows the lowest recommendation of this window (a brief spike adds nothing)."""
     scale_down_seconds: float = Field(default=300.0, ge=0, le=3600)

@@ -39,6 +39,9 @@ class AutoscalerSettings:
     """Time between two decisions (each one scrapes every worker once)."""
     window_s: float = 30.0
     """The latency signals cover what finished in this window."""
+    rate_window_s: float = 5.0
+    """The load's rates (prompt tokens arrived, tokens generated) cover this window: one round,
+    so a burst shows in the next decision (the scale-up window smooths the noise)."""
 
 
 class Autoscaler:
@@ -80,7 +83,7 @@ class Autoscaler:
         signals = [
             replace(
                 role_signals(role, n, observed.workers, statuses, self._samples, held, now,
-                             self.settings.window_s),
+                             self.settings.window_s, self.settings.rate_window_s),
                 unschedulable=stuck.get(role, 0),
             )
             for role, n in replicas.items()
@@ -100,7 +103,10 @@ class Autoscaler:
         texts = await asyncio.gather(*(_get(session, urls[n] + "/metrics") for n in names))
         for name in set(self._samples) - set(names):
             del self._samples[name]  # a worker that left takes its samples along
-        keep = int(self.settings.window_s / self.settings.every_s) + 2
+        keep = (
+            int(max(self.settings.window_s, self.settings.rate_window_s) / self.settings.every_s)
+            + 2
+        )
         for name, text in zip(names, texts, strict=True):
             if text is None:
                 continue

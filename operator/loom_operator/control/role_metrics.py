@@ -1,7 +1,9 @@
 """What the planner reads of a role's workers: from /metrics the TTFT and ITL histograms over a
 sliding window (the 90th percentile of what finished inside it, as Prometheus'
-`histogram_quantile` over `increase(...[window])` computes it) and the prefill backlog gauge;
-from Status the queue and KV usage; from the router the requests it holds.
+`histogram_quantile` over `increase(...[window])` computes it), the prefill backlog gauge and
+the arrived prompt and generated tokens counters (their rates over a shorter window: the offered
+prefill and decode load); from Status the queue, the sequences in flight (decode's load when it
+is saturated) and KV usage; from the router the requests it holds.
 
 Pure functions over Prometheus text and plain records; the shell scrapes and keeps the samples.
 """
@@ -9,7 +11,7 @@ Pure functions over Prometheus text and plain records; the shell scrapes and kee
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,9 +21,12 @@ from loom_operator.fleet.autoscale import RoleSignals
 from loom_operator.fleet.observed import WorkerState
 from loom_runtime.control_api.status import WorkerStatus
 from loom_runtime.wire.metric_names import (
+    GENERATION_TOKENS,
     INTER_TOKEN_LATENCY,
     PREFILL_BACKLOG_TOKENS,
+    PROMPT_TOKENS_ARRIVED,
     TIME_TO_FIRST_TOKEN,
+    total,
 )
 
 Buckets = tuple[tuple[float, float], ...]
@@ -36,17 +41,26 @@ class WorkerSample:
     ttft: Buckets
     itl: Buckets
     prefill_backlog_tokens: float
+    prompt_tokens_arrived: float = 0.0
+    """The worker's counter of prompt tokens arrived (since it started)."""
+    generation_tokens: float = 0.0
+    """The worker's counter of tokens generated (since it started)."""
 
 
 def parse_sample(text: str, at: float) -> WorkerSample:
-    """The histograms and the backlog gauge from a worker's /metrics text (summed over label
-    sets; a histogram or gauge the worker does not export is empty or 0)."""
+    """The histograms, the backlog gauge and the arrived prompt and generated tokens from a
+    worker's /metrics text (summed over label sets; one the worker does not export is empty or
+    0)."""
     counts: dict[str, dict[float, float]] = {TIME_TO_FIRST_TOKEN: {}, INTER_TOKEN_LATENCY: {}}
-    backlog = 0.0
+    backlog = arrived = generated = 0.0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == PREFILL_BACKLOG_TOKENS:
                 backlog += s.value
+            elif s.name == total(PROMPT_TOKENS_ARRIVED):
+                arrived += s.value
+            elif s.name == total(GENERATION_TOKENS):
+                generated += s.value
             base = s.name.removesuffix("_bucket")
             if s.name.endswith("_bucket") and base in counts:
                 le = float(s.labels["le"])
@@ -54,7 +68,7 @@ def parse_sample(text: str, at: float) -> WorkerSample:
     ttft, itl = (
         tuple(sorted(counts[n].items())) for n in (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY)
     )
-    return WorkerSample(at, ttft, itl, backlog)
+    return WorkerSample(at, ttft, itl, backlog, arrived, generated)
 
 
 def increase(old: Buckets, new: Buckets) -> Buckets:
@@ -111,6 +125,63 @@ def window_p90(
     return quantile(0.9, merge(ttft)), quantile(0.9, merge(itl))
 
 
+Counter = Callable[[WorkerSample], float]
+"""Which counter of a sample a rate reads."""
+
+
+def read_arrived(s: WorkerSample) -> float:
+    """The prompt tokens arrived counter (the offered prefill load)."""
+    return s.prompt_tokens_arrived
+
+
+def read_generated(s: WorkerSample) -> float:
+    """The generated tokens counter (the decode load)."""
+    return s.generation_tokens
+
+
+def counter_rate(
+    kept: Sequence[WorkerSample],
+    started_at: float | None,
+    now: float,
+    window_s: float,
+    counter: Counter,
+) -> float | None:
+    """A counter's rate per second on one worker over the last `window_s`: its newest count less
+    its count at the window's start (the newest sample at or before it, else its oldest); a
+    worker started inside the window counted all it holds inside it. None: one scrape of a
+    worker older than the window says nothing yet."""
+    if not kept:
+        return None
+    last = kept[-1]
+    before = [s for s in kept if s.at <= now - window_s]
+    if not before and started_at is not None and started_at > now - window_s:
+        return counter(last) / window_s
+    base = before[-1] if before else kept[0]
+    if last.at <= base.at:
+        return None
+    grew = counter(last) - counter(base)
+    if grew < 0:  # the worker restarted: its counter began again at 0
+        grew = counter(last)
+    return grew / (last.at - base.at)
+
+
+def role_rate(
+    workers: Sequence[WorkerState],
+    samples: Mapping[str, Sequence[WorkerSample]],
+    now: float,
+    window_s: float,
+    counter: Counter,
+) -> float | None:
+    """A counter's rate summed over the role's workers (None when no worker's is known)."""
+    rates = [
+        r
+        for w in workers
+        if (r := counter_rate(samples.get(w.name, ()), w.started_at, now, window_s, counter))
+        is not None
+    ]
+    return sum(rates) if rates else None
+
+
 def queued(status: WorkerStatus) -> int:
     """Requests a worker holds but does not run: its queue, and on decode those waiting for a
     KV pull or a slot to pull into (in flight minus running)."""
@@ -126,9 +197,11 @@ def role_signals(
     held: int,
     now: float,
     window_s: float,
+    rate_window_s: float,
 ) -> RoleSignals:
     """One role's signals from its workers' observations, last Status and scrapes, and the
-    requests the router holds (counted against the serving role: decode or aggregated)."""
+    requests the router holds (counted against the serving role: decode or aggregated): the
+    latencies over `window_s`, the arrival rate over `rate_window_s`."""
     mine = [w for w in workers if w.role == role]
     ready = [w for w in mine if w.routable]
     known = [s for w in mine if (s := statuses.get(w.name)) is not None]
@@ -145,4 +218,7 @@ def role_signals(
         prefill_tokens=sum(s[-1].prefill_backlog_tokens for s in kept.values() if s),
         ttft_p90_s=ttft,
         itl_p90_s=itl,
+        prompt_tokens_s=role_rate(mine, kept, now, rate_window_s, read_arrived),
+        generated_tokens_s=role_rate(mine, kept, now, rate_window_s, read_generated),
+        sequences=float(sum(s.in_flight for s in known) + held_here),
     )

@@ -12,7 +12,7 @@ from typing import Literal
 from loom_operator.api.autoscaling import Autoscaling, ScaleBounds
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import ROLE_NAMES, RoleName
-from loom_operator.fleet.autoscale import AutoscalePolicy, RoleBounds, Targets
+from loom_operator.fleet.autoscale import AutoscalePolicy, Capacity, RoleBounds, Targets
 from loom_runtime.card.component import Component
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.card.serving import SyncStrategyName
@@ -221,7 +221,7 @@ def desired_fleet(
 
 def autoscale_policy(section: Autoscaling) -> AutoscalePolicy:
     """The card's autoscaling section as the planner's plain data (milliseconds to seconds)."""
-    t = section.targets
+    t, c = section.targets, section.capacity
     bounds: dict[RoleName, ScaleBounds | None] = {
         "prefill": section.prefill,
         "decode": section.decode,
@@ -235,6 +235,12 @@ def autoscale_policy(section: Autoscaling) -> AutoscalePolicy:
             queue=t.queue,
             kv_usage=t.kv_usage,
             prefill_tokens=t.prefill_tokens,
+        ),
+        capacity=Capacity(
+            prefill_tokens_s=c.prefill_tokens_per_second,
+            decode_tokens_s=c.decode_tokens_per_second,
+            decode_sequences=c.decode_sequences,
+            utilization=c.utilization,
         ),
         scale_up_s=section.scale_up_seconds,
         scale_down_s=section.scale_down_seconds,

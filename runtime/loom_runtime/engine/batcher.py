@@ -38,6 +38,7 @@ class StepCounters:
 
     num_preemptions: int = 0
     num_prompt_tokens: int = 0
+    num_prompt_tokens_arrived: int = 0
     num_generation_tokens: int = 0
     num_tokens_computed: int = 0
     num_requests_finished: int = 0
@@ -107,6 +108,7 @@ class Batcher:
             "num_preemptions": c.num_preemptions,
             "prefill_backlog_tokens": self.prefill_backlog_tokens(),
             "num_prompt_tokens": c.num_prompt_tokens,
+            "num_prompt_tokens_arrived": c.num_prompt_tokens_arrived,
             "num_generation_tokens": c.num_generation_tokens,
             "num_tokens_computed": c.num_tokens_computed,
             "num_requests_finished": c.num_requests_finished,
@@ -134,6 +136,7 @@ class Batcher:
         return pulling + (len(self.reloads) if self.reloads is not None else 0)
 
     def add(self, state: ARDecodeState) -> None:
+        self._count(num_prompt_tokens_arrived=state.num_prompt_tokens)
         leader = state.request.shares_prompt_of
         if leader is not None and self.loop.prefix_caching and self._prompt_pending(leader):
             self.parked.setdefault(leader, []).append(state)

@@ -194,6 +194,7 @@ class EngineStats:
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0  # of those, tokens found
     num_prompt_tokens: int = 0  # prompt tokens of admitted requests, once each (counter)
+    num_prompt_tokens_arrived: int = 0  # prompt tokens of requests as they arrive (counter)
     num_generation_tokens: int = 0  # output tokens generated (counter)
     num_tokens_computed: int = 0  # tokens run through the model (prefill + decode + recompute)
     num_requests_finished: int = 0  # finished with stop or length (vllm:request_success)

@@ -195,6 +195,11 @@ class _EngineCollector(Collector):
         yield counter(names.PREFIX_CACHE_HITS, "Prompt tokens found cached.", s.prefix_hits)
         yield counter("vllm:num_preemptions", "Requests preempted.", s.num_preemptions)
         yield counter(names.PROMPT_TOKENS, "Prompt tokens prefilled.", s.num_prompt_tokens)
+        yield counter(
+            names.PROMPT_TOKENS_ARRIVED,
+            "Prompt tokens of requests as they arrive, scheduled or not (the offered load).",
+            s.num_prompt_tokens_arrived,
+        )
         yield counter(names.GENERATION_TOKENS, "Tokens generated.", s.num_generation_tokens)
         yield gauge(names.ADMISSION_OPEN, "1 when new requests are admitted.", s.admission_open)
         yield gauge(names.IN_FLIGHT_REQUESTS, "Requests admitted, not finished.", in_flight)

@@ -9,6 +9,8 @@ import pytest
 
 from loom_operator.api import DeploymentCard
 from loom_operator.api.crd import DEPLOYMENT_CARD, crd_manifest
+from loom_operator.fleet.autoscale import Capacity
+from loom_operator.fleet.desired import autoscale_policy
 from loom_runtime.card import CardError
 from loom_runtime.card.load import parse_card
 
@@ -33,7 +35,24 @@ def test_defaults(deploy_data: dict[str, Any]) -> None:
     assert (t.ttft_p90_ms, t.itl_p90_ms, t.queue, t.kv_usage, t.prefill_tokens) == (
         None, None, 4.0, 0.85, None,
     )  # fmt: skip
+    c = a.capacity  # unknown unless profiled: the latency and queue pressures alone
+    assert (c.prefill_tokens_per_second, c.decode_tokens_per_second, c.decode_sequences) == (
+        None, None, None,
+    )  # fmt: skip
+    assert c.utilization == 0.5
     assert parse_card(DeploymentCard, deploy_data).spec.autoscaling is None  # off unless asked
+
+
+def test_the_capacity_reaches_the_planner_in_its_units(deploy_data: dict[str, Any]) -> None:
+    capacity = {"prefillTokensPerSecond": 6800, "decodeTokensPerSecond": 920,
+                "decodeSequences": 23, "utilization": 0.6}  # fmt: skip
+    section = {"decode": {"max": 4}, "capacity": capacity}
+    card = parse_card(DeploymentCard, _with(deploy_data, section))
+    assert card.spec.autoscaling is not None
+    policy = autoscale_policy(card.spec.autoscaling)
+    assert policy.capacity == Capacity(
+        prefill_tokens_s=6800, decode_tokens_s=920, decode_sequences=23, utilization=0.6
+    )
 
 
 @pytest.mark.parametrize(
@@ -47,6 +66,18 @@ def test_defaults(deploy_data: dict[str, Any]) -> None:
         ({"targets": {"ttftP90Ms": 0}}, "spec.autoscaling.targets.ttftP90Ms", "greater than"),
         ({"scaleDownSeconds": -1}, "spec.autoscaling.scaleDownSeconds", "greater than"),
         ({"decode": {"max": 2}, "cooldown": 5}, "spec.autoscaling.cooldown", "not permitted"),
+        ({"capacity": {"utilization": 0}}, "spec.autoscaling.capacity.utilization", "greater than"),
+        ({"capacity": {"utilization": 1.2}}, "spec.autoscaling.capacity.utilization", "less than"),
+        (
+            {"capacity": {"decodeSequences": -4}},
+            "spec.autoscaling.capacity.decodeSequences",
+            "greater than",
+        ),
+        (
+            {"capacity": {"prefillTokensPerSecond": 0}},
+            "spec.autoscaling.capacity.prefillTokensPerSecond",
+            "greater than",
+        ),
     ],
 )
 def test_bad_sections_are_refused_by_path(

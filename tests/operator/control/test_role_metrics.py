@@ -1,5 +1,6 @@
 """What the planner reads of a worker's /metrics: a real worker registry's exposition parsed into
-TTFT and ITL histograms and the prefill backlog, quantiles as `histogram_quantile` computes
+TTFT and ITL histograms, the prefill backlog and the arrived prompt tokens (their rate: the
+offered prefill load), quantiles as `histogram_quantile` computes
 them, and a sliding window that forgets old requests and survives a worker's restart."""
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import pytest
 
 from loom_operator.control.role_metrics import (
     WorkerSample,
+    counter_rate,
     increase,
     merge,
     parse_sample,
     quantile,
+    read_arrived,
+    read_generated,
     role_signals,
     window_p90,
 )
@@ -22,7 +26,10 @@ from loom_runtime.control_api.status import WorkerStatus
 from loom_runtime.engine.types import EngineStats, RequestMetrics
 from loom_runtime.serve.metrics import ServerMetrics
 
-STATS = EngineStats(1, 2, 0.5, 64, 32, 16, True, "v1", prefill_backlog_tokens=300)
+STATS = EngineStats(
+    1, 2, 0.5, 64, 32, 16, True, "v1", prefill_backlog_tokens=300, num_prompt_tokens=900,
+    num_prompt_tokens_arrived=1200, num_generation_tokens=4000,
+)  # fmt: skip
 
 
 class Fixed:
@@ -47,6 +54,8 @@ def test_a_workers_exposition_gives_its_histograms_and_backlog() -> None:
     metrics.observe_finished("stop", finished(2.0, (0.3,)))
     sample = parse_sample(metrics.render().decode(), at=5.0)
     assert sample.prefill_backlog_tokens == 300 and sample.at == 5.0
+    assert sample.prompt_tokens_arrived == 1200  # arrived, not the 900 scheduled
+    assert sample.generation_tokens == 4000
     assert dict(sample.ttft)[0.04] == 9 and sample.ttft[-1] == (float("inf"), 10)
     assert dict(sample.itl)[0.025] == 18 and sample.itl[-1][1] == 19
     p90 = quantile(0.9, sample.ttft)
@@ -121,11 +130,55 @@ def test_a_roles_signals_come_from_its_own_workers() -> None:
         "f-decode-1": None,
     }
     samples = {"f-prefill-0": [sample(0.0, 0, 0), WorkerSample(30.0, (), (), 700.0)]}
-    decode = role_signals("decode", 2, workers, statuses, samples, held=3, now=30.0, window_s=60)
+    decode = role_signals("decode", 2, workers, statuses, samples, 3, 30.0, 60, 10)
     assert (decode.replicas, decode.ready, decode.waiting, decode.kv_usage) == (2, 1, 7.0, 0.5)
+    assert decode.sequences == 9.0  # 6 in flight on its worker and 3 held by the router
     assert decode.held == 0  # a decode worker serves: held requests are queue, not a cold start
     assert decode.prefill_tokens == 0 and decode.ttft_p90_s is None
-    prefill = role_signals("prefill", 1, workers, statuses, samples, held=3, now=30.0, window_s=60)
+    prefill = role_signals("prefill", 1, workers, statuses, samples, 3, 30.0, 60, 10)
     assert (prefill.ready, prefill.waiting, prefill.prefill_tokens) == (1, 8.0, 700.0)
-    cold = role_signals("decode", 0, [], {}, {}, held=2, now=30.0, window_s=60)
+    cold = role_signals("decode", 0, [], {}, {}, 2, 30.0, 60, 10)
     assert (cold.held, cold.waiting, cold.ready) == (2, 2.0, 0)
+    assert cold.prompt_tokens_s is None and cold.sequences == 2.0
+
+
+def arrived(at: float, tokens: float) -> WorkerSample:
+    return WorkerSample(at, (), (), 0.0, tokens, generation_tokens=tokens / 10)
+
+
+@pytest.mark.parametrize(
+    ("what", "kept", "started_at", "rate"),
+    [
+        ("the count at the window's start against the newest",
+         [arrived(0, 0), arrived(5, 1000), arrived(10, 3000), arrived(15, 9000)], 0.0, 800.0),
+        ("a burst shows at once in a short window",
+         [arrived(0, 0), arrived(5, 500), arrived(10, 1000), arrived(15, 40_500)], 0.0, 4000.0),
+        ("a worker first seen inside the window: its oldest sample",
+         [arrived(10, 1000), arrived(15, 2000)], 0.0, 200.0),
+        ("a worker started inside the window counts from 0 at its start",
+         [arrived(15, 2000)], 8.0, 200.0),
+        ("one scrape of a worker older than the window says nothing",
+         [arrived(15, 2000)], 0.0, None),
+        ("a restarted worker counts from its restart",
+         [arrived(5, 9000), arrived(15, 500)], 0.0, 50.0),
+        ("no scrape", [], 0.0, None),
+    ],
+)  # fmt: skip
+def test_the_arrival_rate_over_the_rate_window(
+    what: str, kept: list[WorkerSample], started_at: float, rate: float | None
+) -> None:
+    assert counter_rate(kept, started_at, 15.0, 10.0, read_arrived) == rate
+    generated = counter_rate(kept, started_at, 15.0, 10.0, read_generated)  # the same reading
+    assert generated == (None if rate is None else pytest.approx(rate / 10))
+
+
+def test_a_roles_offered_tokens_add_up_over_its_workers() -> None:
+    workers = [WorkerState("p0", "prefill", "v1", started_at=0.0),
+               WorkerState("p1", "prefill", "v1", started_at=12.0),  # new: counted from 0
+               WorkerState("d0", "decode", "v1", started_at=0.0)]  # fmt: skip
+    samples = {"p0": [arrived(5, 0), arrived(15, 5000)], "p1": [arrived(15, 1000)],
+               "d0": [arrived(5, 0), arrived(15, 9000)]}  # fmt: skip
+    prefill = role_signals("prefill", 2, workers, {}, samples, 0, 15.0, 30, 10)
+    assert prefill.prompt_tokens_s == 600.0  # 500/s + 1000 tokens in its first 10 s window
+    decode = role_signals("decode", 1, workers, {}, samples, 0, 15.0, 30, 10)
+    assert decode.generated_tokens_s == 90.0 and decode.prompt_tokens_s == 900.0

@@ -62,3 +62,20 @@ def test_the_prefill_backlog_counts_prompt_tokens_not_computed_yet(
         backlog.append(batcher.prefill_backlog_tokens())
     assert backlog[:4] == [21, 13, 5, 0]  # 8 prompt tokens a step (chunked), then decode only
     assert backlog[-1] == 0
+
+
+def test_arrived_prompt_tokens_count_on_arrival_before_any_step(
+    tiny32: LoadedModel, make_loop: Callable[..., Any], prompt: Prompt, greedy: Greedy
+) -> None:
+    """The offered prefill load: a request's prompt counts as it arrives, while
+    num_prompt_tokens (vllm:prompt_tokens) waits for it to be scheduled."""
+    rig = make_loop(tiny32, num_blocks=16)
+    batcher = Batcher(rig.loop, {TOKEN_FORWARD: rig.forward}, (8, 1), lambda _: None)
+    for i, (rid, n) in enumerate((("a", 9), ("b", 12))):
+        batcher.add(rig.loop.init(EngineRequest(rid, prompt(n, i), greedy(2)), LoopContext()))
+    assert batcher.counters.num_prompt_tokens_arrived == 21
+    assert batcher.counters.num_prompt_tokens == 0
+    assert batcher.stats_counts()["num_prompt_tokens_arrived"] == 21
+    batcher.step()  # one sequence at a time: only "a" is scheduled
+    assert batcher.counters.num_prompt_tokens == 9
+    assert batcher.counters.num_prompt_tokens_arrived == 21

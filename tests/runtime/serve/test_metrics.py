@@ -28,6 +28,7 @@ STATS = EngineStats(
     num_running=2, num_waiting=1, kv_usage=0.25, num_blocks=64, num_free_blocks=48,
     block_size=16, admission_open=False, weights_version="v7", num_preemptions=3,
     prefix_queries=100, prefix_hits=40, num_prompt_tokens=120, num_generation_tokens=33,
+    num_prompt_tokens_arrived=150,
     num_kv_leases=1, kv_pulled_bytes=4096, drains=2, drain_seconds=3.5, last_drain_seconds=1.5,
     kv_cache_bytes=64 * 16 * 1024, kv_bytes_per_token=1024, prefill_backlog_tokens=700,
 )  # fmt: skip
@@ -51,6 +52,7 @@ def test_engine_snapshot_is_exported_under_vllm_and_loom_names() -> None:
     assert s[("vllm:prefix_cache_hits_total", m)] == 40
     assert s[("vllm:num_preemptions_total", m)] == 3
     assert s[("vllm:prompt_tokens_total", m)] == 120
+    assert s[("loom:prompt_tokens_arrived_total", m)] == 150
     assert s[("vllm:generation_tokens_total", m)] == 33
     assert s[("loom:admission_open", m)] == 0
     assert s[("loom:in_flight_requests", m)] == 3
