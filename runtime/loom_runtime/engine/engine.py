@@ -346,12 +346,14 @@ class Engine:
         under the old weights; "recompute": they re-prefill prompt + output so far under the
         new ones. The prefix cache is dropped, and KV of the old weights never re-enters it."""
         blockers = KeepBlockers(
-            self._ranks is not None, self.disagg is not None, self._lane is not None,
-            self._reloads is not None, self._spec is not None,
+            self.disagg is not None, self._lane is not None, self._reloads is not None,
+            self._spec is not None,
         )  # fmt: skip
+        check_keep(kv, staged.version, self.weights_version, blockers)  # before any work
+        swap = self._weights.from_push(staged)  # ranks: the checkpoint written, outside the lock
         with self._step_lock:
             policy = check_keep(kv, staged.version, self.weights_version, blockers)
-            self._weights.from_push(staged)()
+            swap()
             self._batcher.new_weights(staged.version, recompute=policy == "recompute")
             self._bump(staged.version)
 

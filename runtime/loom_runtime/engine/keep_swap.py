@@ -22,7 +22,6 @@ do); recompute: it drops its KV and re-prefills prompt + output so far under the
 class KeepBlockers:
     """What an engine runs that a keep swap is not built for (each True blocks it)."""
 
-    ranks: bool = False
     disagg: bool = False
     denoise_lane: bool = False
     async_reload: bool = False
@@ -30,7 +29,6 @@ class KeepBlockers:
 
     def reasons(self) -> list[str]:
         named = {
-            "ranks (TP/EP/PCP/DCP)": self.ranks,
             "a P/D role": self.disagg,
             "a denoise lane": self.denoise_lane,
             "asynchronous host-tier KV reloads": self.async_reload,

@@ -9,6 +9,7 @@ decides when to swap (the engine calls it at a step boundary, drained).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def staged_checkpoint(staged: StagedPush, like: Path) -> Path:
     (config, tokenizer) linked. What a worker's ranks load, each taking its own shard; reads
     one bucket at a time (with one copy of it while its shard is written)."""
     out = staged.directory / "checkpoint"
+    shutil.rmtree(out, ignore_errors=True)  # a swap tried before (and refused) wrote one
     out.mkdir()
     weight_map: dict[str, str] = {}
     count = len(staged.buckets)

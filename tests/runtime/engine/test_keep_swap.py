@@ -198,7 +198,6 @@ def test_a_keep_swap_refuses_a_bad_kv_option_and_the_serving_version(
 @pytest.mark.parametrize(
     ("blockers", "named"),
     [
-        (KeepBlockers(ranks=True), "ranks (TP/EP/PCP/DCP)"),
         (KeepBlockers(disagg=True), "a P/D role"),
         (KeepBlockers(denoise_lane=True), "a denoise lane"),
         (KeepBlockers(async_reload=True), "asynchronous host-tier KV reloads"),

@@ -2,10 +2,10 @@
 rank processes — each with half the q heads and their kv heads, half the MLP's columns, its own
 paged pool indexed by the engine's block tables, o_proj and down_proj all-reduced — and gives
 the one-rank engine's greedy tokens (float64): concurrent requests of different lengths with
-chunked prefill, a prefix-cache hit, preemption, a weight sync, a trainer's push. Each rank
-holds half the KV bytes of a token and less than the whole model; a rank that dies takes the
-engine down with RankFailure instead of a hang; settings TP cannot serve are refused with a
-readable error."""
+chunked prefill, a prefix-cache hit, preemption, a weight sync, a trainer's push (also swapped
+in under a running request, mode keep). Each rank holds half the KV bytes of a token and less
+than the whole model; a rank that dies takes the engine down with RankFailure instead of a
+hang; settings TP cannot serve are refused with a readable error."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from loom_operator.fleet.kv_layout import GQAAttention, ModelShape, kv_bytes_per
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranks.tp_runner import TpRunner
-from loom_runtime.engine.types import EngineRequest
+from loom_runtime.engine.types import EngineRequest, RequestOutput
 from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.config import ModelConfig
@@ -34,6 +34,7 @@ from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.llama.tp import weight_bytes
 from loom_runtime.parallel.ranks import RankFailure
 from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
+from loom_runtime.transfer.weight_push import StagedPush
 from loom_trainer.group import Rendezvous
 
 TP2 = ParallelLayout(tp=2)
@@ -199,6 +200,47 @@ def test_a_push_into_a_tp_worker_reloads_every_rank_from_the_staged_checkpoint(
     expected = one_rank(load_model(v2, dtype=torch.float64), [EngineRequest("x", req, greedy(8))])
     assert got.weights_version == "v2"
     assert got.output_token_ids == expected["x"] != v1_tokens
+
+
+def staged_push(engine: Engine, tensors: dict[str, torch.Tensor], version: str) -> StagedPush:
+    """`tensors` received by `engine`'s worker as a trainer's push (staged, not swapped in)."""
+    rv = rendezvous("127.0.0.1", f"u-{version}", 30.0)
+    trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
+
+    def send() -> None:
+        send_weights(trainer, tensors)
+
+    return receive_from_peer(rv, version, engine.push_specs(), send)
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_a_keep_swap_on_tp2_gives_the_one_rank_engines_tokens_and_versions(
+    tiny_dir: Path, prompt: Prompt, tmp_path: Path, kv: str
+) -> None:
+    """A push swapped in under a running request (mode keep): the TP 2 engine and the one-rank
+    engine, each stepped the same, give the same tokens, each tagged with its version."""
+    v2 = init_tiny(tmp_path / "v2", seed=1)
+    pushed = {n: t.to(torch.float64) for n, t in load_file(str(v2 / "model.safetensors")).items()}
+    req = prompt(40, 3)
+    runs = []
+    one_rank_engine = Engine(load_model(tiny_dir, dtype=torch.float64), config(ParallelLayout()))
+    for engine in (Engine.from_checkpoint(tiny_dir, config()), one_rank_engine):
+        try:
+            staged = staged_push(engine, pushed, "v2")
+            outs: list[RequestOutput] = []
+            engine.add_request(EngineRequest("a", req, greedy(16)), outs.append)
+            for _ in range(5):
+                engine.step()
+            engine.load_pushed_keep(staged, kv)
+            staged.discard()
+            while engine.in_flight():
+                engine.step()
+        finally:
+            engine.shutdown()
+        runs.append([(o.weights_version, o.new_token_ids) for o in outs if o.new_token_ids])
+    tp2, one = runs
+    assert tp2 == one
+    assert {v for v, _ in tp2} == {"v1", "v2"} and sum(len(t) for _, t in tp2) == 16
 
 
 def test_a_tp_rank_that_dies_fails_the_step_with_rank_failure(
