@@ -346,6 +346,7 @@ class Engine:
         under the old weights; "recompute": they re-prefill prompt + output so far under the
         new ones. The prefix cache is dropped, and KV of the old weights never re-enters it."""
         blockers = KeepBlockers(
+            self._ranks is not None and not self._ranks.loads_under_requests,
             self.disagg is not None, self._lane is not None, self._reloads is not None,
             self._spec is not None,
         )  # fmt: skip

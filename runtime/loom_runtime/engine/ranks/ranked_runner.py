@@ -53,6 +53,8 @@ class RankedRunner:
     """Start with the spec; `execute` as ModelRunner; `release` after a request's blocks are
     freed; `close` at shutdown. Not thread-safe: the engine's step thread is its one caller."""
 
+    loads_under_requests = False  # a rank refuses a weight load with live sequences
+
     def __init__(
         self,
         spec: RankServeSpec,

@@ -24,8 +24,8 @@ from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranks.ranked_runner import RankedRunner
-from loom_runtime.engine.types import EngineRequest, RankKVStats
-from loom_runtime.errors import CheckpointError
+from loom_runtime.engine.types import EngineRequest, RankKVStats, RequestOutput
+from loom_runtime.errors import CheckpointError, InvalidRequestError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
@@ -264,6 +264,38 @@ def test_a_push_into_a_ranked_worker_reloads_every_rank_from_the_staged_checkpoi
     v2_model = load_model(v2, dtype=torch.float64)
     assert got.weights_version == "v2"
     assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens
+
+
+def test_a_keep_swap_on_ranks_is_refused_and_the_request_goes_on(
+    sparse_dir: Path, prompt: Prompt, tmp_path: Path
+) -> None:
+    """PCP/DCP/EP ranks hold state of each live sequence: a keep swap (a push swapped in under
+    running requests) is refused naming them, and the running request finishes on v1."""
+    v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
+    weights = load_file(str(v2 / "model.safetensors"))
+    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
+    try:
+        specs = engine.push_specs()
+        pushed = {n: weights[n].to(torch_dtype(s.dtype)) for n, s in specs.items()}
+        rv = rendezvous("127.0.0.1", "u-keep", 30.0)
+        trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
+
+        def send() -> None:
+            send_weights(trainer, pushed)
+
+        staged = receive_from_peer(rv, "v2", specs, send)
+        outs: list[RequestOutput] = []
+        engine.add_request(EngineRequest("a", prompt(70, 3), greedy(8)), outs.append)
+        for _ in range(3):
+            engine.step()
+        with pytest.raises(InvalidRequestError, match="PCP/DCP/EP ranks"):
+            engine.load_pushed_keep(staged, "keep")
+        staged.discard()
+        while engine.in_flight():
+            engine.step()
+    finally:
+        engine.shutdown()
+    assert outs[-1].finished and {o.weights_version for o in outs} == {"v1"}
 
 
 @pytest.mark.parametrize(
