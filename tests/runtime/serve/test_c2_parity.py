@@ -3,7 +3,8 @@ equals a plain forward of the same weights on the same sequence within 1e-9 — 
 training forward for the tiny llama, Loom's own model on one plain sequence (no paging, no
 batching) for the tiny sparse-mla — at temperature 1 (where it is the raw log_softmax, the
 `logprobs` field's value too) and at temperature 0.7 (log_softmax(logits / 0.7)), streamed and
-not, on both routes. Each request is served alone: sparse-mla's float32 expert routing moves its
+not, on both routes; and for the llama on two tensor-parallel ranks (its logits all-reduced
+across them). Each request is served alone: sparse-mla's float32 expert routing moves its
 log-probs ~1e-7 in a batch (docs/rl.md)."""
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ SPARSE_PROMPT = [10 + (7 * i) % 3000 for i in range(100)]  # longer than index_t
 @pytest.fixture(scope="module")
 def llama(launch: Any, tiny_v1: Path) -> Iterator[Any]:
     with launch(tiny_v1, "--dtype", "float64") as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def llama_tp2(launch: Any, tiny_v1: Path) -> Iterator[Any]:
+    with launch(tiny_v1, "--dtype", "float64", "--tp", "2") as w:
         yield w
 
 
@@ -95,6 +102,17 @@ def test_llama_streamed_chat_log_probs_equal_transformers_forward(
 ) -> None:
     prompt, out, reported = streamed_chat(llama, temperature, seed=5)
     logits = llama_logits(tiny_v1, prompt + out)
+    assert gap(reported, sampled_logprobs(logits, len(prompt), out, temperature)) <= GATE
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_llama_on_tp2_ranks_log_probs_equal_transformers_forward(
+    llama_tp2: Any, tiny_v1: Path, temperature: float
+) -> None:
+    choice = completion(llama_tp2, "Once upon a time", temperature, seed=11)
+    prompt, out = choice["prompt_token_ids"], choice["token_ids"]
+    logits = llama_logits(tiny_v1, prompt + out)
+    reported = choice["behaviour"]["logprobs"]
     assert gap(reported, sampled_logprobs(logits, len(prompt), out, temperature)) <= GATE
 
 
