@@ -80,10 +80,11 @@ def gap(reported: list[float], reference: list[float]) -> float:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("worker", ["llama", "llama_tp2"])
 def test_llama_completions_log_probs_equal_transformers_forward(
-    llama: Any, tiny_v1: Path, temperature: float
+    worker: str, tiny_v1: Path, temperature: float, request: pytest.FixtureRequest
 ) -> None:
-    choice = completion(llama, "Once upon a time", temperature, seed=11)
+    choice = completion(request.getfixturevalue(worker), "Once upon a time", temperature, seed=11)
     prompt, out = choice["prompt_token_ids"], choice["token_ids"]
     logits = llama_logits(tiny_v1, prompt + out)
     reported = choice["behaviour"]["logprobs"]
@@ -102,17 +103,6 @@ def test_llama_streamed_chat_log_probs_equal_transformers_forward(
 ) -> None:
     prompt, out, reported = streamed_chat(llama, temperature, seed=5)
     logits = llama_logits(tiny_v1, prompt + out)
-    assert gap(reported, sampled_logprobs(logits, len(prompt), out, temperature)) <= GATE
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_llama_on_tp2_ranks_log_probs_equal_transformers_forward(
-    llama_tp2: Any, tiny_v1: Path, temperature: float
-) -> None:
-    choice = completion(llama_tp2, "Once upon a time", temperature, seed=11)
-    prompt, out = choice["prompt_token_ids"], choice["token_ids"]
-    logits = llama_logits(tiny_v1, prompt + out)
-    reported = choice["behaviour"]["logprobs"]
     assert gap(reported, sampled_logprobs(logits, len(prompt), out, temperature)) <= GATE
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.runtime.engine.push_helpers import staged_push
 from tests.runtime.engine.ranks_config import BLOCK, SPARSE_LAYOUTS, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
@@ -31,9 +32,6 @@ from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.ranks import RankFailure
-from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
-from loom_trainer.group import Rendezvous
-from loom_trainer.protocol import torch_dtype
 
 
 def config(layout: ParallelLayout, **kw: object) -> EngineConfig:
@@ -244,16 +242,7 @@ def test_a_push_into_a_ranked_worker_reloads_every_rank_from_the_staged_checkpoi
     engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
     try:
         v1_tokens = engine.generate(req, greedy(8)).output_token_ids
-        specs = engine.push_specs()
-        weights = load_file(str(v2 / "model.safetensors"))
-        pushed = {n: weights[n].to(torch_dtype(s.dtype)) for n, s in specs.items()}
-        rv = rendezvous("127.0.0.1", "u-ranks", 30.0)
-        trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
-
-        def send() -> None:
-            send_weights(trainer, pushed)
-
-        staged = receive_from_peer(rv, "v2", specs, send)
+        staged = staged_push(engine, load_file(str(v2 / "model.safetensors")), "v2")
         assert engine.pause(timeout=30)
         engine.load_pushed(staged)
         staged.discard()
@@ -272,18 +261,9 @@ def test_a_keep_swap_on_ranks_is_refused_and_the_request_goes_on(
     """PCP/DCP/EP ranks hold state of each live sequence: a keep swap (a push swapped in under
     running requests) is refused naming them, and the running request finishes on v1."""
     v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
-    weights = load_file(str(v2 / "model.safetensors"))
     engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
     try:
-        specs = engine.push_specs()
-        pushed = {n: weights[n].to(torch_dtype(s.dtype)) for n, s in specs.items()}
-        rv = rendezvous("127.0.0.1", "u-keep", 30.0)
-        trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
-
-        def send() -> None:
-            send_weights(trainer, pushed)
-
-        staged = receive_from_peer(rv, "v2", specs, send)
+        staged = staged_push(engine, load_file(str(v2 / "model.safetensors")), "v2")
         outs: list[RequestOutput] = []
         engine.add_request(EngineRequest("a", prompt(70, 3), greedy(8)), outs.append)
         for _ in range(3):

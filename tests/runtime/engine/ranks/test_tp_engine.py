@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.runtime.engine.push_helpers import staged_push
 from tests.runtime.engine.ranks_config import BLOCK, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, run_all
 
@@ -33,9 +34,6 @@ from loom_runtime.models.tiny import init_tiny
 from loom_runtime.parallel.layout import LayoutError, ParallelLayout
 from loom_runtime.parallel.llama.tp import weight_bytes
 from loom_runtime.parallel.ranks import RankFailure
-from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
-from loom_runtime.transfer.weight_push import StagedPush
-from loom_trainer.group import Rendezvous
 
 TP2 = ParallelLayout(tp=2)
 
@@ -178,18 +176,11 @@ def test_a_push_into_a_tp_worker_reloads_every_rank_from_the_staged_checkpoint(
     """The whole model's tensors pushed (as a trainer sends them) into a TP 2 engine: each rank
     takes its shard of the staged push and the engine answers like one rank on those weights."""
     v2 = init_tiny(tmp_path / "v2", seed=1)
-    pushed = {n: t.to(torch.float64) for n, t in load_file(str(v2 / "model.safetensors")).items()}
     req = prompt(70, 3)
     engine = Engine.from_checkpoint(tiny_dir, config())
     try:
         v1_tokens = engine.generate(req, greedy(8)).output_token_ids
-        rv = rendezvous("127.0.0.1", "u-tp", 30.0)
-        trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
-
-        def send() -> None:
-            send_weights(trainer, pushed)
-
-        staged = receive_from_peer(rv, "v2", engine.push_specs(), send)
+        staged = staged_push(engine, load_file(str(v2 / "model.safetensors")), "v2")
         assert engine.pause(timeout=30)
         engine.load_pushed(staged)
         staged.discard()
@@ -202,17 +193,6 @@ def test_a_push_into_a_tp_worker_reloads_every_rank_from_the_staged_checkpoint(
     assert got.output_token_ids == expected["x"] != v1_tokens
 
 
-def staged_push(engine: Engine, tensors: dict[str, torch.Tensor], version: str) -> StagedPush:
-    """`tensors` received by `engine`'s worker as a trainer's push (staged, not swapped in)."""
-    rv = rendezvous("127.0.0.1", f"u-{version}", 30.0)
-    trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
-
-    def send() -> None:
-        send_weights(trainer, tensors)
-
-    return receive_from_peer(rv, version, engine.push_specs(), send)
-
-
 @pytest.mark.parametrize("kv", ["keep", "recompute"])
 def test_a_keep_swap_on_tp2_gives_the_one_rank_engines_tokens_and_versions(
     tiny_dir: Path, prompt: Prompt, tmp_path: Path, kv: str
@@ -220,7 +200,7 @@ def test_a_keep_swap_on_tp2_gives_the_one_rank_engines_tokens_and_versions(
     """A push swapped in under a running request (mode keep): the TP 2 engine and the one-rank
     engine, each stepped the same, give the same tokens, each tagged with its version."""
     v2 = init_tiny(tmp_path / "v2", seed=1)
-    pushed = {n: t.to(torch.float64) for n, t in load_file(str(v2 / "model.safetensors")).items()}
+    pushed = load_file(str(v2 / "model.safetensors"))
     req = prompt(40, 3)
     runs = []
     one_rank_engine = Engine(load_model(tiny_dir, dtype=torch.float64), config(ParallelLayout()))

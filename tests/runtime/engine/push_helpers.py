@@ -1,0 +1,28 @@
+"""A trainer's push as an engine's worker receives it, in threads over a real gloo group: what
+the engine tests swap in (the worker's transfer, not a stand-in)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from loom_runtime.engine.engine import Engine
+from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
+from loom_runtime.transfer.weight_push import StagedPush
+from loom_trainer.group import Rendezvous
+from loom_trainer.protocol import torch_dtype
+
+
+def staged_push(engine: Engine, weights: Mapping[str, torch.Tensor], version: str) -> StagedPush:
+    """Every tensor `engine.push_specs()` names, taken from `weights` in the dtype the engine
+    serves, sent as rank 0 and staged by the engine's side (not swapped in)."""
+    specs = engine.push_specs()
+    pushed = {n: weights[n].to(torch_dtype(s.dtype)) for n, s in specs.items()}
+    rv = rendezvous("127.0.0.1", f"u-{version}", 30.0)
+    trainer = Rendezvous(rv.host, rv.port, 0, 2, rv.timeout_s, rv.update_id, rv.store_rank)
+
+    def send() -> None:
+        send_weights(trainer, pushed)
+
+    return receive_from_peer(rv, version, specs, send)
