@@ -3,11 +3,15 @@ the engine tests swap in (the worker's transfer, not a stand-in)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.ar_state import CompletedRequest
+from loom_runtime.engine.types import SamplingParams
 from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
 from loom_runtime.transfer.weight_push import StagedPush
 from loom_trainer.group import Rendezvous
@@ -26,3 +30,20 @@ def staged_push(engine: Engine, weights: Mapping[str, torch.Tensor], version: st
         send_weights(trainer, pushed)
 
     return receive_from_peer(rv, version, specs, send)
+
+
+def generate_around_a_push(
+    engine: Engine, prompt: Sequence[int], sampling: SamplingParams, checkpoint: Path
+) -> tuple[tuple[int, ...], CompletedRequest]:
+    """`prompt`'s tokens before, and its output after, a push of `checkpoint`'s tensors as "v2"
+    swapped in drained; the engine is shut down after."""
+    try:
+        before = engine.generate(prompt, sampling).output_token_ids
+        staged = staged_push(engine, load_file(str(checkpoint / "model.safetensors")), "v2")
+        assert engine.pause(timeout=30)
+        engine.load_pushed(staged)
+        staged.discard()
+        engine.resume()
+        return tuple(before), engine.generate(prompt, sampling)
+    finally:
+        engine.shutdown()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.runtime.engine.push_helpers import staged_push
+from tests.runtime.engine.push_helpers import generate_around_a_push, staged_push
 from tests.runtime.engine.ranks_config import BLOCK, SPARSE_LAYOUTS, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, inner, one_sequence, run_all
 
@@ -240,16 +240,7 @@ def test_a_push_into_a_ranked_worker_reloads_every_rank_from_the_staged_checkpoi
     v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
     req = prompt(70, 3)
     engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
-    try:
-        v1_tokens = engine.generate(req, greedy(8)).output_token_ids
-        staged = staged_push(engine, load_file(str(v2 / "model.safetensors")), "v2")
-        assert engine.pause(timeout=30)
-        engine.load_pushed(staged)
-        staged.discard()
-        engine.resume()
-        got = engine.generate(req, greedy(8))
-    finally:
-        engine.shutdown()
+    v1_tokens, got = generate_around_a_push(engine, req, greedy(8), v2)
     v2_model = load_model(v2, dtype=torch.float64)
     assert got.weights_version == "v2"
     assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens

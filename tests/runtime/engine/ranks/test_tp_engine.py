@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.runtime.engine.push_helpers import staged_push
+from tests.runtime.engine.push_helpers import generate_around_a_push, staged_push
 from tests.runtime.engine.ranks_config import BLOCK, drop_layer, ranks_config
 from tests.runtime.engine.sparse_mla_helpers import Prompt, greedy, run_all
 
@@ -177,17 +177,9 @@ def test_a_push_into_a_tp_worker_reloads_every_rank_from_the_staged_checkpoint(
     takes its shard of the staged push and the engine answers like one rank on those weights."""
     v2 = init_tiny(tmp_path / "v2", seed=1)
     req = prompt(70, 3)
-    engine = Engine.from_checkpoint(tiny_dir, config())
-    try:
-        v1_tokens = engine.generate(req, greedy(8)).output_token_ids
-        staged = staged_push(engine, load_file(str(v2 / "model.safetensors")), "v2")
-        assert engine.pause(timeout=30)
-        engine.load_pushed(staged)
-        staged.discard()
-        engine.resume()
-        got = engine.generate(req, greedy(8))
-    finally:
-        engine.shutdown()
+    v1_tokens, got = generate_around_a_push(
+        Engine.from_checkpoint(tiny_dir, config()), req, greedy(8), v2
+    )
     expected = one_rank(load_model(v2, dtype=torch.float64), [EngineRequest("x", req, greedy(8))])
     assert got.weights_version == "v2"
     assert got.output_token_ids == expected["x"] != v1_tokens
