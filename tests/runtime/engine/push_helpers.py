@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ar_state import CompletedRequest
+from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import SamplingParams
 from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
 from loom_runtime.transfer.weight_push import StagedPush
