@@ -348,7 +348,6 @@ class Engine:
         blockers = KeepBlockers(
             self._ranks is not None and not self._ranks.loads_under_requests,
             self.disagg is not None, self._lane is not None, self._reloads is not None,
-            self._spec is not None,
         )  # fmt: skip
         check_keep(kv, staged.version, self.weights_version, blockers)  # before any work
         swap = self._weights.from_push(staged)  # ranks: the checkpoint written, outside the lock

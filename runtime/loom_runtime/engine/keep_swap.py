@@ -26,7 +26,6 @@ class KeepBlockers:
     disagg: bool = False
     denoise_lane: bool = False
     async_reload: bool = False
-    speculation: bool = False
 
     def reasons(self) -> list[str]:
         named = {
@@ -34,7 +33,6 @@ class KeepBlockers:
             "a P/D role": self.disagg,
             "a denoise lane": self.denoise_lane,
             "asynchronous host-tier KV reloads": self.async_reload,
-            "MTP speculation": self.speculation,
         }
         return [name for name, on in named.items() if on]
 

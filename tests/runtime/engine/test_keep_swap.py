@@ -6,7 +6,7 @@ cache never serves KV of the old weights after the swap. Float64, greedy, steps 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,9 +15,12 @@ import torch
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
+from loom_runtime.engine.runner import TokenWork
+from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.models.loader import load_model
+from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.transfer.weight_push import StagedPush
 from loom_trainer.protocol import pack, plan_buckets, spec_of
@@ -205,7 +208,6 @@ def test_a_keep_swap_refuses_a_bad_kv_option_and_the_serving_version(
         (KeepBlockers(disagg=True), "a P/D role"),
         (KeepBlockers(denoise_lane=True), "a denoise lane"),
         (KeepBlockers(async_reload=True), "asynchronous host-tier KV reloads"),
-        (KeepBlockers(speculation=True), "MTP speculation"),
     ],
 )
 def test_a_keep_swap_names_what_the_engine_runs_that_it_is_not_built_for(
@@ -216,3 +218,60 @@ def test_a_keep_swap_names_what_the_engine_runs_that_it_is_not_built_for(
     ):
         check_keep("keep", "v2", "v1", blockers)
     assert check_keep("recompute", "v2", "v1", KeepBlockers()) == "recompute"
+
+
+class TruthDrafter:
+    """Test double for the MTP layer's proposals (the tiny model's random MTP head drafts
+    almost nothing a verify accepts): before output token `spoil_below` it proposes a wrong
+    first draft, so each step makes one token; from there the true continuation, all
+    accepted when the engine computes what the plain run did."""
+
+    def __init__(self, truth: Sequence[int], num_prompt: int, spoil_below: int, vocab: int) -> None:
+        self.truth, self.num_prompt = tuple(truth), num_prompt
+        self.spoil_below, self.vocab = spoil_below, vocab
+
+    def propose(self, works: Sequence[TokenWork]) -> list[tuple[int, ...]]:
+        out = []
+        for w in works:
+            drafts = list(self.truth[w.start + 1 : w.start + 1 + w.draft_tokens])
+            if drafts and w.start + 1 - self.num_prompt < self.spoil_below:
+                drafts[0] = (drafts[0] + 1) % self.vocab
+            out.append(tuple(drafts))
+        return out
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_a_keep_swap_under_mtp_speculation_gives_the_tokens_without_it(
+    sparse_dir: Path, tmp_path: Path, prompt: Prompt, greedy: Greedy, kv: str
+) -> None:
+    """A keep swap after BEFORE tokens with MTP off, then with MTP on (3 drafts per step, the
+    drafts after the swap accepted): greedy speculation is lossless, so the tokens and each
+    token's version agree, in fewer steps, for both KV policies."""
+    v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
+    p = prompt(40, 5)
+
+    def run(mtp: int, drafter: Drafter | None) -> tuple[list[RequestOutput], int]:
+        """The request's outputs across the swap, and the steps it took."""
+        model = load_model(sparse_dir, dtype=torch.float64)
+        engine = Engine(model, config(mtp_draft_tokens=mtp, num_blocks=80), drafter=drafter)
+        targets = load_model(v2, dtype=torch.float64).model.targets()  # type: ignore[attr-defined]
+        staged = stage(targets, "v2", tmp_path / f"staged-mtp{mtp}")
+        outs: list[RequestOutput] = []
+        engine.add_request(EngineRequest("a", p, greedy(MAX_TOKENS)), outs.append)
+        steps = 0
+        while len(tokens_of(outs)) < BEFORE:
+            steps += engine.step()
+        engine.load_pushed_keep(staged, kv)
+        while engine.in_flight():
+            steps += engine.step()
+        return outs, steps
+
+    plain, plain_steps = run(0, None)
+    vocab = load_model(sparse_dir, dtype=torch.float64).config.vocab_size
+    truth = TruthDrafter((*p, *tokens_of(plain)), len(p), BEFORE, vocab)
+    speculated, mtp_steps = run(3, truth)
+    assert tokens_of(speculated) == tokens_of(plain) and len(tokens_of(plain)) == MAX_TOKENS
+    assert version_runs(speculated) == version_runs(plain) == [
+        ("v1", BEFORE), ("v2", MAX_TOKENS - BEFORE)
+    ]  # fmt: skip
+    assert mtp_steps < plain_steps  # drafts were accepted after the swap: speculation ran
