@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Set
@@ -105,7 +106,8 @@ class CardSupervisor:
         self._failed: dict[CardRef, float] = {}
         """Cards whose loop failed -> when (time.monotonic())."""
         self._poked = asyncio.Event()
-        self._indexed = False
+        self._context: contextvars.Context | None = None
+        """The context loops run in (None: kopf's indexes are not filled yet)."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -113,8 +115,11 @@ class CardSupervisor:
 
     def indexed(self) -> None:
         """kopf's watches have filled its indexes (its card handlers run only after): loops may
-        start from now on, and a card appeared, went or changed."""
-        self._indexed = True
+        start from now on, and a card appeared, went or changed. Called from a kopf resource
+        handler: the loops run in a copy of its context, where kopf keeps its Event posting
+        (a startup handler's context lacks it)."""
+        if self._context is None:
+            self._context = contextvars.copy_context()
         self._poked.set()
 
     def poke(self) -> None:
@@ -138,7 +143,7 @@ class CardSupervisor:
     async def sweep(self) -> None:
         """Reap the loops that ended, stop those no longer wanted, start the new ones."""
         self._reap()
-        if not self._indexed:
+        if self._context is None:
             return
         known = {card_ref(c): bool(c["metadata"].get("deletionTimestamp")) for c in self._cards()}
         wanted = cards_to_run(known, self._shards.shards, self._shards.acting_on)
@@ -148,9 +153,8 @@ class CardSupervisor:
         await self._stop(plan.stop)
         for ref in plan.start:
             stop = asyncio.Event()
-            task = asyncio.create_task(
-                self._run(ref, stop), name=f"card {ref.namespace}/{ref.name}"
-            )
+            name, context = f"card {ref.namespace}/{ref.name}", self._context.copy()
+            task = asyncio.create_task(self._run(ref, stop), name=name, context=context)
             self._running[ref] = _Running(task, stop)
         if plan.start or plan.stop:
             logger.info("cards: started %d loops, stopped %d, running %d", len(plan.start),

@@ -6,6 +6,7 @@ that failed rest before it starts again."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Any
 
 import pytest
@@ -166,5 +167,32 @@ def test_the_supervisor_sweeps_when_poked() -> None:
         assert loops.started == [A]
         await supervisor.close()
         assert loops.stopped == [A]
+
+    asyncio.run(run())
+
+
+HANDLER = contextvars.ContextVar[str]("handler", default="startup")
+
+
+def test_loops_run_in_the_context_of_the_kopf_handler_that_said_the_indexes_are_filled() -> None:
+    """kopf keeps its Event posting in context variables its startup handlers lack."""
+    seen: list[str] = []
+
+    async def loop(ref: CardRef, stop: asyncio.Event) -> None:
+        seen.append(HANDLER.get())
+        await stop.wait()
+
+    async def run() -> None:
+        supervisor = CardSupervisor(lambda: [card(A)], Shards(), loop)
+
+        async def handler() -> None:
+            HANDLER.set("card event")
+            supervisor.indexed()
+
+        await asyncio.create_task(handler())
+        await supervisor.sweep()
+        await asyncio.sleep(0)
+        assert seen == ["card event"]
+        await supervisor.close()
 
     asyncio.run(run())
