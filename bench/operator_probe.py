@@ -26,9 +26,9 @@ from typing import Any
 from loom_operator.k8s.kube import APPLY, RESOURCES, Kube
 
 PLURALS = {plural for _, plural in RESOURCES.values()} | {"leases", "events"}
-ROUNDS = {"_fleet_round": "fleet_round", "_look": "fleet_look"}
-"""Functions of loom_operator.k8s.handlers that a daemon calls once per round (or per look: the
-probes, and the round when one is due), timed as such."""
+ROUNDS = {"_fleet_round": "fleet_round", "_look": "fleet_look", "_reapply": "drift_reapply"}
+"""Functions of loom_operator.k8s.card_loop that a card's loop calls once per round (or per look:
+the probes, and the round when one is due; or per drift correction), timed as such."""
 _TALLY: contextvars.ContextVar[Counter[str] | None] = contextvars.ContextVar("tally", default=None)
 
 
@@ -99,19 +99,18 @@ class Recorder:
 
         return run
 
-    def instrument(self, handlers: Any) -> None:
-        """Every change and timer handler, and each round of a daemon (a daemon never returns:
-        what it does outside its rounds shows only in the client's totals)."""
+    def instrument(self, loops: Any) -> None:
+        """Every change handler, and each round of a card's loop (`loops`: the card_loop module;
+        a loop runs until stopped: what it does outside its rounds shows only in the client's
+        totals)."""
         import kopf
 
         for name, label in ROUNDS.items():
-            if hasattr(handlers, name):
-                setattr(handlers, name, self.timed(label, getattr(handlers, name)))
+            if hasattr(loops, name):
+                setattr(loops, name, self.timed(label, getattr(loops, name)))
         registry = kopf.get_default_registry()
-        for part in (registry._changing, registry._spawning):
-            for h in part.get_all_handlers():
-                if type(h).__name__ != "DaemonHandler":
-                    object.__setattr__(h, "fn", self.timed(str(h.id).split("/")[0], h.fn))
+        for h in registry._changing.get_all_handlers():
+            object.__setattr__(h, "fn", self.timed(str(h.id).split("/")[0], h.fn))
 
     def serve(self, conn: Connection) -> None:
         """Answers each request with the records since the last one and the client's totals."""
@@ -131,10 +130,11 @@ def operator_main(
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     from loom_operator.cli import main
-    from loom_operator.k8s import handlers  # the import registers the handlers with kopf
+    from loom_operator.k8s import card_loop, handlers
 
+    assert handlers.configure is not None  # the import registers the handlers with kopf
     recorder = Recorder()
-    recorder.instrument(handlers)
+    recorder.instrument(card_loop)
     threading.Thread(target=recorder.serve, args=(conn,), daemon=True).start()
     sys.exit(main(["operator", "--kubeconfig", kubeconfig, "--namespace", namespace,
                    "--kv-connector", "tcp", *flags]))  # fmt: skip

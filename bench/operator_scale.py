@@ -14,9 +14,9 @@ phase in --expect-phase (kwok pods never serve, so a card whose Ready needs rout
 stays Progressing). Reported per scale:
 
   converge_s    first create -> every card converged (card_p50_s: the median card)
-  handlers      per kopf handler (and per daemon look and round, ROUNDS): calls, seconds
-                p50/p90/max, Kube API requests per call by verb (tallied through a context
-                variable)
+  handlers      per kopf handler (and per card loop's look, round and drift reapply, ROUNDS):
+                calls, seconds p50/p90/max, Kube API requests per call by verb (tallied through
+                a context variable)
   requests      the operator's Kube client by HTTP method (its `requests` counter; leader
                 election included) while converging, and per card per second over --steady-s
   rss_mib       the operator's resident memory once started, and its peak (VmHWM)

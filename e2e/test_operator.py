@@ -6,7 +6,9 @@ ServiceAccount, is the chart's suite); its pods run on the stand-in kubelet.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +29,7 @@ from e2e.fleet_helpers import (
     router_url,
 )
 from e2e.providers import REPO, Cluster
+from loom_operator.k8s.drift import REAPPLY_INTERVAL_S
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -193,6 +196,34 @@ def test_cards_only_the_operator_can_judge_get_valid_false_with_the_field_path(
     assert not pods(cluster, ns, "loom.dev/deployment=hisparse-on-llama"), (
         "an invalid card got pods"
     )
+
+
+def test_objects_edited_or_deleted_by_hand_come_back_within_the_reapply_interval(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    """The drift correction runs in the card's loop (no kopf timer): REAPPLY_INTERVAL_S after
+    its last apply it applies again what the watch cache says is no longer as rendered."""
+    ns = operator_ns
+    wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
+    cards = "tiny-pd-cards"
+
+    def data() -> dict[str, str]:
+        out = cluster.kubectl("get", "configmap", cards, "-n", ns, "-o", "json")
+        got: dict[str, str] = json.loads(out.stdout)["data"]
+        return got
+
+    rendered = data()
+    cluster.kubectl("patch", "configmap", cards, "-n", ns, "--type=merge",
+                    "-p", json.dumps({"data": {"router.json": "{}"}}))  # fmt: skip
+    cluster.kubectl("delete", "service", "tiny-pd-router", "-n", ns)
+    edited = time.monotonic()
+
+    def back() -> bool:
+        service = cluster.kubectl("get", "service", "tiny-pd-router", "-n", ns, check=False)
+        return service.returncode == 0 and data() == rendered
+
+    wait_for(back, REAPPLY_INTERVAL_S + 15, "the edited ConfigMap and the deleted Service back")
+    assert time.monotonic() - edited <= REAPPLY_INTERVAL_S + 15
 
 
 def test_deleting_the_card_garbage_collects_every_child(cluster: Cluster, operator_ns: str) -> None:

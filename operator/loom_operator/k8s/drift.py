@@ -4,7 +4,7 @@ left (edited by hand, deleted, never applied by this process).
 
 Pure over plain data: an object's marker (its metadata.generation where the API server keeps
 one, so status writes are not drift; else its resourceVersion) and the record of what this
-process applied; never applies or reads anything (handlers.py does).
+process applied; never applies or reads anything (reconcile.py applies; card_loop.py says when).
 """
 
 from __future__ import annotations
@@ -19,6 +19,14 @@ from loom_operator.k8s.round_inputs import digest
 Obj = Mapping[str, Any]
 Key = tuple[str, str, str, str]
 """(namespace, kind, name, uid of the card that rendered it)."""
+
+REAPPLY_INTERVAL_S = 30.0
+"""How often a card's loop applies its rendered objects again, correcting drift."""
+
+
+def reapply_due(applied_at: float, now: float, interval: float = REAPPLY_INTERVAL_S) -> bool:
+    """Whether a card last applied at `applied_at` is applied again now (same clock)."""
+    return now - applied_at >= interval
 
 
 def marker(obj: Obj) -> str:
@@ -84,7 +92,7 @@ class Applied:
         self._cards[(namespace, card_uid)] = at
 
     def card_lock(self, namespace: str, card_uid: str) -> threading.Lock:
-        """Held while the card is reconciled (kopf's handler threads and its daemon)."""
+        """Held while the card is reconciled (kopf's handler threads and its loop)."""
         return self._locks.setdefault((namespace, card_uid), threading.Lock())
 
     def card_at(self, namespace: str, card_uid: str) -> tuple[int, str] | None:

@@ -23,7 +23,7 @@ out the actions:
   brings it back); a crashed container is restarted by its kubelet.
 
 Owns these meanings and each action's idempotence; never chooses an action (the core does) and
-never writes the card's status (handlers.py does, from what `round` returns).
+never writes the card's status (card_loop.py does, from what `round` returns).
 """
 
 from __future__ import annotations

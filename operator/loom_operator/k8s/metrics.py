@@ -71,8 +71,8 @@ class OperatorMetrics:
         self.registry.register(RequestsByVerb(requests))
 
     def queue(self, pending: Callable[[], int]) -> None:
-        """Export the cards woken by a watch whose daemon has not looked yet."""
-        gauge = Gauge(QUEUE, "Cards a watch woke whose fleet daemon has not looked yet",
+        """Export the cards woken by a watch whose loop has not looked yet."""
+        gauge = Gauge(QUEUE, "Cards a watch woke whose card loop has not looked yet",
                       registry=self.registry)  # fmt: skip
         gauge.set_function(lambda: float(pending()))
 

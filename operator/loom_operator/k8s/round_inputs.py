@@ -3,7 +3,7 @@ generation or phase, its ModelCard, a pod, StatefulSet or RoleScale of the card,
 and routers say of its workers) or a time the round asked for has come.
 
 Pure: the inputs of one look as a comparable record, and the decisions over them; never reads a
-clock, a cache or a socket (handlers.py does, and calls these).
+clock, a cache or a socket (card_loop.py does, and calls these).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def replicas_of(statefulset: Obj) -> int:
 
 
 class CardScaler:
-    """The scaling of one card, round after round (one per fleet daemon)."""
+    """The scaling of one card, round after round (one per card loop)."""
 
     def __init__(
         self,

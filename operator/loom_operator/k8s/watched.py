@@ -1,6 +1,6 @@
 """What the operator knows of Loom's own objects from kopf's watches: indexes of the pods,
 StatefulSets, RoleScales and every other rendered kind, by the card that owns them (label
-`loom.dev/deployment`), and the wake-up of that card's daemon when one of them changes.
+`loom.dev/deployment`), and the wake-up of that card's loop when one of them changes.
 
 Owns these kopf indexes and event handlers; never decides what a change means (round_inputs.py,
 drift.py) and never writes. Objects without Loom's label are filtered out by kopf, so the
@@ -131,17 +131,9 @@ def marker_index(kind: str) -> str:
 _register()
 
 
-@kopf.on.event(GROUP, VERSION, "deploymentcards")
-async def wake_card(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A card's own change (its generation, its phase) is for its daemon's next look to judge."""
-    wakers = _wakers(memo)
-    if wakers is not None:
-        wakers.wake((str(body.metadata.namespace), str(body.metadata.name)))
-
-
 @kopf.on.event(GROUP, VERSION, "modelcards")
 async def wake_model_users(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A ModelCard changed: every card of its namespace looks again (rare; most see no change)."""
+    """A ModelCard changed: its namespace's card loops look again (rare; most see no change)."""
     wakers = _wakers(memo)
     if wakers is not None:
         wakers.wake_namespace(str(body.metadata.namespace))

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from loom_operator.k8s.handlers import load_cards
+from loom_operator.k8s.reconcile import load_cards
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
