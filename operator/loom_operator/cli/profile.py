@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from rich.console import Console
 from rich.table import Table
 
@@ -99,9 +100,13 @@ def run(args: argparse.Namespace) -> int:
                   args.start_timeout)  # fmt: skip
     try:
         profile = asyncio.run(measure(req, lambda line: _progress(err, line)))
-    except (WorkerStartError, LoadError) as exc:
-        err.print(f"loom profile: {exc} (logs kept in {logs})", markup=False, soft_wrap=True)
+    except (WorkerStartError, LoadError, aiohttp.ClientError, TimeoutError) as exc:
+        what = str(exc) or type(exc).__name__  # a worker that died mid-run: its log says why
+        err.print(f"loom profile: {what} (logs kept in {logs})", markup=False, soft_wrap=True)
         return 1
+    except KeyboardInterrupt:  # the worker was stopped on the way out
+        err.print(f"loom profile: interrupted; nothing measured is printed (logs in {logs})")
+        return 130
     shutil.rmtree(logs, ignore_errors=True)
     err.print(sweep_table(profile))
     if within_target(profile.decode, profile.itl_target_ms) is None:
@@ -111,9 +116,13 @@ def run(args: argparse.Namespace) -> int:
             style="yellow",
             soft_wrap=True,
         )
-    if args.json is not None:
-        args.json.write_text(json.dumps(profile_json(profile), indent=2) + "\n")
     sys.stdout.write(snippet(profile))
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps(profile_json(profile), indent=2) + "\n")
+        except OSError as exc:
+            err.print(f"loom profile: --json {args.json}: {exc}", markup=False, soft_wrap=True)
+            return 1
     return 0
 
 

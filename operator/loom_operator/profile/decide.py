@@ -43,33 +43,31 @@ QUICK = Plan(prefill_rounds=3, prefill_seconds=0.5, decode_seconds=0.5,
 
 
 @dataclass(frozen=True)
-class PrefillRound:
-    """One round of long prompts answered with one token each, at a fixed concurrency."""
+class Window:
+    """Requests kept `concurrency` deep for `seconds`: how many were answered and the tokens
+    they carried (prompt tokens for prefill, generated tokens for decode)."""
 
     concurrency: int
     requests: int
-    prompt_tokens: int
+    tokens: int
     seconds: float
 
     @property
     def tokens_per_second(self) -> float:
-        return self.prompt_tokens / self.seconds if self.seconds > 0 else 0.0
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
-class DecodeLevel:
-    """Streaming greedy requests held at `concurrency` for a while: their inter-token latency
-    p90 and the tokens they generated per second together."""
+class PrefillRound(Window):
+    """One round of long prompts answered with one token each; `tokens` are prompt tokens."""
 
-    concurrency: int
-    requests: int
-    generated_tokens: int
-    seconds: float
+
+@dataclass(frozen=True)
+class DecodeLevel(Window):
+    """Streaming greedy requests held at one concurrency; `tokens` are the generated ones, and
+    their inter-token latency p90 is the level's verdict."""
+
     itl_p90_ms: float
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ def prefill_capacity(rounds: Sequence[PrefillRound]) -> float:
 def within_target(levels: Sequence[DecodeLevel], itl_target_ms: float) -> DecodeLevel | None:
     """The decode capacity: the largest concurrency whose ITL p90 is within the target (None:
     not even one sequence is)."""
-    fits = [lvl for lvl in levels if lvl.itl_p90_ms <= itl_target_ms and lvl.generated_tokens]
+    fits = [lvl for lvl in levels if lvl.itl_p90_ms <= itl_target_ms and lvl.tokens]
     return max(fits, key=lambda lvl: lvl.concurrency, default=None)
 
 
@@ -204,16 +202,12 @@ def profile_json(profile: Profile) -> dict[str, object]:
         "card": profile.card,
         "roles": {"prefill": profile.prefill_role, "decode": profile.decode_role},
         "itl_target_ms": profile.itl_target_ms,
-        "prefill": [_round(r) for r in profile.prefill],
-        "decode": [_level(lvl) for lvl in profile.decode],
+        "prefill": [_window(r) for r in profile.prefill],
+        "decode": [_window(lvl) for lvl in profile.decode],
         "decode_capacity_concurrency": None if best is None else best.concurrency,
         "capacity": cap.model_dump(mode="json", by_alias=True),
     }
 
 
-def _round(r: PrefillRound) -> dict[str, object]:
-    return {**dataclasses.asdict(r), "tokens_per_second": r.tokens_per_second}
-
-
-def _level(lvl: DecodeLevel) -> dict[str, object]:
-    return {**dataclasses.asdict(lvl), "tokens_per_second": lvl.tokens_per_second}
+def _window(w: Window) -> dict[str, object]:
+    return {**dataclasses.asdict(w), "tokens_per_second": w.tokens_per_second}

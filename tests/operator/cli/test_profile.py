@@ -68,7 +68,7 @@ def test_a_quick_profile_prints_a_valid_section_within_the_cards_itl_target(
     assert list(levels) == [1, 2, 4]  # 1, 2, 4: up to maxNumSeqs
     within = [c for c, lvl in levels.items() if lvl["itl_p90_ms"] <= 60000]
     assert section.decode_sequences == max(within) == MAX_NUM_SEQS
-    assert levels[MAX_NUM_SEQS]["generated_tokens"] > 0
+    assert levels[MAX_NUM_SEQS]["tokens"] > 0
     assert data["itl_target_ms"] == 60000
     assert "prefill round 3/3" in stderr and "Decode sweep" in stderr
 
