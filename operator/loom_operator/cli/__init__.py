@@ -18,6 +18,7 @@ from loom_operator.cli import (
     media,
     operate,
     plan,
+    profile,
     router,
     runtime,
     status,
@@ -27,7 +28,8 @@ from loom_operator.cli import (
 
 # Each command module offers add_parser(subparsers) and run(args) -> exit code.
 COMMANDS: tuple[ModuleType, ...] = (
-    validate, plan, crds, dashboards, runtime, up, status, apply, down, router, operate, media,
+    validate, plan, profile, crds, dashboards, runtime, up, status, apply, down, router, operate,
+    media,
 )  # fmt: skip
 
 
