@@ -32,13 +32,12 @@ Swap = Callable[[], None]
 
 class ModelWeights:
     """One engine's weights. `checkpoint`: the directory a parallel engine's ranks started
-    from (a push becomes a checkpoint beside it for them); None without ranks."""
+    from (a push becomes a checkpoint beside it for them); None without ranks, or for ranks
+    started by hand (they then take checkpoints, not pushes)."""
 
     def __init__(
         self, model: CausalLM, ranks: EngineRanks | None, checkpoint: Path | None = None
     ) -> None:
-        if ranks is not None and checkpoint is None:
-            raise ValueError("a parallel engine's weights need the checkpoint its ranks load")
         self._model = model
         self._ranks = ranks
         self._checkpoint = checkpoint
@@ -72,7 +71,11 @@ class ModelWeights:
         its staging that every rank loads."""
         if self._ranks is None:
             return lambda: swap_in(self._model, staged)
-        assert self._checkpoint is not None  # __init__ checked it
+        if self._checkpoint is None:
+            raise CheckpointError(
+                "this engine's ranks were started without their checkpoint directory (its "
+                "config and tokenizer): a push cannot be written for them to load"
+            )
         checkpoint = str(staged_checkpoint(staged, self._checkpoint))
         ranks = self._ranks
         return lambda: ranks.load_weights(checkpoint)
