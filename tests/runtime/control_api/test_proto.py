@@ -36,6 +36,7 @@ def test_stubs_import_with_the_installed_protobuf() -> None:
     assert service.full_name == "loom.control.v1.Control"
     assert {m.name for m in service.methods} == {
         "Status", "WatchStatus", "Pause", "Resume", "LoadWeights", "ReceiveWeights",
+        "SendWeights",
     }  # fmt: skip
 
 
