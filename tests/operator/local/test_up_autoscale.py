@@ -6,6 +6,7 @@ starts a worker)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -162,7 +163,11 @@ def test_a_prompt_backlog_scales_prefill_and_long_outputs_scale_decode(
         reasons = {r.role: r.reason for r in grown.scaling}
         assert reasons["decode"] in ("QueueAboveTarget", "AtMax", "WaitingForWorkers"), reasons
         out = fleet.output()
-        assert "scaling up prefill 1 → 2 (PrefillBacklog" in out
+        # 12 long prompts press on prefill twice: ~4,000 tokens waiting (PrefillBacklog) and 12
+        # requests queued (QueueAboveTarget); which reads higher at the first decision depends
+        # on whether the prefill's /metrics scrape came after the prompts arrived (both seen
+        # here, the backlog mostly). Decode stayed at 1 meanwhile (asserted above).
+        assert re.search(r"scaling up prefill 1 → 2 \((PrefillBacklog|QueueAboveTarget)", out)
         assert "scaling up decode 1 → 2 (QueueAboveTarget" in out
 
 
