@@ -127,3 +127,25 @@ def build_lane(
     return DenoiseLane(
         MotDenoiseLoop(model.config.patch_size), executor, kv, model.config.latent_channels, emit
     )
+
+
+def build_frees(
+    ranks: EngineRanks | None, hisparse: HiSparseKVCache | None, runner: TokenRunner | MtpRunner
+) -> Callable[[str], None] | None:
+    """What frees a request's device state kept beside its blocks: its rows on the ranks, its
+    HiSparse hot buffers, its MTP state (each that is on); None when there is none."""
+    frees: list[Callable[[str], None]] = []
+    if ranks is not None:
+        frees.append(ranks.release)
+    if hisparse is not None:
+        frees.append(hisparse.release)
+    if isinstance(runner, MtpRunner):
+        frees.append(runner.release)
+    if len(frees) <= 1:
+        return frees[0] if frees else None
+
+    def free_all(request_id: str) -> None:
+        for free in frees:
+            free(request_id)
+
+    return free_all

@@ -20,7 +20,13 @@ import torch
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState, CompletedRequest
 from loom_runtime.engine.batcher import Batcher
-from loom_runtime.engine.build import build_forward, build_lane, build_reloads, build_remote
+from loom_runtime.engine.build import (
+    build_forward,
+    build_frees,
+    build_lane,
+    build_reloads,
+    build_remote,
+)
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.drain_clock import DrainClock
@@ -38,7 +44,7 @@ from loom_runtime.engine.remote import check_transfer_request
 from loom_runtime.engine.runner import TOKEN_FORWARD
 from loom_runtime.engine.shared_step_thread import SharedStepThread, condition_for, step_thread_for
 from loom_runtime.engine.spec.check import check_mtp
-from loom_runtime.engine.spec.mtp_runner import Drafter, MtpRunner
+from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
 from loom_runtime.engine.types import (
     EngineRequest,
@@ -127,7 +133,7 @@ class Engine:
             new_decoder=loaded.tokenizer.incremental_decoder,
             eos_token_ids=loaded.tokenizer.eos_token_ids,
             prefix_caching=config.use_prefix_cache,
-            on_free=self._on_free(),
+            on_free=build_frees(ranks, self._hisparse, self._runner),
             draft_tokens=forward.draft_tokens,
             grammars=self.grammars.compile,
         )
@@ -500,22 +506,3 @@ class Engine:
             ranks=() if self._ranks is None else self._ranks.kv(),
             spec=None if self._spec is None else self._spec.stats,
         )
-
-    def _on_free(self) -> Callable[[str], None] | None:
-        """What frees a request's device state kept beside its blocks: its rows on the ranks,
-        its HiSparse hot buffers, its MTP state (each that is on)."""
-        frees: list[Callable[[str], None]] = []
-        if self._ranks is not None:
-            frees.append(self._ranks.release)
-        if self._hisparse is not None:
-            frees.append(self._hisparse.release)
-        if isinstance(self._runner, MtpRunner):
-            frees.append(self._runner.release)
-        if len(frees) <= 1:
-            return frees[0] if frees else None
-
-        def free_all(request_id: str) -> None:
-            for free in frees:
-                free(request_id)
-
-        return free_all
