@@ -13,6 +13,8 @@ out of routing at once, whatever the edits (a revert mid-sync, three changes in 
 
 from __future__ import annotations
 
+import base64
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from e2e.conftest import wait_for
 from e2e.fleet_helpers import (
@@ -39,6 +43,7 @@ from loom_operator.k8s.kube import object_path
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.load import Stream, StreamingLoad, check_streams
 from loom_operator.testing.weights import Weights
+from loom_trainer import PushRefused, WeightSync
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -52,7 +57,13 @@ class Fleet:
     def __init__(self, cluster: Cluster, weights: Weights, root: Path) -> None:
         self.cluster, self.weights, self.root = cluster, weights, root
         self.ns = operator_namespace(cluster)
-        self.operator = Operator(cluster, self.ns, "sync")
+        self.push_port = free_port()
+        self.operator = self.start_operator("sync")
+
+    def start_operator(self, tag: str) -> Operator:
+        """An operator that also serves the weight-push API (on 127.0.0.1: the test's trainer)."""
+        flags = ("--push-port", str(self.push_port), "--push-address", "127.0.0.1")
+        return Operator(self.cluster, self.ns, tag, flags)
 
     def apply(self, version: str, strategy: str = "Rolling") -> None:
         """`kubectl apply -f` the cards with `version` (a new file per version, as a user has)."""
@@ -82,6 +93,30 @@ class Fleet:
     def load(self) -> StreamingLoad:
         url = router_url(self.cluster, self.ns, NAME)
         return StreamingLoad(url, MODEL, PROMPTS, MAX_TOKENS, clients=CLIENTS)
+
+    def version(self) -> int:
+        """The number of the version the card's status says every worker serves (vN)."""
+        status = card(self.cluster, self.ns, NAME).get("status") or {}
+        return int(str(status["weightsVersion"]).removeprefix("v"))
+
+    def tensors(self, version: str) -> dict[str, torch.Tensor]:
+        """The weights of `version`'s checkpoint as the fp64 fleet holds them (what a trainer
+        pushes)."""
+        path = self.weights.paths[self.weights.for_version(version)] / "model.safetensors"
+        return {n: t.to(torch.float64) for n, t in load_file(str(path)).items()}
+
+    def trainer(self) -> WeightSync:
+        """A trainer on this machine, connected to the operator's push API for the card."""
+        secret = self.cluster.kube.get(object_path("Secret", self.ns, f"{NAME}-control"))
+        token = base64.b64decode(secret["data"]["admin-token"]).decode()
+        url = f"http://127.0.0.1:{self.push_port}/cards/{self.ns}/{NAME}"
+        return WeightSync.connect(url, token, store_host="127.0.0.1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class OutOfRouting:
@@ -172,7 +207,7 @@ def test_an_operator_killed_mid_sync_is_resumed_by_the_next(fleet: Fleet) -> Non
         wait_for(fleet.syncing, 120, "the sync to v4 to start moving workers")
         fleet.operator.proc.kill()  # kill -9: no cleanup, the lease must expire
         fleet.operator.proc.wait()
-        fleet.operator = Operator(fleet.cluster, fleet.ns, "resumed")
+        fleet.operator = fleet.start_operator("resumed")
         wait_for(lambda: fleet.settled("v4"), SETTLE_S, "the restarted operator to finish v4")
         load.wait_completed(4, 120)
     assert_served(fleet, load.stop(), "v3", "v4")
@@ -201,3 +236,29 @@ def test_three_changes_in_a_row_end_on_the_last_within_max_unavailable(fleet: Fl
         load.wait_completed(4, 120)
     assert_served(fleet, load.stop(), "v4", "v5", "v6", "v7")
     assert out.most <= 1, f"{out.most} workers were out of routing at once"
+
+
+def test_a_trainer_pushes_twice_under_load_through_the_operator(fleet: Fleet) -> None:
+    """The trainer outside the cluster opens each push at the operator's API; every worker pod
+    joins it, stages it, and the Barrier sync swaps it in: no request fails, none mixes
+    versions, and the card's status follows the push to done."""
+    n = fleet.version()
+    old, first, second = f"v{n}", f"v{n + 1}", f"v{n + 2}"
+    trainer = fleet.trainer()
+    with fleet.load() as load:
+        load.wait_completed(4, 120)
+        for version in (first, second):
+            result = trainer.push(fleet.tensors(version), version, timeout_s=60)
+            assert result.version == version and len(result.workers) == 3
+            load.wait_completed(4, 120)  # and it serves the pushed version
+    assert_served(fleet, load.stop(), old, first, second)
+    status = card(fleet.cluster, fleet.ns, NAME)["status"]
+    assert status["weightsVersion"] == second
+    assert status["push"]["state"] == "done" and status["push"]["version"] == second
+    assert status["servedPush"]["updateId"] == status["push"]["updateId"]
+    assert sorted(status["push"]["staged"]) == sorted(status["push"]["workers"])
+    with pytest.raises(PushRefused, match="already has weights version"):
+        trainer.push(fleet.tensors(second), second, timeout_s=10)
+    wrong = WeightSync(trainer.url, "not-the-token", store_host="127.0.0.1")
+    with pytest.raises(PushRefused, match="wrong token"):
+        wrong.latest()

@@ -152,3 +152,18 @@ def test_the_operator_serves_its_planner_metrics_on_its_pod_ip(helm: Path) -> No
     (off,) = by_kind(template(helm, "--set", "operator.metricsPort=0"), "Deployment")
     args = off["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in args if a.startswith("--metrics-")]
+
+
+def test_the_push_api_is_off_until_a_port_is_given_then_served_behind_a_service(
+    helm: Path,
+) -> None:
+    assert not by_kind(template(helm), "Service")
+    docs = template(helm, "--set", "operator.pushPort=8093")
+    (deployment,) = by_kind(docs, "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--push-port=8093" in container["args"]
+    assert "--push-address=$(POD_IP)" in container["args"]
+    assert {"name": "push", "containerPort": 8093} in container["ports"]
+    (service,) = by_kind(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "push", "port": 8093, "targetPort": "push"}]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]

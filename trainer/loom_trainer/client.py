@@ -8,6 +8,7 @@ trainer's own tensors, and never imports Loom's runtime, operator or router.
 from __future__ import annotations
 
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -60,17 +61,31 @@ class PushResult:
     """Open → every worker serves `version`."""
 
 
+def free_port() -> int:
+    """A port free on this machine now (the push's TCPStore binds it, on every interface, right
+    after the controller answers)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
 class WeightSync:
     """A connection to one fleet controller (`loom up`'s weight API)."""
 
-    def __init__(self, fleet_url: str, token: str) -> None:
+    def __init__(self, fleet_url: str, token: str, store_host: str | None = None) -> None:
         self.url = fleet_url.rstrip("/")
         self._token = token
+        self.store_host = store_host
 
     @classmethod
-    def connect(cls, fleet_url: str, token: str) -> WeightSync:
-        """Check that the controller answers and accepts `token`; PushRefused if not."""
-        sync = cls(fleet_url, token)
+    def connect(cls, fleet_url: str, token: str, store_host: str | None = None) -> WeightSync:
+        """Check that the controller answers and accepts `token`; PushRefused if not.
+
+        `store_host`: the address of this machine the fleet's workers reach it at; each push
+        then hosts its group's TCPStore there, on a free port (required by the operator on
+        Kubernetes, whose workers run on other machines; `loom up` picks one on its own machine
+        when it is None)."""
+        sync = cls(fleet_url, token, store_host)
         sync._request("GET", "/v1/weights/updates")
         return sync
 
@@ -132,6 +147,8 @@ class WeightSync:
         body: dict[str, object] = {"version": version, "mode": mode, "timeout_seconds": timeout_s}
         if kv:
             body["kv"] = kv
+        if self.store_host is not None:
+            body["store_address"] = f"{self.store_host}:{free_port()}"
         doc = self._request("POST", "/v1/weights/updates", body)
         workers = doc["workers"]
         assert isinstance(workers, list)

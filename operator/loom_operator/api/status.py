@@ -64,6 +64,39 @@ class WeightSyncStatus(CardModel):
     """What the sync waits for, or why it failed."""
 
 
+PushMode = Literal["barrier", "rolling", "keep"]
+PushState = Literal["receiving", "swapping", "done", "failed"]
+
+
+class PushStatus(CardModel):
+    """A trainer's latest weight push into the card's workers (docs/rl.md); a restarted or newly
+    owning operator serves a push every worker staged from it."""
+
+    update_id: str
+    """The push's id (GET /cards/{namespace}/{name}/v1/weights/updates/{updateId})."""
+    version: str
+    """The weights version the trainer pushed."""
+    mode: PushMode
+    """barrier | rolling | keep: how the workers swap it in."""
+    state: PushState
+    """receiving (workers joining and staging) | swapping (every worker staged it; the weight
+    sync swaps it in) | done (every worker serves it) | failed (nothing changed: see error)."""
+    workers: list[str] = Field(default_factory=list)
+    """Every worker of the push, in rank order (the trainer is rank 0)."""
+    staged: list[str] = Field(default_factory=list)
+    """Workers that received and checked every bucket."""
+    base_version: str = ""
+    """The card's weightsVersion when the push opened: a card edit since then wins over it."""
+    kv: str = ""
+    """Mode keep: keep | recompute (the running requests' KV)."""
+    store_address: str = ""
+    """host:port of the trainer's TCPStore the workers met at."""
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    """The bound on the rendezvous and on every collective."""
+    error: str = ""
+    """Why the push failed."""
+
+
 class DeploymentCardStatus(CardModel):
     """What the operator last observed and did."""
 
@@ -86,6 +119,11 @@ class DeploymentCardStatus(CardModel):
     get; desired is the role's RoleScale after the card's bounds)."""
     weight_sync: WeightSyncStatus | None = None
     """The current or last weight sync."""
+    push: PushStatus | None = None
+    """A trainer's latest weight push, when one was made (docs/rl.md)."""
+    served_push: PushStatus | None = None
+    """The latest push every worker staged: the fleet serves its version unless the card's
+    weightsVersion changed since it opened."""
     endpoint: str | None = None
     """URL of the router's OpenAI endpoint."""
     fleet_record: str | None = Field(default=None, max_length=1048576)

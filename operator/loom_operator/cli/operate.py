@@ -52,6 +52,14 @@ def add_parser(sub: Any) -> None:
                    "Prometheus metrics (planner decisions) on this port; 0: none")  # fmt: skip
     p.add_argument("--metrics-address", default="0.0.0.0", help="the address --metrics-port "
                    "binds (the chart passes the pod's IP)")  # fmt: skip
+    p.add_argument(
+        "--push-port",
+        type=int,
+        default=0,
+        help="serve the weight-push API "
+        "(a trainer pushes into a card's workers, docs/rl.md) on this port; 0: off",
+    )
+    p.add_argument("--push-address", default="0.0.0.0", help="the address --push-port listens on")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(run=run)
 
@@ -64,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from loom_operator.k8s.kube import Kube
     from loom_operator.k8s.leader import LeaderElector
     from loom_operator.k8s.metrics import OperatorMetrics
+    from loom_operator.k8s.pushes import PushDesks
     from loom_operator.k8s.shard_keeper import ShardKeeper, Shards
     from loom_operator.k8s.wakers import CardWakers
 
@@ -101,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     shards = Shards(args.shards) if args.shards else None
     memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics,
                      wakers=wakers, applied=Applied(), shards=shards)  # fmt: skip
+    if args.push_port:
+        memo.push_desks = PushDesks()
+        memo.push_port, memo.push_address = args.push_port, args.push_address
     assert handlers.configure is not None  # the import registers the handlers with kopf
     elector, keeper = None, None
     if shards is not None:

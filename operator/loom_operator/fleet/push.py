@@ -8,16 +8,15 @@ moves a byte or calls a worker (the substrate's shell does), and never reads a c
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, cast
+from typing import cast
 
+from loom_operator.api.status import PushMode, PushState
 from loom_operator.fleet.desired import DesiredFleet, Strategy
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.record import SyncRecord
 
-PushMode = Literal["barrier", "rolling", "keep"]
 MODE_STRATEGY: dict[str, Strategy] = {"barrier": "Barrier", "rolling": "Rolling", "keep": "Keep"}
 """A push's mode -> the weight-sync strategy that swaps it in (the existing lifecycle)."""
-PushState = Literal["receiving", "swapping", "done", "failed"]
 PUSH_STATES: tuple[PushState, ...] = ("receiving", "swapping", "done", "failed")
 PUSH_SCHEME = "push://"
 KV_POLICIES = ("keep", "recompute")

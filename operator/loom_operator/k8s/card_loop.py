@@ -29,6 +29,7 @@ from loom_operator.k8s.drift import Applied, reapply_due
 from loom_operator.k8s.fleet import Events, PodFleet
 from loom_operator.k8s.kube import Kube, KubeError, object_path
 from loom_operator.k8s.metrics import OperatorMetrics
+from loom_operator.k8s.pushes import CardPushes, PushDesks
 from loom_operator.k8s.reconcile import load_cards, reconcile, write_status
 from loom_operator.k8s.render.model_volumes import claim_change
 from loom_operator.k8s.round_inputs import (
@@ -85,6 +86,7 @@ class CardLoop:
 
     fleet: PodFleet
     scaler: CardScaler
+    pushes: CardPushes
     inputs: RoundInputs | None = None
     """The inputs of the last round (None: none yet)."""
     due_at: float | None = None
@@ -98,6 +100,7 @@ class CardLoop:
     applies it)."""
 
     async def close(self) -> None:
+        await self.pushes.close()
         await self.fleet.close()
         await self.scaler.close()
 
@@ -110,7 +113,11 @@ def _take(body: kopf.Body, memo: kopf.Memo, wake: asyncio.Event) -> CardLoop:
     metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
     applied: Applied | None = getattr(memo, "applied", None)
     fleet = PodFleet(kube, namespace, name, _record(body), events, wake)
-    return CardLoop(fleet, CardScaler(kube, namespace, name, events, metrics, applied))
+    pushes = CardPushes(fleet, events, wake.set, body.get("status") or {})
+    desks: PushDesks | None = getattr(memo, "push_desks", None)
+    if desks is not None:
+        desks.cards[(namespace, name)] = pushes
+    return CardLoop(fleet, CardScaler(kube, namespace, name, events, metrics, applied), pushes)
 
 
 def current(indexes: Mapping[str, Any], ref: CardRef) -> kopf.Body | None:
@@ -156,6 +163,9 @@ async def run_card(
                     waiter.cancel()
     finally:
         wakers.forget(key)
+        desks: PushDesks | None = getattr(memo, "push_desks", None)
+        if desks is not None and loop is not None and desks.cards.get(key) is loop.pushes:
+            del desks.cards[key]
         if applied is not None:
             applied.forget(ref.namespace, ref.uid)
         if loop is not None:
@@ -243,14 +253,14 @@ async def _look(
     generation = int(body.metadata.get("generation") or 0)
     objects = [*object_versions("Pod", pods), *object_versions("StatefulSet", sets),
                *object_versions("RoleScale", scales)]  # fmt: skip
-    inputs = round_inputs(generation, phase, model_doc, objects, seen[0], fleet.busy)
+    inputs = round_inputs(
+        generation, phase, model_doc, objects, seen[0], fleet.busy, loop.pushes.inputs
+    )
     if not round_due(loop.inputs, inputs, due_at, now):
         loop.due_at = due_at
         return
     loop.inputs = inputs
-    acted, wake_at = await _fleet_round(
-        kube, body, (model, deployment), seen, sets, scales, fleet, scaler, loop.written
-    )
+    acted, wake_at = await _fleet_round(kube, body, (model, deployment), seen, sets, scales, loop)
     loop.due_at = next_due(acted or fleet.busy, wake_at, scaler.planner_at, time.time())
     if metrics is not None:
         metrics.round_done(fleet.namespace, acted)
@@ -263,18 +273,18 @@ async def _fleet_round(
     seen: tuple[FleetObservation, list[dict[str, Any]]],
     sets: list[dict[str, Any]],
     scales: list[dict[str, Any]],
-    fleet: PodFleet,
-    scaler: CardScaler,
-    written: dict[str, Any],
+    loop: CardLoop,
 ) -> tuple[bool, float | None]:
-    """One round over what the look saw: whether it acted on workers, and the core's wake_at."""
+    """One round over what the look saw: whether it acted on workers, and the core's wake_at.
+    The fleet serves the card's weights version, or a trainer's push every worker staged."""
     model, deployment = cards
+    fleet, scaler, pushes, written = loop.fleet, loop.scaler, loop.pushes, loop.written
     status = body.get("status") or {}
-    desired = desired_fleet(model, deployment)
+    card = desired_fleet(model, deployment)
     now = seen[0].now
     generation = int(body.metadata.get("generation") or 0)
     desired, counts, r = await scaler.round(
-        fleet, seen, scales, desired, deployment, generation, now
+        fleet, seen, scales, pushes.coordinator.desired(card), deployment, generation, now
     )
     rec = r.reconciliation
     by_name = {s["metadata"]["name"]: s for s in sets}
@@ -291,6 +301,7 @@ async def _fleet_round(
     fresh["conditions"] = with_transition_times(
         fresh["conditions"], previous.get("conditions") or []
     )
+    fresh.update(pushes.status())
     if fresh != written:  # persisted before acting: a restarted operator resumes from here
         path = object_path("DeploymentCard", fleet.namespace, fleet.name, "status")
         await asyncio.to_thread(kube.patch, path, {"status": fresh})
@@ -298,5 +309,7 @@ async def _fleet_round(
         written.update(fresh)
     await fleet.execute(r, desired)
     await scaler.follow(counts, r, by_name)
+    pushes.coordinator.follow(card, seen[0], rec.record.sync)
+    pushes.seen(card.with_replicas(counts), seen[0], rec.record.sync)
     acted = any(not isinstance(a, SetCondition) for a in rec.actions)
     return acted, rec.wake_at

@@ -37,7 +37,7 @@ from functools import partial
 from typing import Any
 
 from loom_operator.api.roles import RoleName
-from loom_operator.control.client import ControlError
+from loom_operator.control.client import ControlClient, ControlError
 from loom_operator.control.probe import Observer
 from loom_operator.control.router_admin import RouterAdmin, RouterAdminError
 from loom_operator.fleet.actions import (
@@ -156,6 +156,18 @@ class PodFleet:
             self._admin_token = base64.b64decode(data.get("admin-token", "")).decode()
             self._observer = Observer(token)
         return self._observer
+
+    async def admin_token(self) -> str:
+        """The card's admin token (the routers' and the push API's)."""
+        await self._tokens()
+        return self._admin_token
+
+    def control(self, worker: str) -> ControlClient | None:
+        """The control client of a worker pod the last look saw alive (None: not one now)."""
+        pod = self._workers.get(worker)
+        if self._observer is None or pod is None or not pod.alive or pod.ip is None:
+            return None
+        return self._observer.control(pod)
 
     # -- observe ----------------------------------------------------------------------------
 

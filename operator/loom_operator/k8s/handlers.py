@@ -18,12 +18,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
+from aiohttp import web
 
 from loom_operator.api.documents import parse_documents
+from loom_operator.control.push_api import CARD_PREFIX, push_app, start_push_api
 from loom_operator.k8s.card_loop import CARDS_INDEX, run_card
 from loom_operator.k8s.card_supervisor import CardRef, CardSupervisor, shards_of
 from loom_operator.k8s.kube import Kube, object_path
 from loom_operator.k8s.labels import GROUP, VERSION
+from loom_operator.k8s.pushes import PushDesks
 from loom_operator.k8s.reconcile import document, problems, reconcile, validity, write_status
 from loom_operator.k8s.wakers import CardWakers
 from loom_operator.k8s.watched import card_cache
@@ -81,12 +84,24 @@ async def supervise_cards(memo: kopf.Memo, **kwargs: Any) -> None:
         shards.on_change(wake)
 
 
+@kopf.on.startup()
+async def serve_pushes(memo: kopf.Memo, **_: Any) -> None:
+    """With `--push-port`: the weight-push API, a desk per card whose loop runs here."""
+    desks: PushDesks | None = getattr(memo, "push_desks", None)
+    if desks is not None:
+        app = push_app(desks.desk, CARD_PREFIX)
+        memo.push_api = await start_push_api(app, memo.push_address, memo.push_port)
+
+
 @kopf.on.cleanup()
 async def stop_cards(memo: kopf.Memo, **_: Any) -> None:
     """Every card loop ends (its fleet's connections closed) before the operator exits."""
     supervisor: CardSupervisor | None = getattr(memo, "supervisor", None)
     if supervisor is not None:
         await supervisor.close()
+    api: web.AppRunner | None = getattr(memo, "push_api", None)
+    if api is not None:
+        await api.cleanup()
 
 
 @kopf.on.cleanup()

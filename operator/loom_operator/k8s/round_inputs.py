@@ -42,6 +42,8 @@ class RoundInputs:
     every look; the deadline its time implies is the core's `wake_at`)."""
     held_requests: int
     loading: bool
+    push: tuple[str, str, int] = ("", "", 0)
+    """The latest push's (id, state, workers staged): its transfer moving on runs a round."""
 
 
 def digest(doc: Obj | None) -> str:
@@ -68,11 +70,12 @@ def round_inputs(
     objects: Iterable[tuple[str, str, str]],
     observed: FleetObservation,
     loading: bool,
+    push: tuple[str, str, int] = ("", "", 0),
 ) -> RoundInputs:
     """The record of one look (`objects` from `object_versions`)."""
     workers = tuple(replace(w, last_seen=None) for w in observed.workers)
     return RoundInputs(generation, phase, digest(model_doc), tuple(sorted(objects)), workers,
-                       observed.held_requests, loading)  # fmt: skip
+                       observed.held_requests, loading, push)  # fmt: skip
 
 
 def round_due(last: RoundInputs | None, now_inputs: RoundInputs, due_at: float | None,

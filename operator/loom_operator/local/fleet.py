@@ -21,6 +21,7 @@ from pathlib import Path
 from aiohttp import web
 
 from loom_operator.control.probe import Observer
+from loom_operator.control.push_api import PushDesk, Store, push_app, start_push_api
 from loom_operator.control.router_admin import RouterAdmin
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.controller import Reconciliation, reconcile
@@ -36,8 +37,7 @@ from loom_operator.local.executor import Executor, Round
 from loom_operator.local.launch import LaunchOptions
 from loom_operator.local.observe import worker_state
 from loom_operator.local.ports import free_ports
-from loom_operator.local.push import HOST, PushCoordinator
-from loom_operator.local.push_api import push_app, start_push_api
+from loom_operator.local.push import HOST, local_pushes
 from loom_operator.local.router_keeper import RouterKeeper
 from loom_operator.local.routing import RouterLink
 from loom_operator.local.snapshot import (
@@ -155,27 +155,34 @@ class LocalFleet:
         await self.router_keeper.start(self.cards, now, first=True)
         self.router = RouterLink(RouterAdmin(self.router_keeper.admin_url, secrets.admin_token))
         self.executor = Executor(self.processes, self.observer, self.router, self._events)
-        self.pushes = PushCoordinator(
-            self.processes,
-            self.observer,
-            self._events,
-            self.executor.wake.set,
+        self.pushes = local_pushes(
+            self.processes, self.observer, self._events, self.executor.wake.set,
             self.paths.root / "push.json",
-        )
+        )  # fmt: skip
         await self.router_keeper.wait_ready(self.router, self.settings.router_ready_timeout_s)
         port = self.settings.weights_port or free_ports(1, self.processes.table.ports())[0]
-        app = push_app(secrets.admin_token, self._open_push, lambda: self.pushes.update)
+        desk = PushDesk(secrets.admin_token, self._open_push, lambda: self.pushes.latest)
+
+        async def the_fleet(_: Mapping[str, str]) -> PushDesk:
+            return desk
+
+        app = push_app(the_fleet)
         self._push_api = await start_push_api(app, HOST, port)
         self.weights_url = f"http://{HOST}:{port}"
         info = ControllerInfo(os.getpid(), now, self.endpoint, self.weights_url)
         save_controller(self.paths, info)
 
-    def _open_push(self, version: str, mode: str, timeout_s: float, kv: str) -> PushUpdate:
+    def _open_push(
+        self, version: str, mode: str, timeout_s: float, kv: str, store: Store | None
+    ) -> PushUpdate:
         if self._observed is None:
             raise PushConflict("the controller has not observed the fleet yet; retry shortly")
+        if store is None:  # the trainer runs on this machine: its TCPStore on a free port
+            store = (HOST, free_ports(1, self.processes.table.ports())[0])
         return self.pushes.open(
-            version, mode, timeout_s, self.cards.desired, self._observed, self.record.sync, kv
-        )
+            version, mode, timeout_s, store, self.cards.desired, self._observed,
+            self.record.sync, kv,
+        )  # fmt: skip
 
     async def _abort_start(self) -> None:
         if self._push_api is not None:

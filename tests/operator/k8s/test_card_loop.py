@@ -52,7 +52,7 @@ class Calls:
         self.loop: CardLoop | None = None
 
         def take(body: kopf.Body, memo: kopf.Memo, wake: asyncio.Event) -> CardLoop:
-            self.loop = CardLoop(Part(), Part())  # type: ignore[arg-type]
+            self.loop = CardLoop(Part(), Part(), Part())  # type: ignore[arg-type]
             self.loop.applied_at = time.monotonic() - applied_ago_s
             return self.loop
 
