@@ -262,3 +262,34 @@ def test_a_trainer_pushes_twice_under_load_through_the_operator(fleet: Fleet) ->
     wrong = WeightSync(trainer.url, "not-the-token", store_host="127.0.0.1")
     with pytest.raises(PushRefused, match="wrong token"):
         wrong.latest()
+
+
+def test_a_pod_replaced_after_a_push_rebuilds_the_pushed_version_from_a_peer(
+    fleet: Fleet,
+) -> None:
+    """A worker pod deleted after a push comes back from the card's checkpoint; before it is
+    routed, the sync has it receive the pushed version from a pod that serves it."""
+    pushed = (card(fleet.cluster, fleet.ns, NAME).get("status") or {}).get("servedPush") or {}
+    if not pushed:
+        pytest.skip("runs after the push test: the fleet serves no push")
+    version = str(pushed["version"])
+    (victim,) = [p for p in fleet.worker_pods() if p["metadata"]["name"] == f"{NAME}-decode-1"]
+    old_uid = victim["metadata"]["uid"]
+    with fleet.load() as load:
+        load.wait_completed(4, 120)
+        fleet.cluster.kubectl("delete", "pod", "-n", fleet.ns, f"{NAME}-decode-1", "--wait=false")
+
+        def back_on_version() -> bool:
+            pods = {p["metadata"]["name"]: p for p in fleet.worker_pods()}
+            new = pods.get(f"{NAME}-decode-1")
+            if new is None or new["metadata"]["uid"] == old_uid:
+                return False
+            notes = new["metadata"].get("annotations") or {}
+            return notes.get("loom.dev/weights-version") == version
+
+        wait_for(back_on_version, SETTLE_S, f"the new pod routed as {version}")
+        wait_for(lambda: fleet.settled(version), SETTLE_S, f"the fleet settled on {version}")
+        load.wait_completed(4, 120)
+    assert_served(fleet, load.stop(), version)
+    events = fleet.cluster.kubectl("get", "events", "-n", fleet.ns).stdout
+    assert f"{NAME}-decode-1 loaded {version}" in events

@@ -91,7 +91,7 @@ class PushStatus(CardModel):
     """Mode keep: keep | recompute (the running requests' KV)."""
     store_address: str = ""
     """host:port of the trainer's TCPStore the workers met at."""
-    timeout_seconds: float = Field(default=60.0, gt=0)
+    timeout_seconds: float = Field(default=60.0, ge=0)
     """The bound on the rendezvous and on every collective."""
     error: str = ""
     """Why the push failed."""

@@ -82,11 +82,15 @@ class ControlClient:
         return await self._call("Resume", pb.ResumeRequest(), timeout)
 
     async def load_weights(
-        self, source: str, version: str, timeout: float, kv: str = ""
+        self, source: str, version: str, timeout: float, kv: str = "", rebuild_from: str = ""
     ) -> WorkerStatus:
         """`kv` "" (a paused, drained worker) or, for a staged push swapped in under the running
-        requests (mode keep), "keep" or "recompute"."""
-        request = pb.LoadWeightsRequest(source=source, version=version, kv=kv)
+        requests (mode keep), "keep" or "recompute". `rebuild_from`: for a push (push://), a
+        peer serving its version (host:port) that a worker which has not staged it receives it
+        from."""
+        request = pb.LoadWeightsRequest(
+            source=source, version=version, kv=kv, rebuild_from=rebuild_from
+        )
         return await self._call("LoadWeights", request, timeout)
 
     async def receive_weights(

@@ -56,6 +56,7 @@ from loom_operator.fleet.actions import (
 from loom_operator.fleet.controller import Reconciliation, reconcile
 from loom_operator.fleet.desired import DesiredFleet
 from loom_operator.fleet.observed import FleetObservation
+from loom_operator.fleet.push import PUSH_SCHEME
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.k8s.kube import Kube, KubeError, object_path
 from loom_operator.k8s.labels import control_secret
@@ -63,6 +64,7 @@ from loom_operator.k8s.pods import (
     PodWorker,
     in_flight_by_worker,
     pod_worker,
+    rebuild_peer,
     route_patch,
     routed_as,
     unschedulable,
@@ -318,7 +320,7 @@ class PodFleet:
             return  # the StatefulSet creates and removes pods
         elif isinstance(a, LoadWeights):
             if live and pod is not None:
-                self._load(a, pod, observer, desired.sync.load_timeout_s)
+                self._load(a, pod, observer, desired.sync.load_timeout_s, observed)
         elif isinstance(a, Resume):
             if live and pod is not None:
                 status = await observer.control(pod).resume(CALL_TIMEOUT_S)
@@ -331,14 +333,18 @@ class PodFleet:
                 self._events("RouteOn", f"{a.worker} routed on {version}", "Normal")
             # else: annotated already; it counts as routed once every router routes it
 
-    def _load(self, a: LoadWeights, pod: PodWorker, observer: Observer, timeout: float) -> None:
+    def _load(
+        self, a: LoadWeights, pod: PodWorker, observer: Observer, timeout: float,
+        observed: FleetObservation,
+    ) -> None:  # fmt: skip
         if a.worker in self._loads:
             return
         client = observer.control(pod)
+        peer = rebuild_peer(a, observed, self._workers) if a.source.startswith(PUSH_SCHEME) else ""
 
         async def load() -> None:
             try:
-                status = await client.load_weights(a.source, a.version, timeout, a.kv)
+                status = await client.load_weights(a.source, a.version, timeout, a.kv, peer)
                 self._events("LoadWeights", f"{a.worker} loaded {status.weights_version}", "Normal")
             except ControlError as exc:
                 self._events("LoadWeights", f"{a.worker}: {exc}", "Warning")

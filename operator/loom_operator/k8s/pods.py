@@ -18,7 +18,8 @@ from typing import Any, cast
 
 from loom_operator.api.roles import ROLE_NAMES, RoleName
 from loom_operator.control.probe import Probe, Seen, is_loading, latest_status, probed_ready
-from loom_operator.fleet.observed import WorkerState
+from loom_operator.fleet.actions import LoadWeights
+from loom_operator.fleet.observed import FleetObservation, WorkerState
 from loom_runtime.wire.pods import (
     CONTROL_PORT,
     DRAINING_ANNOTATION,
@@ -199,3 +200,18 @@ def unschedulable(pods: Sequence[Obj]) -> dict[RoleName, int]:
             key = cast(RoleName, role)
             out[key] = out.get(key, 0) + 1
     return out
+
+
+def rebuild_peer(a: LoadWeights, observed: FleetObservation, pods: Mapping[str, PodWorker]) -> str:
+    """Where a worker loading a push (`a`: source push://…) receives it from if it has not staged
+    it (it started after the push): the control address of another live worker that serves the
+    push's version, the first by name ("" when none does yet — the load then needs the push
+    staged, and a later round asks again once a peer serves it). Pure."""
+    for state in sorted(observed.workers, key=lambda w: w.name):
+        pod = pods.get(state.name)
+        if (
+            state.name != a.worker and state.weights_version == a.version and state.healthy
+            and pod is not None and pod.alive and pod.ip is not None
+        ):  # fmt: skip
+            return pod.control
+    return ""

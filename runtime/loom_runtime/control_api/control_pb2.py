@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&loom_runtime/control_api/control.proto\x12\x0floom.control.v1\"\xb7\x02\n\x0cWorkerStatus\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x17\n\x0fweights_version\x18\x03 \x01(\t\x12+\n\x05state\x18\x04 \x01(\x0e\x32\x1c.loom.control.v1.WorkerState\x12\x16\n\x0e\x61\x64mission_open\x18\x05 \x01(\x08\x12\x11\n\tin_flight\x18\x06 \x01(\r\x12\x13\n\x0bnum_running\x18\x07 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x08 \x01(\r\x12\x10\n\x08kv_usage\x18\t \x01(\x01\x12\x12\n\nnum_blocks\x18\n \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x0b \x01(\r\x12\x12\n\nblock_size\x18\x0c \x01(\r\x12\x17\n\x0fnum_preemptions\x18\r \x01(\x04\"\x0f\n\rStatusRequest\".\n\x12WatchStatusRequest\x12\x18\n\x10interval_seconds\x18\x01 \x01(\x01\"Q\n\x0cPauseRequest\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.loom.control.v1.PauseMode\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"\x0f\n\rResumeRequest\"A\n\x12LoadWeightsRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\n\n\x02kv\x18\x03 \x01(\t\"\x9e\x01\n\x15ReceiveWeightsRequest\x12\x11\n\tupdate_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\"y\n\x12SendWeightsRequest\x12\x11\n\tupdate_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\r\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01*\xac\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_SERVING\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02\x12\x17\n\x13WORKER_STATE_PAUSED\x10\x03\x12\x18\n\x14WORKER_STATE_LOADING\x10\x04\x12\x17\n\x13WORKER_STATE_FAILED\x10\x05*R\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPAUSE_MODE_WAIT\x10\x01\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x02\x32\xb6\x04\n\x07\x43ontrol\x12G\n\x06Status\x12\x1e.loom.control.v1.StatusRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12S\n\x0bWatchStatus\x12#.loom.control.v1.WatchStatusRequest\x1a\x1d.loom.control.v1.WorkerStatus0\x01\x12\x45\n\x05Pause\x12\x1d.loom.control.v1.PauseRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12G\n\x06Resume\x12\x1e.loom.control.v1.ResumeRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12Q\n\x0bLoadWeights\x12#.loom.control.v1.LoadWeightsRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12W\n\x0eReceiveWeights\x12&.loom.control.v1.ReceiveWeightsRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12Q\n\x0bSendWeights\x12#.loom.control.v1.SendWeightsRequest\x1a\x1d.loom.control.v1.WorkerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&loom_runtime/control_api/control.proto\x12\x0floom.control.v1\"\xb7\x02\n\x0cWorkerStatus\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x17\n\x0fweights_version\x18\x03 \x01(\t\x12+\n\x05state\x18\x04 \x01(\x0e\x32\x1c.loom.control.v1.WorkerState\x12\x16\n\x0e\x61\x64mission_open\x18\x05 \x01(\x08\x12\x11\n\tin_flight\x18\x06 \x01(\r\x12\x13\n\x0bnum_running\x18\x07 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x08 \x01(\r\x12\x10\n\x08kv_usage\x18\t \x01(\x01\x12\x12\n\nnum_blocks\x18\n \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x0b \x01(\r\x12\x12\n\nblock_size\x18\x0c \x01(\r\x12\x17\n\x0fnum_preemptions\x18\r \x01(\x04\"\x0f\n\rStatusRequest\".\n\x12WatchStatusRequest\x12\x18\n\x10interval_seconds\x18\x01 \x01(\x01\"Q\n\x0cPauseRequest\x12(\n\x04mode\x18\x01 \x01(\x0e\x32\x1a.loom.control.v1.PauseMode\x12\x17\n\x0ftimeout_seconds\x18\x02 \x01(\x01\"\x0f\n\rResumeRequest\"W\n\x12LoadWeightsRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\n\n\x02kv\x18\x03 \x01(\t\x12\x14\n\x0crebuild_from\x18\x04 \x01(\t\"\x9e\x01\n\x15ReceiveWeightsRequest\x12\x11\n\tupdate_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x12\n\nworld_size\x18\x05 \x01(\r\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\"y\n\x12SendWeightsRequest\x12\x11\n\tupdate_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\r\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01*\xac\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14WORKER_STATE_SERVING\x10\x01\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x02\x12\x17\n\x13WORKER_STATE_PAUSED\x10\x03\x12\x18\n\x14WORKER_STATE_LOADING\x10\x04\x12\x17\n\x13WORKER_STATE_FAILED\x10\x05*R\n\tPauseMode\x12\x1a\n\x16PAUSE_MODE_UNSPECIFIED\x10\x00\x12\x13\n\x0fPAUSE_MODE_WAIT\x10\x01\x12\x14\n\x10PAUSE_MODE_ABORT\x10\x02\x32\xb6\x04\n\x07\x43ontrol\x12G\n\x06Status\x12\x1e.loom.control.v1.StatusRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12S\n\x0bWatchStatus\x12#.loom.control.v1.WatchStatusRequest\x1a\x1d.loom.control.v1.WorkerStatus0\x01\x12\x45\n\x05Pause\x12\x1d.loom.control.v1.PauseRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12G\n\x06Resume\x12\x1e.loom.control.v1.ResumeRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12Q\n\x0bLoadWeights\x12#.loom.control.v1.LoadWeightsRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12W\n\x0eReceiveWeights\x12&.loom.control.v1.ReceiveWeightsRequest\x1a\x1d.loom.control.v1.WorkerStatus\x12Q\n\x0bSendWeights\x12#.loom.control.v1.SendWeightsRequest\x1a\x1d.loom.control.v1.WorkerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'loom_runtime.control_api.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATE']._serialized_start=890
-  _globals['_WORKERSTATE']._serialized_end=1062
-  _globals['_PAUSEMODE']._serialized_start=1064
-  _globals['_PAUSEMODE']._serialized_end=1146
+  _globals['_WORKERSTATE']._serialized_start=912
+  _globals['_WORKERSTATE']._serialized_end=1084
+  _globals['_PAUSEMODE']._serialized_start=1086
+  _globals['_PAUSEMODE']._serialized_end=1168
   _globals['_WORKERSTATUS']._serialized_start=60
   _globals['_WORKERSTATUS']._serialized_end=371
   _globals['_STATUSREQUEST']._serialized_start=373
@@ -46,11 +46,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESUMEREQUEST']._serialized_start=521
   _globals['_RESUMEREQUEST']._serialized_end=536
   _globals['_LOADWEIGHTSREQUEST']._serialized_start=538
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=603
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=606
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=764
-  _globals['_SENDWEIGHTSREQUEST']._serialized_start=766
-  _globals['_SENDWEIGHTSREQUEST']._serialized_end=887
-  _globals['_CONTROL']._serialized_start=1149
-  _globals['_CONTROL']._serialized_end=1715
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=625
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=628
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=786
+  _globals['_SENDWEIGHTSREQUEST']._serialized_start=788
+  _globals['_SENDWEIGHTSREQUEST']._serialized_end=909
+  _globals['_CONTROL']._serialized_start=1171
+  _globals['_CONTROL']._serialized_end=1737
 # @@protoc_insertion_point(module_scope)

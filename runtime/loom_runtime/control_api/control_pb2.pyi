@@ -82,14 +82,16 @@ class ResumeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("source", "version", "kv")
+    __slots__ = ("source", "version", "kv", "rebuild_from")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_FROM_FIELD_NUMBER: _ClassVar[int]
     source: str
     version: str
     kv: str
-    def __init__(self, source: _Optional[str] = ..., version: _Optional[str] = ..., kv: _Optional[str] = ...) -> None: ...
+    rebuild_from: str
+    def __init__(self, source: _Optional[str] = ..., version: _Optional[str] = ..., kv: _Optional[str] = ..., rebuild_from: _Optional[str] = ...) -> None: ...
 
 class ReceiveWeightsRequest(_message.Message):
     __slots__ = ("update_id", "store_host", "store_port", "rank", "world_size", "version", "timeout_seconds")

@@ -196,8 +196,9 @@ async def start_control(
         return None
     push = engine if isinstance(engine, Engine) else None
     settings = ControlSettings(
-        model_name, s.role, s.drain_timeout_s, resolve_source, healthy, push=push
-    )
+        model_name, s.role, s.drain_timeout_s, resolve_source, healthy, push=push, host=s.host,
+        token=s.control_token or "",
+    )  # fmt: skip
     service = ControlService(engine, settings)
     server, _ = await start_control_server(service, s.host, s.control_port, s.control_token)
     return server

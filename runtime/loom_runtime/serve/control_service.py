@@ -25,6 +25,7 @@ from loom_runtime.errors import InvalidRequestError, LoomError
 from loom_runtime.serve.errors import ControlStateError, UnauthenticatedError, classify
 from loom_runtime.serve.metrics import StatsSource
 from loom_runtime.serve.push_receiver import PushReceiver, PushTarget, is_push_source
+from loom_runtime.transfer.weight_push import StagedPush
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class ControlSettings:
     resolve_source: Callable[[str], Path]  # LoadWeights source -> checkpoint dir
     healthy: Callable[[], bool]  # False once the engine thread has died
     push: PushTarget | None = None  # the engine's side of a trainer's weight push, if it has one
+    host: str = ""  # the address peers reach this worker at ("" or a wildcard: unknown)
+    token: str = ""  # the control token (a peer sending a push checks it)
 
 
 def watch_interval(requested: float) -> float:
@@ -164,7 +167,8 @@ class ControlService:
             self._loading = True
             try:
                 if is_push_source(request.source):
-                    await self._pushes.swap(self._pushes.staged(request.source, request.version))
+                    staged = await self._obtain(request)
+                    await self._pushes.swap(staged)
                 else:
                     path = self._settings.resolve_source(request.source)
                     await asyncio.to_thread(self._engine.load_weights, str(path), request.version)
@@ -175,6 +179,13 @@ class ControlService:
             extra={"previous": stats.weights_version, "version": request.version},
         )
         return await self.snapshot()
+
+    async def _obtain(self, request: pb.LoadWeightsRequest) -> StagedPush:
+        """The push a LoadWeights swaps in: staged here, or received from `rebuild_from`."""
+        host = "" if self._settings.host in ("", "0.0.0.0", "::") else self._settings.host
+        return await self._pushes.obtain(
+            request.source, request.version, request.rebuild_from, host, self._settings.token
+        )
 
     async def _load_keep(self, request: pb.LoadWeightsRequest) -> pb.WorkerStatus:
         """A keep swap: a staged push swapped in under the running requests of a serving worker."""
@@ -192,7 +203,7 @@ class ControlService:
                     "one is paused, draining or failed: swap it in with LoadWeights without kv "
                     "once it is paused and drained"
                 )
-            staged = self._pushes.staged(request.source, request.version)
+            staged = await self._obtain(request)
             self._loading = True
             try:
                 await self._pushes.swap_keep(staged, request.kv)

@@ -17,6 +17,7 @@ import torch
 from loom_runtime.control_api import control_pb2 as pb
 from loom_runtime.errors import CheckpointError, InvalidRequestError
 from loom_runtime.serve.errors import ControlStateError
+from loom_runtime.serve.rebuild import Rebuild, receive_rebuild
 from loom_runtime.transfer.peer_rebuild import send_weights
 from loom_runtime.transfer.weight_push import StagedPush, receive_push
 from loom_trainer.group import Rendezvous
@@ -106,17 +107,47 @@ class PushReceiver:
             )
         return s
 
+    async def obtain(
+        self, source: str, version: str, rebuild_from: str, host: str, token: str
+    ) -> StagedPush:
+        """The push `source` names for `version`: the one this worker staged, or — when it has
+        not staged it (it started after the push) and `rebuild_from` names a peer serving the
+        version — received from that peer now (this worker hosting the store on `host`).
+        ControlStateError when neither; TransferError / CheckpointError when the peer's
+        transfer fails."""
+        s = self._staged
+        update_id = source.removeprefix(PUSH_SCHEME)
+        mine = s is not None and s.update_id == update_id and s.version == version
+        if mine or not rebuild_from:
+            return self.staged(source, version)
+        target = self._require_target()
+        if not host:
+            raise ControlStateError(
+                "LoadWeights rebuild_from: this worker does not know the address its peers "
+                "reach it at (its --host is a wildcard); load a staged push or a checkpoint"
+            )
+        plan = Rebuild(rebuild_from, update_id, version)
+        return await asyncio.to_thread(receive_rebuild, plan, target.push_specs(), host, token)
+
     async def swap(self, staged: StagedPush) -> None:
         """Swap the staged push in (the worker is paused and drained), then drop the staging."""
         target = self._require_target()
-        await asyncio.to_thread(target.load_pushed, staged)
+        try:
+            await asyncio.to_thread(target.load_pushed, staged)
+        finally:
+            if staged is not self._staged:  # received from a peer for this swap alone
+                staged.discard()
         self.discard()
 
     async def swap_keep(self, staged: StagedPush, kv: str) -> None:
         """Swap the staged push in under the running requests (push mode keep, `kv` its KV
-        policy), then drop the staging; a refused swap keeps it staged."""
+        policy), then drop the staging; a refused swap keeps a push this worker staged."""
         target = self._require_target()
-        await asyncio.to_thread(target.load_pushed_keep, staged, kv)
+        try:
+            await asyncio.to_thread(target.load_pushed_keep, staged, kv)
+        finally:
+            if staged is not self._staged:
+                staged.discard()
         self.discard()
 
     def discard(self) -> None:

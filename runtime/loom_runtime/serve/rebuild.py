@@ -2,8 +2,10 @@
 checkpoint, then asks a peer that serves the pushed version to send it (SendWeights) and
 receives it as from a trainer (transfer/peer_rebuild.py), then swaps it in.
 
-Owns the worker's one rebuild at start; never picks the peer (`loom up`'s controller passes it
-in the --rebuild-* flags) and never serves before the swap.
+Owns the worker's rebuild at start and the receiving step that LoadWeights also runs for a push
+the worker has not staged (`rebuild_from`, the operator's pods); never picks the peer (`loom
+up`'s controller passes it in the --rebuild-* flags, the operator in LoadWeights) and never
+serves before the swap.
 """
 
 from __future__ import annotations
@@ -72,10 +74,12 @@ def plan_rebuild(args: argparse.Namespace) -> Rebuild | None:
     return Rebuild(args.rebuild_from, args.rebuild_update, args.rebuild_version)
 
 
-def rebuild(engine: RebuildTarget, plan: Rebuild, host: str, token: str) -> None:
-    """Receive `plan.version` from the peer and swap it in (the engine started, nothing
-    admitted yet). TransferError / CheckpointError say why it could not; the engine then still
-    holds the card's checkpoint."""
+def receive_rebuild(
+    plan: Rebuild, expected: dict[str, TensorSpec], host: str, token: str
+) -> StagedPush:
+    """Stage `plan.version` from the peer (this worker hosts the group's store on `host`, the
+    address the peer reaches it at). TransferError / CheckpointError say why it could not;
+    nothing stays staged then."""
     rv = rendezvous(host, plan.update_id, plan.timeout_s)
 
     def ask_peer() -> None:
@@ -98,7 +102,19 @@ def rebuild(engine: RebuildTarget, plan: Rebuild, host: str, token: str) -> None
                     f"{exc.code().name}: {exc.details()}"
                 ) from None
 
-    staged = receive_from_peer(rv, plan.version, engine.push_specs(), ask_peer)
+    staged = receive_from_peer(rv, plan.version, expected, ask_peer)
+    logger.info(
+        "received a pushed version from a peer",
+        extra={"peer": plan.peer, "update_id": plan.update_id, "version": plan.version},
+    )
+    return staged
+
+
+def rebuild(engine: RebuildTarget, plan: Rebuild, host: str, token: str) -> None:
+    """Receive `plan.version` from the peer and swap it in (the engine started, nothing
+    admitted yet). TransferError / CheckpointError say why it could not; the engine then still
+    holds the card's checkpoint."""
+    staged = receive_rebuild(plan, engine.push_specs(), host, token)
     try:
         engine.pause()
         engine.load_pushed(staged)

@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tests.operator.fleet.conftest import make_worker
 
 from loom_operator.control.probe import Probe, Seen
+from loom_operator.fleet.actions import LoadWeights
+from loom_operator.fleet.observed import FleetObservation
 from loom_operator.k8s.pods import (
     in_flight_by_worker,
     pod_worker,
+    rebuild_peer,
     route_patch,
     routed_as,
     unschedulable,
@@ -177,3 +181,21 @@ def test_unschedulable_counts_each_role_s_pods_no_node_has_room_for() -> None:
     got = unschedulable([pending("decode", "Unschedulable"), pending("decode", "Unschedulable"),
                          pending("prefill", "SchedulingGated"), placed, router])  # fmt: skip
     assert got == {"decode": 2}
+
+
+def test_a_push_is_rebuilt_from_a_live_peer_that_serves_its_version() -> None:
+    pods = {}
+    for i, ip in enumerate(("127.9.0.1", "127.9.0.2", "127.9.0.3")):
+        w = pod_worker(pod(f"dep-decode-{i}", ip=ip))
+        assert w is not None
+        pods[w.name] = w
+    load = LoadWeights("dep-decode-0", "push://u1", "p2")
+
+    def peer(*versions: str | None, **kw: Any) -> str:
+        states = tuple(make_worker("decode", i, v, **kw) for i, v in enumerate(versions))
+        return rebuild_peer(load, FleetObservation(states, now=1.0), pods)
+
+    assert peer("v1", "p2", "p2") == "127.9.0.2:50051"  # the first other worker serving p2
+    assert peer("p2", "v1", "v1") == ""  # only the loading worker itself has it
+    assert peer("v1", "v1", None) == ""  # nobody serves p2 yet (a barrier swap under way)
+    assert peer("v1", "p2", "p2", ready=False) == ""  # no healthy one

@@ -1,0 +1,76 @@
+"""LoadWeights of a push this worker never staged (it started after the push: a restarted pod, a
+scale-up), with `rebuild_from` a peer that serves the pushed version: the worker receives the
+version from that peer (SendWeights) and swaps it in, then answers exactly as the peer does
+(float64, greedy). Without a peer, or from a peer that does not serve the version, it is refused
+and the worker keeps its weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from tests.runtime.serve import test_keep_push as keep_push
+from tests.runtime.serve.test_keep_push import stage, weights
+
+from loom_runtime.control_api import control_pb2 as pb
+from loom_runtime.control_api import control_pb2_grpc as pb_grpc
+
+PROMPT = list(range(300, 316))
+
+
+def greedy(worker: Any) -> list[int]:
+    return keep_push.greedy(worker, PROMPT, 12)
+
+
+@pytest.fixture(scope="module")
+def pair(launch: Any, tiny_v1: Path) -> Iterator[tuple[Any, Any]]:
+    with launch(tiny_v1, "--dtype", "float64") as a, launch(tiny_v1, "--dtype", "float64") as b:
+        yield a, b
+
+
+def control(worker: Any) -> Any:
+    return pb_grpc.ControlStub(grpc.insecure_channel(worker.control))  # type: ignore[no-untyped-call]
+
+
+def paused(stub: Any, auth: Any) -> None:
+    stub.Pause(pb.PauseRequest(mode=pb.PAUSE_MODE_WAIT, timeout_seconds=10), metadata=auth)
+
+
+def test_a_worker_that_never_staged_a_push_receives_it_from_a_peer(
+    pair: tuple[Any, Any], tiny_v2: Path
+) -> None:
+    a, b = pair
+    auth = [("authorization", f"Bearer {a.token}")]
+    sa, sb = control(a), control(b)
+    before = greedy(b)
+    source = stage(sa, auth, weights(tiny_v2), "p2")
+    paused(sa, auth)
+    sa.LoadWeights(pb.LoadWeightsRequest(source=source, version="p2"), metadata=auth)
+    sa.Resume(pb.ResumeRequest(), metadata=auth)
+
+    paused(sb, auth)
+    with pytest.raises(grpc.RpcError) as refused:  # no staging and no peer
+        sb.LoadWeights(pb.LoadWeightsRequest(source=source, version="p2"), metadata=auth)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "has nothing staged" in str(refused.value.details())
+    with pytest.raises(grpc.RpcError) as wrong:  # a peer that does not serve the version
+        sb.LoadWeights(
+            pb.LoadWeightsRequest(source=source, version="p3", rebuild_from=a.control),
+            metadata=auth, timeout=120,
+        )  # fmt: skip
+    assert "did not send p3" in str(wrong.value.details())
+    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    assert greedy(b) == before  # nothing changed
+
+    paused(sb, auth)
+    status = sb.LoadWeights(
+        pb.LoadWeightsRequest(source=source, version="p2", rebuild_from=a.control),
+        metadata=auth, timeout=120,
+    )  # fmt: skip
+    assert status.weights_version == "p2"
+    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    assert greedy(b) == greedy(a) != before
+    assert "received a pushed version from a peer" in b.log.read_text()
