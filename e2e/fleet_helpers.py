@@ -6,15 +6,21 @@ Owns nothing but those helpers; every test module that runs the operator uses th
 
 from __future__ import annotations
 
+import base64
 import json
+import socket
 import subprocess
 import sys
 import uuid
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from e2e.providers import REPO, Cluster
+from loom_operator.k8s.kube import object_path
+from loom_operator.testing.weights import Weights
 
 # The weight-sync fleets (test_weight_sync, test_helm): the tiny model, 1 prefill + 2 decode.
 MODEL = "tiny"
@@ -129,3 +135,22 @@ def settled(cluster: Cluster, namespace: str, name: str, version: str) -> dict[s
     if condition(got, "WeightSyncing").get("status") != "False":
         return None
     return got if status.get("weightsVersion") == version else None
+
+
+def admin_token(cluster: Cluster, namespace: str, name: str) -> str:
+    """The card's admin token (its Secret `<name>-control`): what a trainer pushes with."""
+    secret = cluster.kube.get(object_path("Secret", namespace, f"{name}-control"))
+    return base64.b64decode(secret["data"]["admin-token"]).decode()
+
+
+def pushed_tensors(weights: Weights, version: str) -> dict[str, torch.Tensor]:
+    """The weights of `version`'s checkpoint as the fp64 fleet holds them (what a trainer
+    pushes)."""
+    path = weights.paths[weights.for_version(version)] / "model.safetensors"
+    return {n: t.to(torch.float64) for n, t in load_file(str(path)).items()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

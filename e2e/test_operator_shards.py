@@ -1,7 +1,8 @@
 """Three operator replicas share the cards of one namespace by shard Leases (`loom operator
 --shards 12`): every card is acted on by exactly one replica, and a replica killed with kill -9
 hands its cards to the others once its Leases expire — a weight sync in progress on one of them
-completes under a streaming load with no failed request.
+completes under a streaming load with no failed request — and a trainer's push sent to a
+replica that does not hold the card is forwarded to the one that does.
 
 One real fleet (the tiny model, 1 prefill + 2 decode on the stand-in kubelet, syncing between two
 checkpoints) and 29 small GLM-5-class cards whose pods kwok marks Running on fake GPU nodes (they
@@ -29,8 +30,11 @@ from e2e.fleet_helpers import (
     ROLES,
     SETTLE_S,
     Operator,
+    admin_token,
     card,
+    free_port,
     operator_namespace,
+    pushed_tensors,
     router_url,
     settled,
 )
@@ -41,6 +45,7 @@ from loom_operator.k8s.shards import LEASE_LABEL, SHARD_PREFIX, shard_of
 from loom_operator.testing.cards import card_text, small_glm
 from loom_operator.testing.load import StreamingLoad, check_streams
 from loom_operator.testing.weights import Weights
+from loom_trainer import WeightSync
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -114,8 +119,12 @@ def test_three_replicas_share_thirty_cards_and_a_killed_ones_cards_move_mid_sync
     if not cluster.runs_pods_as_processes or cluster.root is None:
         pytest.skip("needs the local provider (pod IPs reachable, kwok nodes)")
     ns = operator_namespace(cluster)
-    flags = ("--shards", str(SHARDS))
-    ops = {tag: Operator(cluster, ns, tag, flags) for tag in "abc"}
+    ports = {tag: free_port() for tag in "abc"}
+    ops = {
+        tag: Operator(cluster, ns, tag, ("--shards", str(SHARDS), "--push-port", str(port),
+                                         "--push-address", "127.0.0.1"))
+        for tag, port in ports.items()
+    }  # fmt: skip
     fake: list[str] = []
     try:
         wait_for(lambda: balanced(cluster, ns, 3), 90, "three replicas holding four shards each")
@@ -192,6 +201,17 @@ def test_three_replicas_share_thirty_cards_and_a_killed_ones_cards_move_mid_sync
         after = {tag: acted(op, ns, marks[tag]) for tag, op in alive.items()}
         a, b = after.values()
         assert not (a & b), f"cards acted on by both live replicas after the kill: {a & b}"
+
+        # a trainer pushes through the replica that does not hold the card: it forwards there
+        now_owner = next(t for t, op in alive.items() if identity(op) == holders[shard])
+        other = next(t for t in alive if t != now_owner)
+        push_url = f"http://127.0.0.1:{ports[other]}/cards/{ns}/{NAME}"
+        trainer = WeightSync.connect(push_url, admin_token(cluster, ns, NAME), "127.0.0.1")
+        result = trainer.push(pushed_tensors(weights, "v3"), "v3", timeout_s=60)
+        assert result.version == "v3"
+        wait_for(lambda: settled(cluster, ns, NAME, "v3"), SETTLE_S, "the pushed v3 served")
+        assert any("WeightPush" in line for line in alive[now_owner].lines())
+        assert not any("WeightPush" in line for line in alive[other].lines())
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         for name in fake:

@@ -13,8 +13,6 @@ out of routing at once, whatever the edits (a revert mid-sync, three changes in 
 
 from __future__ import annotations
 
-import base64
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from e2e.conftest import wait_for
 from e2e.fleet_helpers import (
@@ -33,8 +29,11 @@ from e2e.fleet_helpers import (
     ROLES,
     SETTLE_S,
     Operator,
+    admin_token,
     card,
+    free_port,
     operator_namespace,
+    pushed_tensors,
     router_url,
     settled,
 )
@@ -99,24 +98,11 @@ class Fleet:
         status = card(self.cluster, self.ns, NAME).get("status") or {}
         return int(str(status["weightsVersion"]).removeprefix("v"))
 
-    def tensors(self, version: str) -> dict[str, torch.Tensor]:
-        """The weights of `version`'s checkpoint as the fp64 fleet holds them (what a trainer
-        pushes)."""
-        path = self.weights.paths[self.weights.for_version(version)] / "model.safetensors"
-        return {n: t.to(torch.float64) for n, t in load_file(str(path)).items()}
-
     def trainer(self) -> WeightSync:
         """A trainer on this machine, connected to the operator's push API for the card."""
-        secret = self.cluster.kube.get(object_path("Secret", self.ns, f"{NAME}-control"))
-        token = base64.b64decode(secret["data"]["admin-token"]).decode()
+        token = admin_token(self.cluster, self.ns, NAME)
         url = f"http://127.0.0.1:{self.push_port}/cards/{self.ns}/{NAME}"
         return WeightSync.connect(url, token, store_host="127.0.0.1")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OutOfRouting:
@@ -248,7 +234,7 @@ def test_a_trainer_pushes_twice_under_load_through_the_operator(fleet: Fleet) ->
     with fleet.load() as load:
         load.wait_completed(4, 120)
         for version in (first, second):
-            result = trainer.push(fleet.tensors(version), version, timeout_s=60)
+            result = trainer.push(pushed_tensors(fleet.weights, version), version, timeout_s=60)
             assert result.version == version and len(result.workers) == 3
             load.wait_completed(4, 120)  # and it serves the pushed version
     assert_served(fleet, load.stop(), old, first, second)
@@ -258,7 +244,7 @@ def test_a_trainer_pushes_twice_under_load_through_the_operator(fleet: Fleet) ->
     assert status["servedPush"]["updateId"] == status["push"]["updateId"]
     assert sorted(status["push"]["staged"]) == sorted(status["push"]["workers"])
     with pytest.raises(PushRefused, match="already has weights version"):
-        trainer.push(fleet.tensors(second), second, timeout_s=10)
+        trainer.push(pushed_tensors(fleet.weights, second), second, timeout_s=10)
     wrong = WeightSync(trainer.url, "not-the-token", store_host="127.0.0.1")
     with pytest.raises(PushRefused, match="wrong token"):
         wrong.latest()

@@ -167,3 +167,12 @@ def test_the_push_api_is_off_until_a_port_is_given_then_served_behind_a_service(
     (service,) = by_kind(docs, "Service")
     assert service["spec"]["ports"] == [{"name": "push", "port": 8093, "targetPort": "push"}]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_push_api_with_replicas_waiting_for_a_leader_is_refused(helm: Path) -> None:
+    result = run(helm, "template", "loom", str(CHART), "--set", "operator.pushPort=8093",
+                 "--set", "operator.replicas=2")  # fmt: skip
+    assert result.returncode != 0 and "needs operator.shards > 0" in result.stderr
+    sharded = template(helm, "--set", "operator.pushPort=8093", "--set", "operator.replicas=3",
+                       "--set", "operator.shards=12")  # fmt: skip
+    assert by_kind(sharded, "Service")

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +112,14 @@ def run(args: argparse.Namespace) -> int:
     memo = kopf.Memo(kube=kube, settings=settings, stop_flag=kopf_stop, metrics=metrics,
                      wakers=wakers, applied=Applied(), shards=shards)  # fmt: skip
     if args.push_port:
-        memo.push_desks = PushDesks()
+        memo.push_desks = PushDesks(shards)
         memo.push_port, memo.push_address = args.push_port, args.push_address
     assert handlers.configure is not None  # the import registers the handlers with kopf
     elector, keeper = None, None
     if shards is not None:
-        keeper = ShardKeeper(kube, shard_settings(namespaces, args.shards), shards)
+        push_url = push_api_url(args.push_address, args.push_port) if args.push_port else ""
+        sharding = replace(shard_settings(namespaces, args.shards), push_url=push_url)
+        keeper = ShardKeeper(kube, sharding, shards)
         metrics.shards(lambda: len(shards.acting_on))
         threading.Thread(target=keeper.keep, args=(stop,), daemon=True).start()
     elif args.leader_elect:
@@ -144,6 +147,15 @@ def run(args: argparse.Namespace) -> int:
         if keeper is not None:
             keeper.release()
     return 1 if elector is not None and elector.lost.is_set() else 0
+
+
+def push_api_url(address: str, port: int) -> str:
+    """The URL the other replicas reach this one's push API at (a wildcard address: the pod's
+    IP, else this host's)."""
+    host = address
+    if address in ("", "0.0.0.0", "::"):
+        host = os.environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def _secret_key(text: str) -> tuple[str, str]:

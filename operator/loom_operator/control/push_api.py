@@ -14,6 +14,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
+import aiohttp
 from aiohttp import web
 
 from loom_operator.fleet.push import PushConflict, PushUpdate
@@ -39,9 +40,19 @@ class PushDesk:
     trainer's machine: on Kubernetes it is another machine)."""
 
 
-Desks = Callable[[Mapping[str, str]], Awaitable[PushDesk | str]]
-"""The route's match info ({namespace, name}, or nothing at the root) -> the fleet's desk, or
-why there is none here (answered 404)."""
+@dataclass(frozen=True)
+class Forward:
+    """The fleet is another replica's (a sharded operator): its push API's base URL."""
+
+    url: str
+
+
+Desks = Callable[[Mapping[str, str]], Awaitable[PushDesk | Forward | str]]
+"""The route's match info ({namespace, name}, or nothing at the root) -> the fleet's desk, the
+replica to forward to, or why there is none here (answered 404)."""
+FORWARDED = "X-Loom-Forwarded"
+"""Set on a forwarded request: the replica it reaches answers it itself (no second hop)."""
+FORWARD_TIMEOUT_S = 30.0
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -62,6 +73,13 @@ def push_app(desks: Desks, prefix: str = "") -> web.Application:
 
     async def desk_of(request: web.Request) -> PushDesk | web.Response:
         desk = await desks(request.match_info)
+        if isinstance(desk, Forward):
+            if request.headers.get(FORWARDED):
+                return _error(
+                    404, "the replica that holds the card's shard does not run it (its shard "
+                    "moved a moment ago); retry shortly",
+                )  # fmt: skip
+            return await forward(request, desk.url)
         if isinstance(desk, str):
             return _error(404, desk)
         given = request.headers.get("Authorization", "").encode()
@@ -119,6 +137,28 @@ def push_app(desks: Desks, prefix: str = "") -> web.Application:
     app.router.add_get(f"{prefix}/v1/weights/updates", latest)
     app.router.add_get(f"{prefix}/v1/weights/updates/{{update_id}}", one)
     return app
+
+
+async def forward(request: web.Request, base: str) -> web.Response:
+    """Send `request` on to the replica at `base` and relay its answer (502 if it gives none)."""
+    headers = {"Authorization": request.headers.get("Authorization", ""), FORWARDED: "1",
+               "Content-Type": "application/json"}  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(
+                request.method,
+                base.rstrip("/") + request.path_qs,
+                data=await request.read(),
+                headers=headers,
+            ) as answer,  # fmt: skip
+        ):
+            body = await answer.read()
+            return web.Response(body=body, status=answer.status, content_type="application/json")
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return _error(502, f"the replica that holds the card's shard ({base}) did not answer: "
+                      f"{exc or type(exc).__name__}")  # fmt: skip
 
 
 async def start_push_api(app: web.Application, host: str, port: int) -> web.AppRunner:

@@ -29,7 +29,7 @@ from loom_operator.k8s.labels import GROUP, VERSION
 from loom_operator.k8s.pushes import PushDesks
 from loom_operator.k8s.reconcile import document, problems, reconcile, validity, write_status
 from loom_operator.k8s.wakers import CardWakers
-from loom_operator.k8s.watched import card_cache
+from loom_operator.k8s.watched import card_cache, items
 from loom_runtime.card.errors import CardError
 
 Obj = Mapping[str, Any]
@@ -85,10 +85,18 @@ async def supervise_cards(memo: kopf.Memo, **kwargs: Any) -> None:
 
 
 @kopf.on.startup()
-async def serve_pushes(memo: kopf.Memo, **_: Any) -> None:
-    """With `--push-port`: the weight-push API, a desk per card whose loop runs here."""
+async def serve_pushes(memo: kopf.Memo, **kwargs: Any) -> None:
+    """With `--push-port`: the weight-push API, a desk per card whose loop runs here (a sharded
+    replica forwards the others' to the replica that holds their shard)."""
     desks: PushDesks | None = getattr(memo, "push_desks", None)
     if desks is not None:
+        cards = kwargs.get(CARDS_INDEX)
+
+        def uid_of(namespace: str, name: str) -> str | None:
+            found = items(cards, (namespace, name))
+            return str(found[0]["metadata"]["uid"]) if found else None
+
+        desks.uid_of = uid_of
         app = push_app(desks.desk, CARD_PREFIX)
         memo.push_api = await start_push_api(app, memo.push_address, memo.push_port)
 

@@ -60,6 +60,7 @@ def lease_body(
     *,
     acquire: bool,
     labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Lease to create or PUT: held by `identity` (None: given up) and renewed now. A PUT
     carries the read resourceVersion, so a replica that lost a race is refused (409), never
@@ -73,6 +74,8 @@ def lease_body(
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
     if lease is not None:
         meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,

@@ -12,17 +12,18 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from loom_operator.api.status import PushStatus
-from loom_operator.control.push_api import PushDesk, Store
+from loom_operator.control.push_api import Forward, PushDesk, Store
 from loom_operator.control.pushes import PushCoordinator
 from loom_operator.fleet.desired import DesiredFleet
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.push import PushConflict, PushUpdate
 from loom_operator.fleet.record import SyncRecord
 from loom_operator.k8s.fleet import Events, PodFleet
+from loom_operator.k8s.shard_keeper import Shards
 
 logger = logging.getLogger(__name__)
 
@@ -124,22 +125,26 @@ class CardPushes:
         await self.coordinator.close()
 
 
-@dataclass
 class PushDesks:
-    """The cards this replica answers pushes for: those whose loop runs here."""
+    """The cards this replica answers pushes for (those whose loop runs here), and where the
+    others' go when the operator is sharded (the replica that holds the card's shard)."""
 
-    cards: dict[CardKey, CardPushes]
+    def __init__(self, shards: Shards | None = None) -> None:
+        self.cards: dict[CardKey, CardPushes] = {}
+        self.shards = shards
+        self.uid_of: Callable[[str, str], str | None] = lambda _ns, _name: None
+        """(namespace, name) -> the card's UID as the watch has it (None: no such card)."""
 
-    def __init__(self) -> None:
-        self.cards = {}
-
-    async def desk(self, match: Mapping[str, str]) -> PushDesk | str:
+    async def desk(self, match: Mapping[str, str]) -> PushDesk | Forward | str:
         key = (match["namespace"], match["name"])
         pushes = self.cards.get(key)
         if pushes is None:
-            return (
-                f"no DeploymentCard {key[0]}/{key[1]} runs on this operator replica (with "
-                "--shards, reach the replica that holds its shard: docs/rl.md)"
+            uid = self.uid_of(*key)
+            url = None if uid is None or self.shards is None else self.shards.owner_url(uid)
+            if url is not None:
+                return Forward(url)
+            return f"no DeploymentCard {key[0]}/{key[1]} runs on this operator replica" + (
+                "" if uid is None else " (its shard's holder serves no push API yet)"
             )
         token = await pushes.fleet.admin_token()
         return PushDesk(token, pushes.open, lambda: pushes.coordinator.latest, True)

@@ -22,11 +22,13 @@ from loom_operator.k8s.lease import Lease, holder, lease_body, leases_path, live
 from loom_operator.k8s.shards import (
     LEASE_LABEL,
     MEMBER_PREFIX,
+    PUSH_URL_ANNOTATION,
     SHARD_PREFIX,
     member_lease,
     plan_shards,
     shard_lease,
     shard_of,
+    shard_urls,
 )
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ class ShardSettings:
     duration_s: float = 15.0
     """A replica that has not renewed a Lease for this long has lost it."""
     renew_s: float = 5.0
+    push_url: str = ""
+    """This replica's weight-push API, published on its member Lease ("": it serves none)."""
 
 
 class Shards:
@@ -59,6 +63,7 @@ class Shards:
         keeper stuck on a slow API server cannot act past its Leases."""
         self._busy: dict[int, int] = {}
         self._listeners: list[Callable[[], None]] = []
+        self._urls: dict[int, str] = {}
 
     def shard(self, uid: str) -> int | None:
         return None if self.shards is None else shard_of(uid, self.shards)
@@ -98,6 +103,17 @@ class Shards:
     def acting_on(self) -> frozenset[int]:
         with self._lock:
             return self._current()
+
+    def owner_url(self, uid: str) -> str | None:
+        """The push API of the replica that holds the card's shard, as the last look read it
+        (None: not sharded, or its holder publishes none)."""
+        k = self.shard(uid)
+        with self._lock:
+            return None if k is None else self._urls.get(k)
+
+    def set_urls(self, urls: dict[int, str]) -> None:
+        with self._lock:
+            self._urls = urls
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called (from the keeper's thread) after the shards acted on changed."""
@@ -144,8 +160,10 @@ class ShardKeeper:
              acquire: bool) -> bool:  # fmt: skip
         """Create or PUT one Lease; False when another replica won the race."""
         s = self.settings
+        notes = {PUSH_URL_ANNOTATION: s.push_url} if kind == "member" and s.push_url else None
         body = lease_body(name, s.namespace, identity, s.duration_s, lease, datetime.now(UTC),
-                          acquire=acquire, labels={LEASE_LABEL: kind})  # fmt: skip
+                          acquire=acquire, labels={LEASE_LABEL: kind},
+                          annotations=notes)  # fmt: skip
         try:
             if lease is None:
                 self.kube.create(leases_path(s.namespace), body)
@@ -164,6 +182,7 @@ class ShardKeeper:
         started = time.monotonic()
         shards, members = self._read()
         now = datetime.now(UTC)
+        self.shards.set_urls(shard_urls(shards, members, now))
         alive = {str(holder(lease)) for lease in members.values() if live(lease, now)}
         plan = plan_shards(s.shards, shards, alive, s.identity, now)
         me = member_lease(s.identity)

@@ -22,6 +22,8 @@ SHARD_PREFIX = "loom-operator-shard-"
 MEMBER_PREFIX = "loom-operator-member-"
 LEASE_LABEL = "loom.dev/operator-lease"
 """On every Lease of a sharded operator: `shard` or `member` (one list finds them all)."""
+PUSH_URL_ANNOTATION = "loom.dev/push-url"
+"""On a member Lease: the replica's weight-push API (the others forward a card's push there)."""
 
 
 def shard_of(uid: str, shards: int) -> int:
@@ -78,3 +80,20 @@ def plan_shards(
     room = max(0, share - len(keep))
     take = tuple(sorted(free, key=lambda k: _order(me, k))[:room])
     return ShardPlan(frozenset(keep), take, frozenset(over))
+
+
+def shard_urls(
+    shards: Mapping[int, Lease], members: Mapping[str, Lease], now: datetime
+) -> dict[int, str]:
+    """Shard -> the push API URL its live holder publishes on its member Lease (annotation
+    PUSH_URL_ANNOTATION); shards whose holder is gone or publishes none are absent. Pure."""
+    out = {}
+    for k, lease in shards.items():
+        who = holder(lease)
+        if who is None or not live(lease, now):
+            continue
+        member = members.get(member_lease(who)) or {}
+        url = ((member.get("metadata") or {}).get("annotations") or {}).get(PUSH_URL_ANNOTATION)
+        if url:
+            out[k] = str(url)
+    return out

@@ -12,7 +12,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from loom_operator.api.status import PushMode
-from loom_operator.control.push_api import CARD_PREFIX, PushDesk, Store, parse_store, push_app
+from loom_operator.control.push_api import (
+    CARD_PREFIX,
+    FORWARDED,
+    Forward,
+    PushDesk,
+    Store,
+    parse_store,
+    push_app,
+)
 from loom_operator.fleet.push import PushConflict, PushUpdate
 
 TOKEN = "s3cret"
@@ -119,3 +127,46 @@ def test_a_store_address_parses() -> None:
     assert parse_store("trainer.ns.svc:29500") == ("trainer.ns.svc", 29500)
     with pytest.raises(ValueError, match="host:port"):
         parse_store(":80")
+
+
+def test_a_card_of_another_replica_is_forwarded_there_once() -> None:
+    owner = Fleet(store_required=True)
+
+    async def run() -> list[tuple[int, dict[str, Any]]]:
+        async with TestServer(per_card({("ns", "a"): owner})()) as there:
+            base = str(there.make_url(""))
+
+            async def elsewhere(match: Mapping[str, str]) -> Forward | str:
+                return Forward(base) if match["name"] == "a" else "no such card"
+
+            async def also_elsewhere(_: Mapping[str, str]) -> Forward:
+                return Forward(base)
+
+            out = []
+            body = {"version": "v2", "store_address": "10.0.0.5:4000"}
+            async with TestClient(TestServer(push_app(elsewhere, CARD_PREFIX))) as here:
+                for token in (TOKEN, "wrong"):
+                    r = await here.post("/cards/ns/a/v1/weights/updates", json=body,
+                                        headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+                    out.append((r.status, await r.json()))
+                r = await here.get("/cards/ns/a/v1/weights/updates",
+                                   headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+                out.append((r.status, await r.json()))
+            async with TestClient(TestServer(push_app(also_elsewhere, CARD_PREFIX))) as loop:
+                r = await loop.get(
+                    "/cards/ns/a/v1/weights/updates",
+                    headers={"Authorization": f"Bearer {TOKEN}", FORWARDED: "1"},
+                )
+                out.append((r.status, await r.json()))
+        async with TestClient(TestServer(push_app(also_elsewhere, CARD_PREFIX))) as gone:
+            r = await gone.get("/cards/ns/a/v1/weights/updates",
+                               headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+            out.append((r.status, await r.json()))
+        return out
+
+    opened, refused, latest, looped, unreachable = asyncio.run(run())
+    assert opened[0] == 201 and owner.opened == [("v2", "barrier", 60.0, "", ("10.0.0.5", 4000))]
+    assert refused[0] == 401 and "wrong token" in refused[1]["error"]
+    assert latest == (200, {"update": owner.update.as_json() if owner.update else None})
+    assert looped[0] == 404 and "retry shortly" in looped[1]["error"]
+    assert unreachable[0] == 502 and "did not answer" in unreachable[1]["error"]

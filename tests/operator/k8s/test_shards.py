@@ -16,7 +16,14 @@ import pytest
 
 from loom_operator.k8s.lease import holder, lease_body, live
 from loom_operator.k8s.shard_keeper import Shards
-from loom_operator.k8s.shards import fair_share, member_lease, plan_shards, shard_of
+from loom_operator.k8s.shards import (
+    PUSH_URL_ANNOTATION,
+    fair_share,
+    member_lease,
+    plan_shards,
+    shard_of,
+    shard_urls,
+)
 
 NOW = datetime(2026, 12, 6, 12, 0, 0, tzinfo=UTC)
 
@@ -203,3 +210,23 @@ def test_an_unsharded_view_owns_every_card() -> None:
     view = Shards()
     with view.acting("any") as mine:
         assert mine and view.owns("any")
+
+
+def test_each_shard_leads_to_the_push_api_its_live_holder_publishes() -> None:
+    def member(who: str, url: str | None, renewed_ago_s: float = 1.0) -> dict[str, Any]:
+        m = lease(who, renewed_ago_s)
+        m["metadata"] = {"annotations": {PUSH_URL_ANNOTATION: url} if url else {}}
+        return m
+
+    members = {
+        member_lease(w): member(w, u)
+        for w, u in (("a", "http://10.0.0.1:8093"), ("b", None), ("c", "http://10.0.0.3:8093"))
+    }
+    shards = {0: lease("a"), 1: lease("b"), 2: lease("c", 20), 3: lease(None), 4: lease("a")}
+    urls = shard_urls(shards, members, NOW)
+    assert urls == {0: "http://10.0.0.1:8093", 4: "http://10.0.0.1:8093"}  # fmt: skip
+    view = Shards(6)
+    view.set_urls(urls)
+    uid = next(u for u in (f"uid-{i}" for i in range(100)) if shard_of(u, 6) == 4)
+    assert view.owner_url(uid) == "http://10.0.0.1:8093"
+    assert Shards().owner_url(uid) is None  # not sharded: every card is this replica's
