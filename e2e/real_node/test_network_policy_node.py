@@ -1,7 +1,8 @@
 """NetworkPolicies enforced on the real node (kube-network-policies: nftables + NFQUEUE): with the
 NetworkPolicies the operator renders for examples/tiny-pd.yaml, a pod they do not name can open
 none of a worker's ports, a pod labelled as the deployment's router opens the OpenAI and KV-event
-ports and not the KV side port or the control port, and a peer worker opens the KV side port."""
+ports and not the KV side port or the control port, a peer worker opens the KV side port, and a
+pod labelled as the deployment's trainer (a push's gloo group) opens every port."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from loom_runtime.wire.pods import (
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
     KV_SIDE_PORT,
+    TRAINER_LABEL,
     WORKER_PORTS,
 )
 
@@ -93,9 +95,10 @@ def test_worker_policy_keeps_strangers_off_kv_ports_and_admits_the_router_and_pe
     pods = [pod("worker", WORKER, ["python", "-c", LISTEN], ports=True),
             pod("stranger", {"app": "stranger"}, sleep, ports=False),
             pod("router", ROUTER, sleep, ports=False),
-            pod("peer", WORKER, sleep, ports=False)]  # fmt: skip
+            pod("peer", WORKER, sleep, ports=False),
+            pod("trainer", {TRAINER_LABEL: DEPLOYMENT.name}, sleep, ports=False)]  # fmt: skip
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(pods))
-    for name in ("stranger", "router", "peer"):
+    for name in ("stranger", "router", "peer", "trainer"):
         wait_for(partial(ready_ip, cluster, ns, name), 120, f"pod {name} Ready")
     worker = wait_for(lambda: ready_ip(cluster, ns, "worker"), 120, "the worker stand-in Ready")
 
@@ -118,6 +121,7 @@ def test_worker_policy_keeps_strangers_off_kv_ports_and_admits_the_router_and_pe
         KV_SIDE_PORT: "timeout", CONTROL_PORT: "timeout",  # the workers', and the operator's
     }  # fmt: skip
     assert reach(cluster, ns, "peer", worker, *every) == dict.fromkeys(every, "open")
+    assert reach(cluster, ns, "trainer", worker, *every) == dict.fromkeys(every, "open")
 
     cluster.kubectl("delete", "networkpolicy", "-n", ns, "--all")
     wait_for(lambda: kv_side("stranger") == "open", 60, "the stranger let in once policies go")

@@ -12,6 +12,9 @@ from typing import Any
 DEPLOYMENT_LABEL = "loom.dev/deployment"
 ROLE_LABEL = "loom.dev/role"
 COMPONENT_LABEL = "app.kubernetes.io/component"  # "worker" | "router"
+TRAINER_LABEL = "loom.dev/trainer-of"
+"""A user's label on a trainer's pod, its value a DeploymentCard's name: the card's workers let
+it in on any port (a push's gloo group) when NetworkPolicies are rendered."""
 
 DRAINING_ANNOTATION = "loom.dev/draining"
 """Set to "true" on a worker the router must stop sending new requests to."""

@@ -209,6 +209,16 @@ def test_only_the_operator_reaches_control_ports_and_only_the_router_the_api() -
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     }
     assert monitoring in by_port["http"] and monitoring not in by_port["control"]
+    workers_any = {
+        "podSelector": {
+            "matchLabels": {
+                "loom.dev/deployment": "tiny-pd",
+                "app.kubernetes.io/component": "worker",
+            }
+        }
+    }
+    trainers = {"podSelector": {"matchLabels": {"loom.dev/trainer-of": "tiny-pd"}}}
+    assert by_port["*"] == [workers_any, trainers]  # KV transfer, a push's gloo group
     admin = objs[("NetworkPolicy", "tiny-pd-router")]["spec"]["ingress"]
     assert admin[0] == {"from": [operator], "ports": [{"protocol": "TCP", "port": "admin"}]}
     router_pod = objs[("Deployment", "tiny-pd-router")]["spec"]["template"]["spec"]

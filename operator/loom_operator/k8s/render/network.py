@@ -1,7 +1,7 @@
 """The NetworkPolicies of one deployment: only the operator reaches the workers' control port
 and the router's admin port; only the router (and the operator's probes) reach the workers'
-OpenAI port and KV-event sockets; workers reach each other (KV transfer); clients reach the
-router's OpenAI port.
+OpenAI port and KV-event sockets; workers reach each other (KV transfer), and so do the pods
+labelled as the card's trainers (a push's gloo group); clients reach the router's OpenAI port.
 
 Pure; rendered only when the operator runs with `--network-policies` (the chart's default), since
 they need to know where the operator runs. A cluster without a network plugin that enforces
@@ -23,6 +23,7 @@ from loom_runtime.wire.pods import (
     KV_EVENTS_PORT,
     KV_REPLAY_PORT,
     ROUTER_ADMIN_PORT,
+    TRAINER_LABEL,
 )
 
 NAMESPACE_NAME = "kubernetes.io/metadata.name"
@@ -61,6 +62,7 @@ def network_policies(deployment: DeploymentCard, settings: RenderSettings) -> li
         {"from": [operator], "ports": _ports(CONTROL_PORT, HTTP_PORT)},
         {"from": [router], "ports": _ports(HTTP_PORT, KV_EVENTS_PORT, KV_REPLAY_PORT)},
         {"from": [{"podSelector": {"matchLabels": worker_pods}}]},  # KV transfer, any port
+        {"from": [{"podSelector": {"matchLabels": {TRAINER_LABEL: name}}}]},  # pushes, any port
     ]
     if settings.metrics_namespaces:
         scrapers = [_namespace(ns) for ns in settings.metrics_namespaces]
