@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -328,7 +328,7 @@ class Engine:
         """What a pushed version must send (ModelWeights.specs)."""
         return self._weights.specs()
 
-    def push_tensors(self) -> dict[str, torch.Tensor]:
+    def push_tensors(self) -> Mapping[str, torch.Tensor]:
         """The live tensors push_specs describes (what this worker sends a restarted peer);
         the caller reads them only while no swap can run."""
         return self._weights.tensors()

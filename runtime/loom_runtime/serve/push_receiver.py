@@ -10,6 +10,7 @@ swap serving).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
@@ -31,7 +32,7 @@ class PushTarget(Protocol):
 
     def push_specs(self) -> dict[str, TensorSpec]: ...
 
-    def push_tensors(self) -> dict[str, torch.Tensor]: ...
+    def push_tensors(self) -> Mapping[str, torch.Tensor]: ...
 
     def load_pushed(self, staged: StagedPush) -> None: ...
 
@@ -89,11 +90,12 @@ class PushReceiver:
         if not request.update_id or not request.store_host or not request.store_port:
             raise InvalidRequestError("SendWeights needs an update_id and the peer's store")
         tensors = await asyncio.to_thread(target.push_tensors)
+        specs = await asyncio.to_thread(target.push_specs)
         rv = Rendezvous(
             request.store_host, request.store_port, 0, 2, request.timeout_seconds or 60.0,
             request.update_id, store_rank=1,
         )  # fmt: skip
-        await asyncio.to_thread(send_weights, rv, tensors)
+        await asyncio.to_thread(send_weights, rv, tensors, specs=specs)
 
     def staged(self, source: str, version: str) -> StagedPush:
         """The staged push `source` names, for `version`; ControlStateError if there is none."""

@@ -30,14 +30,22 @@ RECEIVER_RANK = 1
 
 
 def send_weights(
-    rv: Rendezvous, tensors: Mapping[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    rv: Rendezvous,
+    tensors: Mapping[str, torch.Tensor],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    specs: Mapping[str, TensorSpec] | None = None,
 ) -> float:
     """As rank 0 of `rv`'s group of two, send `tensors` as a push (the receiver checks them
-    against its model first); the seconds the bytes moved. TransferError when the receiver
-    refuses, a checksum differs or the group breaks."""
+    against its model first); the seconds the bytes moved. `specs`: what `tensors` hold, when
+    reading them all to learn it would cost a copy of the model (tensors read from disk as
+    their bucket goes). TransferError when the receiver refuses, a checksum differs or the
+    group breaks."""
     try:
         group = TransferGroup(rv)
-        buckets = plan_buckets([spec_of(n, t) for n, t in tensors.items()], bucket_bytes)
+        manifest = [spec_of(n, t) for n, t in tensors.items()] if specs is None else [
+            specs[n] for n in tensors
+        ]  # fmt: skip
+        buckets = plan_buckets(manifest, bucket_bytes)
         return send_push(group, ["the rebuilding peer"], buckets, tensors)
     except (PushRefused, PushFailed, RuntimeError) as exc:
         raise TransferError(f"sending the weights of push {rv.update_id}: {exc}") from exc

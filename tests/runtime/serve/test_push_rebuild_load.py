@@ -74,3 +74,42 @@ def test_a_worker_that_never_staged_a_push_receives_it_from_a_peer(
     sb.Resume(pb.ResumeRequest(), metadata=auth)
     assert greedy(b) == greedy(a) != before
     assert "received a pushed version from a peer" in b.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def tp2(launch: Any, tiny_v1: Path) -> Iterator[Any]:
+    with launch(tiny_v1, "--dtype", "float64", "--tp", "2") as w:
+        yield w
+
+
+def test_a_worker_with_ranks_sends_the_push_it_serves_from_the_checkpoint_it_keeps(
+    tp2: Any, pair: tuple[Any, Any], tiny_v2: Path, tiny_v1: Path
+) -> None:
+    """Its weights live in its ranks' shards: it sends the pushed version from the checkpoint
+    its ranks loaded it from, kept while it serves it; a later checkpoint load takes its place."""
+    _, b = pair
+    auth = [("authorization", f"Bearer {tp2.token}")]
+    st, sb = control(tp2), control(b)
+    source = stage(st, auth, weights(tiny_v2), "t2")
+    paused(st, auth)
+    st.LoadWeights(pb.LoadWeightsRequest(source=source, version="t2"), metadata=auth)
+    st.Resume(pb.ResumeRequest(), metadata=auth)
+    paused(sb, auth)
+    status = sb.LoadWeights(
+        pb.LoadWeightsRequest(source=source, version="t2", rebuild_from=tp2.control),
+        metadata=auth, timeout=120,
+    )  # fmt: skip
+    assert status.weights_version == "t2"
+    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    assert greedy(b) == greedy(tp2)
+
+    paused(st, auth)  # back to a checkpoint: that directory is what it sends now
+    st.LoadWeights(pb.LoadWeightsRequest(source=str(tiny_v1), version="t3"), metadata=auth)
+    st.Resume(pb.ResumeRequest(), metadata=auth)
+    paused(sb, auth)
+    sb.LoadWeights(
+        pb.LoadWeightsRequest(source="push://t3", version="t3", rebuild_from=tp2.control),
+        metadata=auth, timeout=120,
+    )  # fmt: skip
+    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    assert greedy(b) == greedy(tp2)
