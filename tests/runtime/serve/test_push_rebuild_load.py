@@ -39,6 +39,16 @@ def paused(stub: Any, auth: Any) -> None:
     stub.Pause(pb.PauseRequest(mode=pb.PAUSE_MODE_WAIT, timeout_seconds=10), metadata=auth)
 
 
+def load(stub: Any, auth: Any, source: str, version: str, peer: str = "") -> str:
+    """Pause, load `source` as `version` (a push not staged here: from `peer`), resume; the
+    version the worker then reports."""
+    paused(stub, auth)
+    request = pb.LoadWeightsRequest(source=source, version=version, rebuild_from=peer)
+    status = stub.LoadWeights(request, metadata=auth, timeout=120)
+    stub.Resume(pb.ResumeRequest(), metadata=auth)
+    return str(status.weights_version)
+
+
 def test_a_worker_that_never_staged_a_push_receives_it_from_a_peer(
     pair: tuple[Any, Any], tiny_v2: Path
 ) -> None:
@@ -47,9 +57,7 @@ def test_a_worker_that_never_staged_a_push_receives_it_from_a_peer(
     sa, sb = control(a), control(b)
     before = greedy(b)
     source = stage(sa, auth, weights(tiny_v2), "p2")
-    paused(sa, auth)
-    sa.LoadWeights(pb.LoadWeightsRequest(source=source, version="p2"), metadata=auth)
-    sa.Resume(pb.ResumeRequest(), metadata=auth)
+    assert load(sa, auth, source, "p2") == "p2"
 
     paused(sb, auth)
     with pytest.raises(grpc.RpcError) as refused:  # no staging and no peer
@@ -65,13 +73,7 @@ def test_a_worker_that_never_staged_a_push_receives_it_from_a_peer(
     sb.Resume(pb.ResumeRequest(), metadata=auth)
     assert greedy(b) == before  # nothing changed
 
-    paused(sb, auth)
-    status = sb.LoadWeights(
-        pb.LoadWeightsRequest(source=source, version="p2", rebuild_from=a.control),
-        metadata=auth, timeout=120,
-    )  # fmt: skip
-    assert status.weights_version == "p2"
-    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    assert load(sb, auth, source, "p2", a.control) == "p2"
     assert greedy(b) == greedy(a) != before
     assert "received a pushed version from a peer" in b.log.read_text()
 
@@ -91,25 +93,10 @@ def test_a_worker_with_ranks_sends_the_push_it_serves_from_the_checkpoint_it_kee
     auth = [("authorization", f"Bearer {tp2.token}")]
     st, sb = control(tp2), control(b)
     source = stage(st, auth, weights(tiny_v2), "t2")
-    paused(st, auth)
-    st.LoadWeights(pb.LoadWeightsRequest(source=source, version="t2"), metadata=auth)
-    st.Resume(pb.ResumeRequest(), metadata=auth)
-    paused(sb, auth)
-    status = sb.LoadWeights(
-        pb.LoadWeightsRequest(source=source, version="t2", rebuild_from=tp2.control),
-        metadata=auth, timeout=120,
-    )  # fmt: skip
-    assert status.weights_version == "t2"
-    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    assert load(st, auth, source, "t2") == "t2"
+    assert load(sb, auth, source, "t2", tp2.control) == "t2"
     assert greedy(b) == greedy(tp2)
-
-    paused(st, auth)  # back to a checkpoint: that directory is what it sends now
-    st.LoadWeights(pb.LoadWeightsRequest(source=str(tiny_v1), version="t3"), metadata=auth)
-    st.Resume(pb.ResumeRequest(), metadata=auth)
-    paused(sb, auth)
-    sb.LoadWeights(
-        pb.LoadWeightsRequest(source="push://t3", version="t3", rebuild_from=tp2.control),
-        metadata=auth, timeout=120,
-    )  # fmt: skip
-    sb.Resume(pb.ResumeRequest(), metadata=auth)
+    # back to a checkpoint: that directory is what it sends now
+    assert load(st, auth, str(tiny_v1), "t3") == "t3"
+    assert load(sb, auth, "push://t3", "t3", tp2.control) == "t3"
     assert greedy(b) == greedy(tp2)
