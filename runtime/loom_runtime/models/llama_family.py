@@ -24,8 +24,11 @@ def _build(config: Any, dtype: torch.dtype, device: str | torch.device) -> Causa
 
 
 def _prepare(model: CausalLM) -> None:
-    if model.device.type == "cpu":
-        kernels.status()  # its decode attention's kernel: loaded (or built, once per machine) now
+    # Its decode attention's kernel: loaded (or built, once per machine) now; a float64 model
+    # never uses it (its decode takes the exact torch path, models/attention.py), so a float64
+    # worker does not wait for a build it cannot use (a fresh container builds it each time).
+    if model.device.type == "cpu" and model.dtype != torch.float64:
+        kernels.status()
 
 
 RUNTIME = FamilyRuntime(

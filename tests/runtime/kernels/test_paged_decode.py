@@ -182,18 +182,24 @@ def test_a_failed_build_leaves_the_torch_path_with_the_compiler_s_error(tmp_path
     assert not list(tmp_path.rglob("*.so"))
 
 
-def test_loading_a_cpu_llama_loads_its_kernel_before_the_first_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("dtype", "loaded"), [("float32", "True"), ("float64", "None")])
+def test_loading_a_cpu_llama_loads_its_kernel_before_the_first_step_unless_float64(
+    tmp_path: Path, dtype: str, loaded: str
+) -> None:
+    """A float64 model never uses the kernel (its decode is exact): it neither loads nor builds
+    it."""
     code = (
-        "import sys; from loom_runtime import kernels; from loom_runtime.models.loader import "
-        "load_model; from loom_runtime.models.tiny import init_tiny\n"
+        "import sys, torch; from loom_runtime import kernels; from loom_runtime.models.loader "
+        "import load_model; from loom_runtime.models.tiny import init_tiny\n"
         "init_tiny(sys.argv[1], seed=0); print(kernels.status_so_far())\n"
-        "load_model(sys.argv[1]); print(kernels.status_so_far().loaded)"
+        "load_model(sys.argv[1], dtype=getattr(torch, sys.argv[2]))\n"
+        "s = kernels.status_so_far(); print(None if s is None else s.loaded)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "tiny")],
+        [sys.executable, "-c", code, str(tmp_path / "tiny"), dtype],
         capture_output=True,
         text=True,
         timeout=300,
         check=True,
     )
-    assert done.stdout.split() == ["None", "True"], done.stderr
+    assert done.stdout.split() == ["None", loaded], done.stderr
