@@ -331,6 +331,16 @@ def test_behaviour_records_after_a_push_equal_a_training_forward_of_the_pushed_w
     fleet.wait_settled(120, version)
     ask = {"model": MODEL, "max_tokens": MAX_TOKENS, "ignore_eos": True, "seed": 21,
            "return_behaviour": True}  # fmt: skip
+
+    def paired() -> bool:
+        """The router pairs the decode with a prefill on the pushed version (its view of the
+        workers' versions can trail the controller's settled status by a moment; until then a
+        decode prefills locally)."""
+        probe = {**ask, "prompt": PROMPTS[2], "max_tokens": 1, "temperature": 0.0}
+        status, _, headers = post(fleet.endpoint + "/completions", probe)
+        return status == 200 and headers.get("x-loom-pd") == "remote-prefill"
+
+    wait_for(paired, 30, "the router to pair a prefill on the pushed version")
     for temperature in (1.0, 0.7):
         status, answer, headers = post(
             fleet.endpoint + "/completions",
