@@ -370,3 +370,24 @@ def test_behaviour_records_after_a_push_equal_a_training_forward_of_the_pushed_w
     )
     assert len(got) == MAX_TOKENS
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 1e-9
+
+
+def test_a_push_reaches_every_worker_the_planner_keeps_beyond_the_cards_replicas(
+    checkpoints: tuple[Path, Path], child_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The card asks 1 decode, its autoscaling section at least 2: the push goes to the 2 the
+    fleet runs (not the card's 1), and is done once both serve it."""
+    card = tmp_path / "card.yaml"
+    card.write_text(card_text(
+        f"file://{checkpoints[0]}", name="scaled", roles=ROLES, dtype="fp64",
+        autoscaling="    decode: {min: 2, max: 2}\n",
+    ))  # fmt: skip
+    with run_fleet(card, tmp_path / "state", child_env) as fleet:
+        fleet.wait(lambda s: sum(w.role == "decode" and w.ready and w.routed
+                                 for w in s.workers) == 2, 180, "2 decode workers")  # fmt: skip
+        result = connect(fleet).push(weights_of(checkpoints[1]), "v2", bucket_bytes=BUCKET)
+        assert sorted(result.workers) == ["scaled-decode-0", "scaled-decode-1", "scaled-prefill-0"]
+        settled = fleet.wait_settled(120, "v2")
+        assert sorted(w.name for w in settled.workers if w.version == "v2") == sorted(
+            result.workers
+        )

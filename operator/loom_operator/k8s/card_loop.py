@@ -309,7 +309,8 @@ async def _fleet_round(
         written.update(fresh)
     await fleet.execute(r, desired)
     await scaler.follow(counts, r, by_name)
-    pushes.coordinator.follow(card, seen[0], rec.record.sync)
-    pushes.seen(card.with_replicas(counts), seen[0], rec.record.sync)
+    at_counts = card.with_replicas(counts)  # the card's version, at the workers it runs
+    pushes.coordinator.follow(at_counts, seen[0], rec.record.sync)
+    pushes.seen(at_counts, seen[0], rec.record.sync)
     acted = any(not isinstance(a, SetCondition) for a in rec.actions)
     return acted, rec.wake_at

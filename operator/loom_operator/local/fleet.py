@@ -25,6 +25,7 @@ from loom_operator.control.push_api import PushDesk, Store, push_app, start_push
 from loom_operator.control.router_admin import RouterAdmin
 from loom_operator.fleet.actions import SetCondition
 from loom_operator.fleet.controller import Reconciliation, reconcile
+from loom_operator.fleet.desired import DesiredFleet
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.push import PushConflict, PushUpdate
 from loom_operator.fleet.record import FleetRecord
@@ -180,9 +181,15 @@ class LocalFleet:
         if store is None:  # the trainer runs on this machine: its TCPStore on a free port
             store = (HOST, free_ports(1, self.processes.table.ports())[0])
         return self.pushes.open(
-            version, mode, timeout_s, store, self.cards.desired, self._observed,
+            version, mode, timeout_s, store, self._card_at_counts(), self._observed,
             self.record.sync, kv,
         )  # fmt: skip
+
+    def _card_at_counts(self) -> DesiredFleet:
+        """The card's fleet (its weights version) at the workers the planner keeps: what a push
+        opens against and is done on."""
+        card = self.cards.desired
+        return card if self.autoscaler is None else self.autoscaler.apply(card)
 
     async def _abort_start(self) -> None:
         if self._push_api is not None:
@@ -255,7 +262,7 @@ class LocalFleet:
         self.record = rec.record
         self.last = rec
         await self.executor.execute(rec.actions, Round(self.cards, observed, now))
-        self.pushes.follow(self.cards.desired, observed, rec.record.sync)
+        self.pushes.follow(self._card_at_counts(), observed, rec.record.sync)
         names = {w.name for w in self.processes.table.workers}
         if self.router.known:
             await self._quietly(self.router.remove_unknown(names))
