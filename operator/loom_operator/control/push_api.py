@@ -60,7 +60,8 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def parse_store(text: object) -> Store:
-    """ "host:port" -> (host, port); ValueError says what is wrong."""
+    """A store address, host:port (an IPv6 host in brackets), as (host, port); ValueError says
+    what is wrong."""
     host, sep, port = str(text).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"store_address must be host:port, got {text!r}")

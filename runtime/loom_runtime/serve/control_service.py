@@ -182,10 +182,10 @@ class ControlService:
 
     async def _obtain(self, request: pb.LoadWeightsRequest) -> StagedPush:
         """The push a LoadWeights swaps in: staged here, or received from `rebuild_from`."""
-        host = "" if self._settings.host in ("", "0.0.0.0", "::") else self._settings.host
         return await self._pushes.obtain(
-            request.source, request.version, request.rebuild_from, host, self._settings.token
-        )
+            request.source, request.version, request.rebuild_from, self._settings.host,
+            self._settings.token,
+        )  # fmt: skip
 
     async def _load_keep(self, request: pb.LoadWeightsRequest) -> pb.WorkerStatus:
         """A keep swap: a staged push swapped in under the running requests of a serving worker."""

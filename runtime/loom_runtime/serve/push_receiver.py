@@ -25,6 +25,8 @@ from loom_trainer.group import Rendezvous
 from loom_trainer.protocol import TensorSpec
 
 PUSH_SCHEME = "push://"
+WILDCARDS = ("", "0.0.0.0", "::")
+"""Addresses a worker listens on that name no host a peer could reach it at."""
 
 
 class PushTarget(Protocol):
@@ -114,7 +116,8 @@ class PushReceiver:
     ) -> StagedPush:
         """The push `source` names for `version`: the one this worker staged, or — when it has
         not staged it (it started after the push) and `rebuild_from` names a peer serving the
-        version — received from that peer now (this worker hosting the store on `host`).
+        version — received from that peer now (this worker hosting the store on `host`, the
+        address it listens on).
         ControlStateError when neither; TransferError / CheckpointError when the peer's
         transfer fails."""
         s = self._staged
@@ -123,7 +126,7 @@ class PushReceiver:
         if mine or not rebuild_from:
             return self.staged(source, version)
         target = self._require_target()
-        if not host:
+        if host in WILDCARDS:
             raise ControlStateError(
                 "LoadWeights rebuild_from: this worker does not know the address its peers "
                 "reach it at (its --host is a wildcard); load a staged push or a checkpoint"
