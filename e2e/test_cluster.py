@@ -89,6 +89,25 @@ def test_loom_crds_install_and_their_rules_reject_bad_cards(
     del role["hiSparse"]  # one tier, with prefix caching: accepted
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(tiers))
 
+    board = list(yaml.safe_load_all((REPO / "examples" / "tiny-storyboard.yaml").read_text()))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(board[1]))
+    flow = board[1]
+    flow["metadata"]["name"] = "workflow-breaker"
+    stages = flow["spec"]["workflows"][0]["stages"]
+    stages[1]["deploymentCard"] = "tiny-mot"
+    out = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(flow), check=False
+    )
+    assert out.returncode != 0
+    assert "the last stage runs on this card" in out.stderr
+    del stages[1]["deploymentCard"]
+    stages[0]["route"] = "videos"
+    out = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(flow), check=False
+    )
+    assert out.returncode != 0
+    assert "every stage before the last is an images stage" in out.stderr
+
     schema = docs[1]
     schema["metadata"]["name"] = "schema-breaker"
     schema["spec"]["roles"]["aggregated"]["replicas"] = "many"

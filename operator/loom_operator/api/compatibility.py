@@ -50,4 +50,32 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
         if kinds:
             msg = f"the vllm backend runs ar_decode loops only; {model.name!r} has {kinds[0]}"
             problems.append((("spec", "backend"), "backend_loop_kind", msg))
+    return problems + _workflow_problems(deploy, model)
+
+
+def served_routes(model: ModelCard) -> frozenset[str]:
+    """The media routes a fleet of `model` serves: a diffusion model's images and videos, a
+    program's images; none for a plain text model."""
+    if model.loop(model.spec.recipe.assumes_loop).kind == "diffusion":
+        return frozenset({"images", "videos"})
+    return frozenset({"images"}) if model.spec.programs else frozenset()
+
+
+def _workflow_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:
+    """A workflow's last stage runs on this card: the model must serve its route."""
+    routes = served_routes(model)
+    problems: list[Problem] = []
+    for i, flow in enumerate(deploy.spec.workflows):
+        at = ("spec", "workflows", i)
+        if flow.name == model.name:
+            msg = f"workflow {flow.name!r} is named like the model it is served beside"
+            problems.append(((*at, "name"), "workflow_named_like_model", msg))
+        if flow.route not in routes:
+            serves = " and ".join(sorted(routes)) or "no images or videos"
+            msg = (
+                f"workflow {flow.name!r} ends with a {flow.route} stage on this card, but "
+                f"{model.name!r} serves {serves}"
+            )
+            problems.append(((*at, "stages", len(flow.stages) - 1, "route"),
+                             "workflow_route_not_served", msg))  # fmt: skip
     return problems

@@ -13,9 +13,11 @@ from pydantic import ConfigDict, Field, model_validator
 from loom_operator.api.autoscaling import Autoscaling
 from loom_operator.api.roles import Roles
 from loom_operator.api.status import DeploymentCardStatus
-from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta, cel_rules
+from loom_runtime.card.base import API_VERSION, CardModel, DnsName, ObjectMeta, cel_rules, list_map
 from loom_runtime.card.checks import raise_for
+from loom_runtime.card.errors import Problem
 from loom_runtime.card.serving import Failover, PrefixCaching, Router, WeightSync
+from loom_runtime.card.workflow import MAX_WORKFLOWS, Workflow
 
 Backend = Literal["native", "vllm"]
 
@@ -53,19 +55,29 @@ class DeploymentCardSpec(CardModel):
     autoscaling: Autoscaling | None = None
     """Loom's planner moves the roles it names between their bounds (unset: replicas are
     fixed; docs/autoscaling.md)."""
+    workflows: list[Workflow] = Field(
+        default_factory=list, max_length=MAX_WORKFLOWS, json_schema_extra=list_map("name")
+    )
+    """Servables composed of several cards' requests, served by this card's router
+    (docs/composite.md)."""
 
     @model_validator(mode="after")
-    def _check_autoscaling(self) -> DeploymentCardSpec:
-        if self.autoscaling is None:
-            return self
-        declared = self.roles.present()
-        errors = [
-            (("autoscaling", role), "undeclared_role", f"autoscaling.{role} needs a {role} role")
-            for role in ("prefill", "decode", "aggregated")
-            if getattr(self.autoscaling, role) is not None and role not in declared
+    def _check(self) -> DeploymentCardSpec:
+        errors: list[Problem] = []
+        if self.autoscaling is not None:
+            declared = self.roles.present()
+            errors += [
+                (("autoscaling", r), "undeclared_role", f"autoscaling.{r} needs a {r} role")
+                for r in ("prefill", "decode", "aggregated")
+                if getattr(self.autoscaling, r) is not None and r not in declared
+            ]
+        names = [w.name for w in self.workflows]
+        errors += [
+            (("workflows", i, "name"), "duplicate", f"workflow {name!r} twice")
+            for i, name in enumerate(names)
+            if name in names[:i]
         ]
-        if errors:
-            raise_for("DeploymentCardSpec", errors)
+        raise_for("DeploymentCardSpec", errors)
         return self
 
 

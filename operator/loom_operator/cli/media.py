@@ -39,6 +39,12 @@ def add_parser(sub: Any) -> None:
         p.add_argument("--steps", type=int, help="denoise steps (default: the model card's)")
         p.add_argument("--seed", type=int, help="same seed, same pixels (default: random)")
         p.add_argument("--api-key", help="the router's API key, if it asks for one")
+        p.add_argument(
+            "--stage", type=stage_option, action="append", default=[],
+            metavar="STAGE.FIELD=VALUE",
+            help="a field of an earlier stage of a workflow --model, e.g. think.size=32x32 "
+            "(VALUE is read as JSON, else as a string); the other flags shape the last stage",
+        )  # fmt: skip
         if kind == "image":
             p.add_argument("-n", type=int, default=1, help="images (default 1)")
             p.add_argument(
@@ -53,6 +59,19 @@ def add_parser(sub: Any) -> None:
         p.set_defaults(run=run_image if kind == "image" else run_video)
 
 
+def stage_option(text: str) -> tuple[str, str, Any]:
+    """`STAGE.FIELD=VALUE` -> (stage, field, value): VALUE as JSON when it parses, else as text."""
+    key, eq, raw = text.partition("=")
+    stage, dot, name = key.partition(".")
+    if not (eq and dot and stage and name):
+        raise argparse.ArgumentTypeError(f"{text!r}: STAGE.FIELD=VALUE, e.g. think.size=32x32")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return stage, name, value
+
+
 def request_body(args: argparse.Namespace, video: bool) -> dict[str, Any]:
     """The API body for the parsed flags (pure)."""
     body: dict[str, Any] = {"prompt": args.prompt, "size": args.size}
@@ -64,6 +83,11 @@ def request_body(args: argparse.Namespace, video: bool) -> dict[str, Any]:
         body.update(num_frames=args.frames, fps=args.fps)
     else:
         body["n"] = args.n
+    stages: dict[str, dict[str, Any]] = {}
+    for stage, name, value in args.stage:
+        stages.setdefault(stage, {})[name] = value
+    if stages:
+        body["stage_options"] = stages
     return body
 
 

@@ -137,13 +137,15 @@ def router_document(
     tokenizer_path: Path | None,
     diffusion: int | None = None,
     program: int | None = None,
+    workflows: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """ROUTER.json as a document. The block size is the decode role's (or the aggregated
     role's): the pool whose cache the prefix index predicts. Prefill pods report theirs in every
     KV event, and a pod whose block size differs is flagged by the index, never scored zero.
     `diffusion`: the model's denoise steps (see `diffusion_steps`) for a diffusion fleet, whose
     router serves the image and video routes by predicted cost. `program`: the draw steps of a
-    text model's program (see `program_steps`): its router also serves the image route."""
+    text model's program (see `program_steps`): its router also serves the image route.
+    `workflows`: the card's workflows with their stages' router URLs (fleet/workflows.py)."""
     spec = card.spec
     roles = spec.roles.present()
     engine_role = roles.get("decode") or roles.get("aggregated") or roles.get("prefill")
@@ -160,6 +162,7 @@ def router_document(
         **({} if diffusion is None else {"diffusion": {"default_steps": diffusion}}),
         **({} if program is None else {"diffusion": {"default_steps": program, "text": True}}),
         **({"scale_from_zero": True} if scales_from_zero(card) else {}),
+        **({"workflows": workflows} if workflows else {}),
     }
 
 

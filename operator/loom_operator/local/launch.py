@@ -22,6 +22,7 @@ from loom_operator.fleet.commands import (  # re-exported: the local substrate's
     router_document,
 )
 from loom_operator.fleet.push import PUSH_SCHEME
+from loom_operator.fleet.workflows import workflows_document
 from loom_operator.local.cards import FleetCards
 
 HOST = "127.0.0.1"
@@ -131,14 +132,18 @@ def worker_env(
     return env
 
 
-def router_config(cards: FleetCards, tokenizer_path: Path) -> str:
-    """The router's ROUTER.json: model, hashing, the card's router and failover settings; the
-    endpoints are registered over the admin API as workers become ready. A diffusion fleet's
-    router reads no tokenizer (it routes by predicted cost, not prefix)."""
+def router_config(
+    cards: FleetCards, tokenizer_path: Path, stage_urls: Mapping[str, str] | None = None
+) -> str:
+    """The router's ROUTER.json: model, hashing, the card's router and failover settings, its
+    workflows (`stage_urls`: the router of each other card a stage runs on); the endpoints are
+    registered over the admin API as workers become ready. A diffusion fleet's router reads no
+    tokenizer (it routes by predicted cost, not prefix)."""
     steps = commands.diffusion_steps(cards.model)
     tokenizer = tokenizer_path if steps is None else None
     program = commands.program_steps(cards.model)
-    doc = router_document(cards.deployment, cards.model.name, tokenizer, steps, program)
+    flows = workflows_document(cards.deployment, stage_urls or {})
+    doc = router_document(cards.deployment, cards.model.name, tokenizer, steps, program, flows)
     return json.dumps(doc, indent=1, sort_keys=True)
 
 

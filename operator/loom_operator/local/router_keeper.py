@@ -12,13 +12,14 @@ import asyncio
 import time
 from collections.abc import Mapping
 
+from loom_operator.fleet.workflows import stage_cards
 from loom_operator.local.cards import FleetCards
 from loom_operator.local.checkpoints import checkpoint_dir
 from loom_operator.local.events import EventSink, FleetEvent
 from loom_operator.local.launch import router_config
 from loom_operator.local.ports import free_ports, port_is_free
 from loom_operator.local.routing import RouterLink
-from loom_operator.local.state import StateError, StatePaths, write_atomic
+from loom_operator.local.state import StateError, StatePaths, load_processes, write_atomic
 from loom_operator.local.workers import ProcessSet
 
 HEALTHY_AFTER_S = 60.0  # a router up this long has its restart backoff reset
@@ -44,6 +45,7 @@ class RouterKeeper:
         self._backoff_cap_s = backoff_cap_s
         self._next_start = 0.0
         self._failures = 0
+        self._stage_urls: dict[str, str] = {}
         self.spawned = False
         """Whether this controller started a router process (an adopted one is not its own)."""
 
@@ -70,7 +72,8 @@ class RouterKeeper:
         if first:
             self._events(FleetEvent("router", f"preparing {cards.desired.source_uri}"))
         tokenizer = await checkpoint_dir(cards.desired.source_uri, self._env)
-        write_atomic(self._paths.router_config, router_config(cards, tokenizer))
+        urls = self._stage_urls = stage_urls(cards, self._paths, self._stage_urls)
+        write_atomic(self._paths.router_config, router_config(cards, tokenizer, urls))
         entry = self._processes.start_router(port, admin, now)
         self.spawned = True
         self._events(FleetEvent("router", f"starting the router on port {entry.port}"))
@@ -102,3 +105,25 @@ class RouterKeeper:
         self._events(FleetEvent("router", "the router exited; restarting it", level="warning"))
         link.forget()
         await self.start(cards, now)
+
+
+def stage_urls(cards: FleetCards, paths: StatePaths, known: Mapping[str, str]) -> dict[str, str]:
+    """The router URL of every card the workflows run a stage on: the fleet a `loom up` beside
+    this one runs for it (its state directory is this one's sibling). `known`: URLs found
+    before (a restarted router keeps them). StateError when a card has no fleet here."""
+    urls = {}
+    for card in stage_cards(cards.deployment):
+        if card in known:
+            urls[card] = known[card]
+            continue
+        other = StatePaths(paths.root.parent / card)
+        router = load_processes(other).router
+        if router is None:
+            flows = [f.name for f in cards.deployment.spec.workflows if card in f.cards()]
+            raise StateError(
+                f"workflow {', '.join(flows)} runs a stage on DeploymentCard {card}, which no "
+                f"`loom up` runs here ({other.processes} names no router): start it first, "
+                f"on another port (`loom up <its card file> --port 8001`)"
+            )
+        urls[card] = router.url
+    return urls

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from loom_router.core.endpoints import Endpoint
 from loom_router.core.settings import RoutingSettings, ScorerWeights
+from loom_router.core.workflows import WorkflowRoute, workflows_from_doc
 from loom_router.errors import ConfigError
 from loom_runtime.card.serving import Failover, Router
 from loom_runtime.wire.errors import WireConfigError
@@ -37,7 +38,7 @@ Policy = Literal["scored", "random", "round-robin"]
 POLICIES: tuple[Policy, ...] = ("scored", "random", "round-robin")
 _TOP_LEVEL = frozenset(
     {"model_name", "tokenizer_path", "block_size", "hash_seed", "hash_algo", "router",
-     "failover", "endpoints", "diffusion", "scale_from_zero"}
+     "failover", "endpoints", "diffusion", "scale_from_zero", "workflows"}
 )  # fmt: skip
 DEFAULT_DIFFUSION_STEPS = 50
 
@@ -66,6 +67,8 @@ class RouterFileConfig:
     diffusion: DiffusionRouting | None = None
     """Set: /v1/images and /v1/videos are served (by predicted cost × load), not text routes
     (with `text`: the text routes and /v1/images only)."""
+    workflows: tuple[WorkflowRoute, ...] = ()
+    """Servables composed of several cards' requests, the last stage on this fleet."""
 
 
 def endpoint_from_doc(endpoint_id: str, doc: Mapping[str, Any], where: str) -> Endpoint:
@@ -105,6 +108,8 @@ def file_config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> R
         except ConfigError as exc:
             problems.append(str(exc))
     diffusion = _diffusion(doc.get("diffusion"), problems)
+    workflows = workflows_from_doc(doc.get("workflows"), problems)
+    problems += _unserved(workflows, diffusion)
     settings: RoutingSettings | None = None
     if router is not None and failover is not None:
         try:
@@ -116,7 +121,17 @@ def file_config_from_dict(doc: Mapping[str, Any], base: Path | None = None) -> R
     path = None if tok is None else Path(tok)
     if path is not None and not path.is_absolute() and base is not None:
         path = base / path
-    return RouterFileConfig(str(model), path, settings, tuple(endpoints), diffusion)
+    return RouterFileConfig(str(model), path, settings, tuple(endpoints), diffusion, workflows)
+
+
+def _unserved(flows: tuple[WorkflowRoute, ...], diffusion: DiffusionRouting | None) -> list[str]:
+    """A workflow's last stage runs here, so this fleet must serve its route."""
+    routes = set() if diffusion is None else {"images"} if diffusion.text else {"images", "videos"}
+    return [
+        f"workflows: {w.name} ends with a {w.route} stage, which this fleet does not serve"
+        for w in flows
+        if w.route not in routes
+    ]
 
 
 def _diffusion(raw: Any, problems: list[str]) -> DiffusionRouting | None:

@@ -42,6 +42,7 @@ from loom_router.shell.proxy import ProxyApp
 from loom_router.shell.scraper import MetricsScraper
 from loom_router.shell.transport import Transport
 from loom_router.shell.upstream import Upstream, UpstreamTimeouts
+from loom_router.shell.workflow_proxy import WorkflowProxy, own_url
 from loom_runtime.errors import CheckpointError
 from loom_runtime.wire.metric_names import ROUTER_ENDPOINTS, ROUTER_IN_FLIGHT, ROUTER_INDEX_ENTRIES
 from loom_runtime.wire.process import configure_logging, serve_until_signalled
@@ -102,7 +103,12 @@ class RouterServer:
             limit = config.settings.migration_limit
             diffusion = config.diffusion
             media = MediaSettings(diffusion.default_steps, limit + 1, limit, diffusion.text)
-            self.media = MediaProxy(self.source, self.upstream, self.prober, self.metrics, media)
+            workflows = None
+            if config.workflows:
+                own = own_url(flags.host, flags.port)
+                workflows = WorkflowProxy(config.workflows, self.upstream, own)
+            self.media = MediaProxy(self.source, self.upstream, self.prober, self.metrics, media,
+                                    workflows=workflows)  # fmt: skip
         self.proxy = ProxyApp(
             self.dispatcher, self.metrics, config.model_name, flags.api_keys,
             max_body_bytes=flags.max_body_bytes, media=self.media,
@@ -157,6 +163,8 @@ class RouterServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await asyncio.to_thread(self.subscriber.close)
+        if self.media is not None and self.media.workflows is not None:
+            await self.media.workflows.close()
         await self.upstream.close()
 
     async def _watch_hashes(self, interval_s: float = 2.0) -> None:

@@ -34,6 +34,7 @@ from loom_router.errors import (
 from loom_router.shell.metrics import RouterMetrics
 from loom_router.shell.prober import Prober
 from loom_router.shell.upstream import Upstream, UpstreamReply
+from loom_router.shell.workflow_proxy import WorkflowProxy
 from loom_runtime.wire.headers import REQUEST_ID_HEADER
 
 logger = logging.getLogger(__name__)
@@ -74,10 +75,13 @@ class MediaProxy:
         metrics: RouterMetrics,
         settings: MediaSettings,
         jobs: MediaJobs | None = None,
+        workflows: WorkflowProxy | None = None,
     ) -> None:
         self._source, self._upstream, self._prober = source, upstream, prober
         self._metrics, self.settings = metrics, settings
         self.jobs = jobs or MediaJobs()
+        self.workflows = workflows
+        """Requests naming a workflow as their model, and its jobs."""
         self._images: dict[str, float] = {}  # endpoint -> predicted work of images in flight
         self._rng = random.Random()
         self._rid: Callable[[web.Request], str] = lambda _: ""
@@ -97,6 +101,10 @@ class MediaProxy:
 
     async def images(self, request: web.Request) -> web.Response:
         body = await self._body(request)
+        workflow = None if self.workflows is None else self.workflows.named(body)
+        if workflow is not None and self.workflows is not None:
+            return await self.workflows.image(workflow, body, request, self._rid(request))
+        body = with_seed(body, self._rng.getrandbits(63))
         cost = media_cost(body, False, self.settings.default_steps).units
         rid = self._rid(request)
         _, reply = await self._post(IMAGES, body, cost, rid, frozenset(), images=True)
@@ -104,6 +112,10 @@ class MediaProxy:
 
     async def create_video(self, request: web.Request) -> web.Response:
         body = await self._body(request)
+        workflow = None if self.workflows is None else self.workflows.named(body)
+        if workflow is not None and self.workflows is not None:
+            return await self.workflows.create_video(workflow, body, request, self._rid(request))
+        body = with_seed(body, self._rng.getrandbits(63))
         cost = media_cost(body, True, self.settings.default_steps).units
         endpoint, reply = await self._post(VIDEOS, body, cost, self._rid(request), frozenset())
         doc = reply.json()
@@ -114,12 +126,18 @@ class MediaProxy:
         return web.json_response(self._public(doc, job), status=202)
 
     async def get_video(self, request: web.Request) -> web.Response:
-        job = self.jobs.get(request.match_info["video_id"], time.monotonic())
+        video_id = request.match_info["video_id"]
+        if self.workflows is not None and WorkflowProxy.owns(video_id):
+            return await self.workflows.get_video(video_id, request, self._rid(request))
+        job = self.jobs.get(video_id, time.monotonic())
         doc = await self._status(job, self._rid(request))
         return web.json_response(doc)
 
     async def video_content(self, request: web.Request) -> web.Response:
-        job = self.jobs.get(request.match_info["video_id"], time.monotonic())
+        video_id = request.match_info["video_id"]
+        if self.workflows is not None and WorkflowProxy.owns(video_id):
+            return await self.workflows.video_content(video_id, request, self._rid(request))
+        job = self.jobs.get(video_id, time.monotonic())
         path = f"{VIDEOS}/{job.worker_job_id}/content"
         reply = await self._call(job, "GET", path, CONTENT_CALL_S)
         if reply is None or reply.status == 404:
@@ -131,7 +149,10 @@ class MediaProxy:
         return response
 
     async def delete_video(self, request: web.Request) -> web.Response:
-        job = self.jobs.get(request.match_info["video_id"], time.monotonic())
+        video_id = request.match_info["video_id"]
+        if self.workflows is not None and WorkflowProxy.owns(video_id):
+            return await self.workflows.delete_video(video_id, request, self._rid(request))
+        job = self.jobs.get(video_id, time.monotonic())
         reply = await self._call(job, "DELETE", f"{VIDEOS}/{job.worker_job_id}", SMALL_CALL_S)
         if reply is None or reply.status == 404:  # its worker is gone: nothing runs any more
             self.jobs.remove(job.id)
@@ -279,7 +300,7 @@ class MediaProxy:
             raise BadRequestError("the request body is not JSON") from None
         if not isinstance(body, dict):
             raise BadRequestError("the request body must be a JSON object")
-        return with_seed(body, self._rng.getrandbits(63))
+        return body
 
 
 def _worker_failed(doc: Mapping[str, Any]) -> bool:

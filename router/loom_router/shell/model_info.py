@@ -33,10 +33,13 @@ class ModelInfo:
         upstream: Upstream,
         model_name: str,
         request_id: web.RequestKey[str],
+        workflows: tuple[str, ...] = (),
     ) -> None:
         self.picking = picking
         self.upstream = upstream
         self.model_name = model_name
+        self.workflows = workflows
+        """Listed beside the model (root: the workflow itself; it spans several models)."""
         self._request_id = request_id  # the proxy's request key: the id its middleware set
         self._created = int(time.time())
 
@@ -64,7 +67,9 @@ class ModelInfo:
         max_len = await self.max_model_len()
         if max_len is not None:
             card["max_model_len"] = max_len
-        return web.json_response({"object": "list", "data": [card]})
+        flows = [{"id": name, "object": "model", "created": self._created, "owned_by": "loom",
+                  "root": name, "loom_kind": "workflow"} for name in self.workflows]  # fmt: skip
+        return web.json_response({"object": "list", "data": [card, *flows]})
 
     async def forward(self, request: web.Request) -> web.Response:
         """The body to one serving worker, its answer back as it is."""

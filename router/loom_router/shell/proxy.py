@@ -76,8 +76,13 @@ class ProxyApp:
             app.router.add_post("/v1/completions", self.completions)
             app.router.add_post("/v1/chat/completions", self.chat)
             ResponsesProxy(self.dispatcher).add_routes(app, REQUEST_ID)
+        flows = (
+            ()
+            if self.media is None or self.media.workflows is None
+            else tuple(self.media.workflows.workflows)
+        )
         info = ModelInfo(self.dispatcher.picking, self.dispatcher.upstream, self.model_name,
-                         REQUEST_ID)  # fmt: skip
+                         REQUEST_ID, flows)  # fmt: skip
         info.add_routes(app, tokenize=self.media is None)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)

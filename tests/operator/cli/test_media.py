@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from loom_operator.cli import build_parser
 from loom_operator.cli.media import image_paths, request_body, run_video
 from loom_operator.cli.up import try_lines
@@ -20,6 +22,20 @@ def test_flags_become_the_api_body() -> None:
     }  # fmt: skip
     image = build_parser().parse_args(["image", "a fox", "-n", "2"])
     assert request_body(image, False) == {"prompt": "a fox", "size": "64x64", "n": 2}
+
+
+def test_stage_flags_become_a_workflows_stage_options() -> None:
+    args = build_parser().parse_args(
+        ["video", "a fox", "--model", "flow", "--stage", "think.size=32x32",
+         "--stage", "think.seed=3", "--stage", 'think.negative_prompt="fog"']
+    )  # fmt: skip
+    body = request_body(args, True)
+    assert body["model"] == "flow"
+    think = {"size": "32x32", "seed": 3, "negative_prompt": "fog"}
+    assert body["stage_options"] == {"think": think}
+    for bad in ("think=3", "think.size", ".size=3"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["video", "a fox", "--stage", bad])
 
 
 def test_several_images_get_numbered_names() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from loom_operator.api.roles import RoleName
 from loom_operator.k8s.render import render
 from loom_operator.k8s.render.security import SCRATCH_ENV, SCRATCH_MOUNT, SCRATCH_VOLUME, USER
 from loom_operator.k8s.settings import RenderSettings
+from loom_router.shell.config import file_config_from_dict
 
 Validate = Callable[[dict[str, Any]], None]
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -151,6 +153,21 @@ def test_the_router_watches_its_deployment_pods_with_a_least_privilege_role() ->
     ]
     cm = objs[("ConfigMap", "tiny-pd-cards")]
     assert set(cm["data"]) == {"model-card.yaml", "deployment-card.yaml", "router.json"}
+
+
+def test_a_workflows_stages_on_other_cards_reach_their_router_services() -> None:
+    """The router of tiny-storyboard calls tiny-mot's router Service (same namespace) for the
+    think stage and itself for the last; the router config it reads says so."""
+    objs = by_kind(rendered("tiny-storyboard.yaml"))
+    router = json.loads(objs[("ConfigMap", "tiny-storyboard-cards")]["data"]["router.json"])
+    config = file_config_from_dict(router)
+    (flow, _) = config.workflows
+    assert [(s.name, s.card, s.route, s.url) for s in flow.stages] == [
+        ("think", "tiny-mot", "images", "http://tiny-mot-router:8000"),
+        ("animate", "tiny-storyboard", "videos", None),
+    ]
+    service = objs[("Service", "tiny-storyboard-router")]["spec"]["ports"][0]
+    assert service["port"] == 8000  # every card's router Service: what the stage URL names
 
 
 def test_a_weights_version_change_touches_only_the_config_map() -> None:

@@ -110,3 +110,16 @@ def test_a_diffusion_object_turns_on_media_routing_and_is_checked() -> None:
     for bad, message in cases:
         with pytest.raises(ConfigError, match=message):
             file_config_from_dict(doc(diffusion=bad))
+
+
+def test_workflows_are_read_and_must_end_on_a_route_this_fleet_serves() -> None:
+    flows = [{"name": "story", "stages": [
+        {"name": "think", "card": "mot", "route": "images", "url": "http://mot:8000"},
+        {"name": "animate", "card": "wan", "route": "videos", "url": None},
+    ]}]  # fmt: skip
+    config = file_config_from_dict(doc(diffusion={"default_steps": 4}, workflows=flows))
+    assert [w.name for w in config.workflows] == ["story"]
+    for diffusion in (None, {"default_steps": 4, "text": True}):
+        extra = {} if diffusion is None else {"diffusion": diffusion}
+        with pytest.raises(ConfigError, match="ends with a videos stage, which this fleet"):
+            file_config_from_dict(doc(workflows=flows, **extra))
