@@ -14,11 +14,11 @@ from loom_operator.api.status import PushMode, PushState
 from loom_operator.fleet.desired import DesiredFleet, Strategy
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.fleet.record import SyncRecord
+from loom_runtime.wire.push import PUSH_SCHEME
 
 MODE_STRATEGY: dict[str, Strategy] = {"barrier": "Barrier", "rolling": "Rolling", "keep": "Keep"}
 """A push's mode -> the weight-sync strategy that swaps it in (the existing lifecycle)."""
 PUSH_STATES: tuple[PushState, ...] = ("receiving", "swapping", "done", "failed")
-PUSH_SCHEME = "push://"
 KV_POLICIES = ("keep", "recompute")
 """Mode keep: what a running request does with the KV of the old weights (runtime's keep_swap)."""
 

@@ -56,7 +56,6 @@ from loom_operator.fleet.actions import (
 from loom_operator.fleet.controller import Reconciliation, reconcile
 from loom_operator.fleet.desired import DesiredFleet
 from loom_operator.fleet.observed import FleetObservation
-from loom_operator.fleet.push import PUSH_SCHEME
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.k8s.kube import Kube, KubeError, object_path
 from loom_operator.k8s.labels import control_secret
@@ -78,6 +77,7 @@ from loom_runtime.wire.pods import (
     ROUTER_ADMIN_PORT,
     ROUTER_PORTS,
 )
+from loom_runtime.wire.push import PUSH_SCHEME
 
 logger = logging.getLogger(__name__)
 

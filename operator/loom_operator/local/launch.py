@@ -21,9 +21,9 @@ from loom_operator.fleet.commands import (  # re-exported: the local substrate's
     WorkerPorts,
     router_document,
 )
-from loom_operator.fleet.push import PUSH_SCHEME
 from loom_operator.fleet.workflows import workflows_document
 from loom_operator.local.cards import FleetCards
+from loom_runtime.wire.push import PUSH_SCHEME
 
 HOST = "127.0.0.1"
 ROUTER_MODULE = "loom_router"

@@ -21,10 +21,10 @@ from loom_runtime.serve.errors import ControlStateError
 from loom_runtime.serve.rebuild import Rebuild, receive_rebuild
 from loom_runtime.transfer.peer_rebuild import send_weights
 from loom_runtime.transfer.weight_push import StagedPush, receive_push
+from loom_runtime.wire.push import PUSH_SCHEME
 from loom_trainer.group import Rendezvous
 from loom_trainer.protocol import TensorSpec
 
-PUSH_SCHEME = "push://"
 WILDCARDS = ("", "0.0.0.0", "::")
 """Addresses a worker listens on that name no host a peer could reach it at."""
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from loom_runtime.card import Source
 from loom_runtime.errors import CheckpointError
 from loom_runtime.models.tiny import resolve_source
+from loom_runtime.wire.push import PUSH_SCHEME
 
 
 def checkpoint_path(uri: str, card_path: str | Path | None = None) -> Path:
@@ -27,7 +28,7 @@ def checkpoint_path(uri: str, card_path: str | Path | None = None) -> Path:
         if not path.is_absolute() and card_path is not None:
             path = Path(card_path).parent / path
         return path.resolve()
-    if uri.startswith("push://"):
+    if uri.startswith(PUSH_SCHEME):
         raise CheckpointError(
             f"{uri} is a version a trainer pushed (docs/rl.md): only the workers that received "
             "that push hold it; start this worker from a checkpoint, or push again"
