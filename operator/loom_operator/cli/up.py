@@ -16,6 +16,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from loom_operator.local.launch import ROUTER_MODULE, LaunchOptions
 from loom_operator.local.ports import PortError
 from loom_operator.local.snapshot import FleetStatus
 from loom_operator.local.state import DEFAULT_ROOT, StateError, StatePaths
+from loom_runtime.card.workflow import Workflow
 
 READY_POLL_S = 0.2
 STYLES = {"info": "", "warning": "yellow", "error": "bold red"}
@@ -274,12 +276,30 @@ def try_lines(url: str, model: str, diffusion: bool) -> tuple[str, ...]:
     )
 
 
+def workflow_lines(url: str, workflows: Sequence[Workflow]) -> tuple[str, ...]:
+    """How to run each workflow the fleet serves (pure): its route's command, the earlier
+    stages sized small (a tiny card's step budget)."""
+    lines = []
+    for flow in workflows:
+        stages = " ".join(f"--stage {s.name}.size=32x32" for s in flow.stages[:-1])
+        if flow.route == "videos":
+            lines.append(f"  loom video 'a lighthouse at dusk' --url {url} --model {flow.name} "
+                         f"--size 64x64 --frames 5 {stages} --out {flow.name}.mp4")  # fmt: skip
+        else:
+            lines.append(f"  loom image 'a lighthouse at dusk' --url {url} --model {flow.name} "
+                         f"--size 32x32 {stages} --out {flow.name}.png")  # fmt: skip
+    return tuple(lines)
+
+
 def _print_endpoint(console: Console, fleet: LocalFleet, commands: _Commands) -> None:
     url = fleet.endpoint
     model = fleet.cards.model.name
     console.print(f"\n[bold green]Ready.[/] OpenAI endpoint: [bold]{url}[/]  (model {model!r})")
+    flows = fleet.cards.deployment.spec.workflows
+    if flows:
+        console.print(f"Workflows (docs/composite.md): {', '.join(f.name for f in flows)}")
     lines = (*try_lines(url, model, diffusion_steps(fleet.cards.model) is not None),
-             *commands.lines(), "")  # fmt: skip
+             *workflow_lines(url, flows), *commands.lines(), "")  # fmt: skip
     for line in lines:
         console.print(line, soft_wrap=True, markup=False)
     secrets = fleet.paths.secrets

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import base64
 import io
+import shlex
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -181,6 +184,22 @@ def test_a_deleted_workflow_job_is_gone(fleets: tuple[FleetProcess, FleetProcess
     with urllib.request.urlopen(request, timeout=60) as resp:
         assert resp.status == 200
     assert get_json(f"{board}/videos/{created['id']}")[0] == 404
+
+
+def test_the_printed_workflow_lines_write_an_mp4_and_a_png(
+    fleets: tuple[FleetProcess, FleetProcess], tmp_path: Path
+) -> None:
+    board = fleets[1]
+    assert "Workflows (docs/composite.md): think-draw-animate, think-then-paint" in board.output()
+    for flow, out in (("think-draw-animate", "mp4"), ("think-then-paint", "png")):
+        line = next(ln.strip() for ln in board.output().splitlines()
+                    if ln.strip().startswith("loom ") and f"--model {flow}" in ln)  # fmt: skip
+        argv = [sys.executable, "-m", "loom_operator.cli", *shlex.split(line)[1:]]
+        ran = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env=dict(board.env))  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        written = (tmp_path / f"{flow}.{out}").read_bytes()
+        assert written[4:8] == b"ftyp" if out == "mp4" else written[:4] == b"\x89PNG"
 
 
 def test_a_stage_whose_card_stopped_fails_naming_it(
