@@ -24,6 +24,10 @@ from loom_runtime.wire.kv_transfer import KVTransferParams
 from loom_runtime.wire.openai.logprobs import TokenLogprob
 
 TOL = 1e-9
+ROUTER_TOL = 1e-6
+"""sparse-mla routes its experts in float32, as transformers does, even in a float64 model: a
+prefill chunked differently groups the router's rows differently, and on some CPUs (this AMD EPYC
+one) the float32 matmul then rounds them apart (3e-8 measured; docs/rl.md: 1e-8 to 1e-7)."""
 Prompt = Callable[[int, int], tuple[int, ...]]
 
 
@@ -47,18 +51,20 @@ def reference(logits: torch.Tensor, prompt: tuple[int, ...]) -> torch.Tensor:
     return torch.log_softmax(logits[: len(prompt) - 1].to(torch.float64), dim=-1)
 
 
-def assert_equal(got: tuple[TokenLogprob | None, ...], ref: torch.Tensor, prompt, k: int) -> None:
+def assert_equal(
+    got: tuple[TokenLogprob | None, ...], ref: torch.Tensor, prompt, k: int, tol: float = TOL
+) -> None:
     assert len(got) == len(prompt) and got[0] is None
     for pos, entry in enumerate(got[1:], 1):
         assert entry is not None and entry.token_id == prompt[pos]
         row = ref[pos - 1]
-        assert abs(entry.logprob - row[prompt[pos]].item()) < TOL
+        assert abs(entry.logprob - row[prompt[pos]].item()) < tol
         assert entry.rank == int((row > row[prompt[pos]]).sum()) + 1
         top = row.topk(k)
         assert [t for t, _ in entry.top] == top.indices.tolist()
         assert (
             max(abs(lp - v) for (_, lp), v in zip(entry.top, top.values.tolist(), strict=True))
-            < TOL
+            < tol
         )
 
 
@@ -147,7 +153,7 @@ def test_sparse_mla_prompt_logprobs_equal_its_one_sequence_forward(
     got = run(engine, [EngineRequest("a", p, asked(2))])["a"]
     model = inner(sparse64)
     logits = model.forward(torch.tensor(p), model.new_cache(len(p)))
-    assert_equal(got, reference(logits, p), p, 2)
+    assert_equal(got, reference(logits, p), p, 2, ROUTER_TOL)
 
 
 def test_prompt_logprobs_across_pd_or_on_an_unfit_forward_are_refused() -> None:
