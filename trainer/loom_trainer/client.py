@@ -29,6 +29,9 @@ KV = Literal["keep", "recompute"]
 KVS: tuple[KV, ...] = ("keep", "recompute")
 POLL_S = 0.1
 HTTP_TIMEOUT_S = 30.0
+RETRY_WINDOW_S = 30.0
+"""How long a 503 with Retry-After (the controller cannot reach the card's desk yet: a sharded
+operator's shard moving) is waited out before it is an error."""
 
 
 @dataclass(frozen=True)
@@ -187,19 +190,36 @@ class WeightSync:
         self, method: str, path: str, body: Mapping[str, object] | None = None
     ) -> dict[str, object]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self._token}")
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
-                doc = json.loads(r.read().decode())
-        except urllib.error.HTTPError as exc:
+        deadline = time.monotonic() + RETRY_WINDOW_S
+        while True:
+            req = urllib.request.Request(self.url + path, data=data, method=method)
+            req.add_header("Authorization", f"Bearer {self._token}")
+            req.add_header("Content-Type", "application/json")
             try:
-                message = str(json.loads(exc.read().decode())["error"])
-            except (ValueError, KeyError):
-                message = f"HTTP {exc.code}"
-            raise PushRefused(f"{method} {path}: {message}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise PushRefused(f"cannot reach the fleet controller at {self.url}: {exc}") from None
+                with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as r:
+                    doc = json.loads(r.read().decode())
+                break
+            except urllib.error.HTTPError as exc:
+                try:
+                    message = str(json.loads(exc.read().decode())["error"])
+                except (ValueError, KeyError):
+                    message = f"HTTP {exc.code}"
+                wait = _retry_after(exc)
+                if wait is None or time.monotonic() + wait > deadline:
+                    raise PushRefused(f"{method} {path}: {message}") from None
+                time.sleep(wait)
+            except (urllib.error.URLError, OSError) as exc:
+                why = f"cannot reach the fleet controller at {self.url}: {exc}"
+                raise PushRefused(why) from None
         assert isinstance(doc, dict)
         return doc
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> float | None:
+    """Seconds a 503 asks the client to wait (None: not a 503 to wait out)."""
+    if exc.code != 503:
+        return None
+    try:
+        return max(0.0, float(exc.headers.get("Retry-After", "")))
+    except ValueError:
+        return None

@@ -47,16 +47,26 @@ class Forward:
     url: str
 
 
-Desks = Callable[[Mapping[str, str]], Awaitable[PushDesk | Forward | str]]
+@dataclass(frozen=True)
+class Later:
+    """The card is known but its desk cannot be reached yet (a shard moving between replicas):
+    answered 503 with Retry-After, which the trainer's client waits out."""
+
+    why: str
+
+
+RETRY_AFTER_S = 1
+Desks = Callable[[Mapping[str, str]], Awaitable[PushDesk | Forward | Later | str]]
 """The route's match info ({namespace, name}, or nothing at the root) -> the fleet's desk, the
-replica to forward to, or why there is none here (answered 404)."""
+replica to forward to, a wait, or why there is none here (answered 404)."""
 FORWARDED = "X-Loom-Forwarded"
 """Set on a forwarded request: the replica it reaches answers it itself (no second hop)."""
 FORWARD_TIMEOUT_S = 30.0
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return web.json_response({"error": message}, status=status, headers=headers)
 
 
 def parse_store(text: object) -> Store:
@@ -76,11 +86,12 @@ def push_app(desks: Desks, prefix: str = "") -> web.Application:
         desk = await desks(request.match_info)
         if isinstance(desk, Forward):
             if request.headers.get(FORWARDED):
-                return _error(
-                    404, "the replica that holds the card's shard does not run it (its shard "
-                    "moved a moment ago); retry shortly",
-                )  # fmt: skip
-            return await forward(request, desk.url)
+                desk = Later("the replica that holds the card's shard does not run it (its "
+                             "shard moved a moment ago); retry shortly")  # fmt: skip
+            else:
+                return await forward(request, desk.url)
+        if isinstance(desk, Later):
+            return _error(503, desk.why)
         if isinstance(desk, str):
             return _error(404, desk)
         given = request.headers.get("Authorization", "").encode()

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from loom_operator.api.status import PushStatus
-from loom_operator.control.push_api import Forward, PushDesk, Store
+from loom_operator.control.push_api import Forward, Later, PushDesk, Store
 from loom_operator.control.pushes import PushCoordinator
 from loom_operator.fleet.desired import DesiredFleet
 from loom_operator.fleet.observed import FleetObservation
@@ -135,16 +135,19 @@ class PushDesks:
         self.uid_of: Callable[[str, str], str | None] = lambda _ns, _name: None
         """(namespace, name) -> the card's UID as the watch has it (None: no such card)."""
 
-    async def desk(self, match: Mapping[str, str]) -> PushDesk | Forward | str:
+    async def desk(self, match: Mapping[str, str]) -> PushDesk | Forward | Later | str:
         key = (match["namespace"], match["name"])
         pushes = self.cards.get(key)
         if pushes is None:
             uid = self.uid_of(*key)
-            url = None if uid is None or self.shards is None else self.shards.owner_url(uid)
+            if uid is None:
+                return f"no DeploymentCard {key[0]}/{key[1]} runs on this operator replica"
+            url = None if self.shards is None else self.shards.owner_url(uid)
             if url is not None:
                 return Forward(url)
-            return f"no DeploymentCard {key[0]}/{key[1]} runs on this operator replica" + (
-                "" if uid is None else " (its shard's holder serves no push API yet)"
+            return Later(
+                f"DeploymentCard {key[0]}/{key[1]}'s shard has no live holder serving pushes "
+                "yet (a shard moving between replicas, or its loop starting); retry shortly"
             )
         token = await pushes.fleet.admin_token()
         return PushDesk(token, pushes.open, lambda: pushes.coordinator.latest, True)

@@ -168,5 +168,5 @@ def test_a_card_of_another_replica_is_forwarded_there_once() -> None:
     assert opened[0] == 201 and owner.opened == [("v2", "barrier", 60.0, "", ("10.0.0.5", 4000))]
     assert refused[0] == 401 and "wrong token" in refused[1]["error"]
     assert latest == (200, {"update": owner.update.as_json() if owner.update else None})
-    assert looped[0] == 404 and "retry shortly" in looped[1]["error"]
+    assert looped[0] == 503 and "retry shortly" in looped[1]["error"]
     assert unreachable[0] == 502 and "did not answer" in unreachable[1]["error"]

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
+from loom_operator.control.push_api import Later
 from loom_operator.fleet.push import PushUpdate
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.k8s.fleet import PodFleet
@@ -51,3 +52,6 @@ def test_the_api_answers_only_for_cards_that_run_here() -> None:
     desks = PushDesks()
     why = asyncio.run(desks.desk({"namespace": "ns", "name": "c"}))
     assert isinstance(why, str) and "no DeploymentCard ns/c runs on this operator replica" in why
+    desks.uid_of = lambda _ns, _name: "uid-1"  # the card is known; its loop runs nowhere yet
+    wait = asyncio.run(desks.desk({"namespace": "ns", "name": "c"}))
+    assert isinstance(wait, Later) and "retry shortly" in wait.why
