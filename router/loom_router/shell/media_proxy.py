@@ -101,9 +101,8 @@ class MediaProxy:
 
     async def images(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        workflow = None if self.workflows is None else self.workflows.named(body)
-        if workflow is not None and self.workflows is not None:
-            return await self.workflows.image(workflow, body, request, self._rid(request))
+        if self.workflows is not None and (flow := self.workflows.named(body)) is not None:
+            return await self.workflows.image(flow, body, request, self._rid(request))
         body = with_seed(body, self._rng.getrandbits(63))
         cost = media_cost(body, False, self.settings.default_steps).units
         rid = self._rid(request)
@@ -112,9 +111,8 @@ class MediaProxy:
 
     async def create_video(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        workflow = None if self.workflows is None else self.workflows.named(body)
-        if workflow is not None and self.workflows is not None:
-            return await self.workflows.create_video(workflow, body, request, self._rid(request))
+        if self.workflows is not None and (flow := self.workflows.named(body)) is not None:
+            return await self.workflows.create_video(flow, body, request, self._rid(request))
         body = with_seed(body, self._rng.getrandbits(63))
         cost = media_cost(body, True, self.settings.default_steps).units
         endpoint, reply = await self._post(VIDEOS, body, cost, self._rid(request), frozenset())
