@@ -12,12 +12,12 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from loom_router.errors import BadRequestError
+from loom_runtime.card.workflow import StageRoute as Route
 
-Route = Literal["images", "videos"]
-ROUTES: tuple[Route, ...] = ("images", "videos")
+ROUTES: tuple[Route, ...] = get_args(Route)
 REQUEST_FIELDS = frozenset({"model", "prompt", "stage_options"})
 """The workflow's own fields; the rest of a request is its last stage's."""
 SET_BY_WORKFLOW = frozenset({"model", "prompt"})
