@@ -46,21 +46,13 @@ from loom_runtime.engine.shared_step_thread import SharedStepThread, condition_f
 from loom_runtime.engine.spec.check import check_mtp
 from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort
-from loom_runtime.engine.types import (
-    EngineRequest,
-    EngineStats,
-    RequestOutput,
-    SamplingParams,
-)
+from loom_runtime.engine.types import EngineRequest, EngineStats, RequestOutput, SamplingParams
 from loom_runtime.engine.validate import check_prompt_logprobs, validate_request
 from loom_runtime.errors import AdmissionError, InvalidRequestError
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_pool import BlockPool
 from loom_runtime.loop.contract import LoopContext
-from loom_runtime.models.loader import (
-    LoadedModel,
-    load_model,
-)
+from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.transfer.weight_push import StagedPush
 from loom_runtime.wire.kv_events import KVEventSink
 from loom_runtime.wire.prefix_hash import PrefixHasher
