@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 from loom_operator.api.roles import RoleName
 
+AUTOSCALING = "Autoscaling"
+"""The card's condition: True while Loom's planner moves its roles, with its latest reason."""
 TOLERANCE = 0.1
 """A signal within 10 % of its target asks for no change (HPA's default tolerance)."""
 
@@ -151,12 +153,25 @@ class RoleDecision:
     def changed(self) -> bool:
         return self.desired != self.current
 
+    def said(self) -> str:
+        if self.changed:
+            return f"{self.role} {self.current} → {self.desired} ({self.reason}: {self.message})"
+        return f"{self.role} {self.desired} ({self.reason}: {self.message})"
+
 
 @dataclass(frozen=True)
 class AutoscalePlan:
     decisions: tuple[RoleDecision, ...]
     history: Mapping[RoleName, tuple[Recommendation, ...]]
     """Keep it for the next round (bounded by the longer window)."""
+
+    def summary(self) -> tuple[str, str]:
+        """(reason, message) of the card's Autoscaling condition: the reason the latest
+        change's (else the first role's), the message every role's decision."""
+        changed = [d for d in self.decisions if d.changed]
+        lead = (changed or list(self.decisions))[:1]
+        reason = lead[0].reason if lead else "NoRoles"
+        return reason, "; ".join(d.said() for d in self.decisions) or "the planner moves no role"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The operator's own Prometheus metrics: the planner's replicas per role and its decisions by
-reason, the Kube API requests it sent by verb, its fleet rounds, the cards waiting for a look
-(its queue) and the card shards it holds, served on `loom operator --metrics-port`.
+"""The operator's own Prometheus metrics: the planner's (control/planner_metrics.py), the Kube API
+requests it sent by verb, its fleet rounds, the cards waiting for a look (its queue) and the card
+shards it holds, served on `loom operator --metrics-port`.
 
 Owns the metric names and their registry (one per operator process, carried in kopf's memo);
 never decides anything.
@@ -8,23 +8,18 @@ never decides anything.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from loom_operator.fleet.autoscale import RoleDecision
+from loom_operator.control.planner_metrics import PlannerMetrics
 
-PLANNED_REPLICAS = "loom:operator_planned_replicas"
-DECISIONS = "loom:operator_autoscale_decisions"
-ROLE_REPLICAS = "loom:operator_role_desired_replicas"
 KUBE_REQUESTS = "loom:operator_kube_requests"
 FLEET_ROUNDS = "loom:operator_fleet_rounds"
 QUEUE = "loom:operator_cards_waiting"
 SHARDS = "loom:operator_shards_held"
-LABELS = ("namespace", "deployment", "role")
 
 
 class RequestsByVerb(Collector):
@@ -43,24 +38,11 @@ class RequestsByVerb(Collector):
         yield family
 
 
-class OperatorMetrics:
-    """The operator's gauges and counters in a registry of their own."""
+class OperatorMetrics(PlannerMetrics):
+    """The planner's metrics and the operator's own, in one registry."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self._planned = Gauge(
-            PLANNED_REPLICAS, "Replicas Loom's planner decided for a role (its latest decision)",
-            LABELS, registry=self.registry,
-        )  # fmt: skip
-        self._decisions = Counter(
-            DECISIONS, "Planner decisions for a role, by reason (AtTarget, QueueAboveTarget, ...)",
-            (*LABELS, "reason"), registry=self.registry,
-        )  # fmt: skip
-        self._desired = Gauge(
-            ROLE_REPLICAS, "Workers a role runs toward (card, RoleScale or planner, within bounds)",
-            LABELS, registry=self.registry,
-        )  # fmt: skip
-
+        super().__init__()
         self._rounds = Counter(
             FLEET_ROUNDS, "Fleet rounds run, by namespace and whether they acted on workers",
             ("namespace", "acted"), registry=self.registry,
@@ -84,20 +66,6 @@ class OperatorMetrics:
 
     def round_done(self, namespace: str, acted: bool) -> None:
         self._rounds.labels(namespace, "true" if acted else "false").inc()
-
-    def decision(self, namespace: str, deployment: str, d: RoleDecision) -> None:
-        self._planned.labels(namespace, deployment, d.role).set(d.desired)
-        self._decisions.labels(namespace, deployment, d.role, d.reason).inc()
-
-    def desired(self, namespace: str, deployment: str, role: str, replicas: int) -> None:
-        self._desired.labels(namespace, deployment, role).set(replicas)
-
-    def forget(self, namespace: str, deployment: str, roles: tuple[str, ...]) -> None:
-        """A card that is gone takes its series along."""
-        for role in roles:
-            for gauge in (self._planned, self._desired):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(namespace, deployment, role)
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         """Serve /metrics on `address:port` from a daemon thread."""

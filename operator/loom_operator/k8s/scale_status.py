@@ -10,10 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from loom_operator.fleet.autoscale import AutoscalePlan, RoleDecision
-
-AUTOSCALING = "Autoscaling"
-"""The card's condition: True while Loom's planner moves its roles, with its latest reason."""
+from loom_operator.fleet.autoscale import AUTOSCALING, AutoscalePlan
 
 Obj = Mapping[str, Any]
 
@@ -30,19 +27,9 @@ def role_scale_status(
     return out
 
 
-def _said(d: RoleDecision) -> str:
-    if d.changed:
-        return f"{d.role} {d.current} → {d.desired} ({d.reason}: {d.message})"
-    return f"{d.role} {d.desired} ({d.reason}: {d.message})"
-
-
 def autoscaling_condition(plan: AutoscalePlan, generation: int) -> dict[str, Any]:
-    """`Autoscaling=True`, its reason the latest change's (else the first role's), its message
-    every role's decision."""
-    changed = [d for d in plan.decisions if d.changed]
-    lead = (changed or list(plan.decisions))[:1]
-    reason = lead[0].reason if lead else "NoRoles"
-    message = "; ".join(_said(d) for d in plan.decisions) or "the planner moves no role"
+    """`Autoscaling=True` with the plan's summary (AutoscalePlan.summary)."""
+    reason, message = plan.summary()
     return {"type": AUTOSCALING, "status": "True", "reason": reason, "message": message,
             "observedGeneration": generation}  # fmt: skip
 

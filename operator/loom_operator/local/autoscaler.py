@@ -1,7 +1,8 @@
 """The planner on `loom up`: the shared shell (control/autoscaler.py) decides, this one keeps the
 workers it decided (how many, and which: the least busy leave, fleet/leaving.py) and says each
-change as an event; the round then reconciles the fleet to them — a new worker starts, a retired
-one is frozen, drained and only then stopped (fleet/scaling.py).
+change as an event and each decision in the planner's metrics; the round then reconciles the fleet
+to them — a new worker starts, a retired one is frozen, drained and only then stopped
+(fleet/scaling.py).
 
 Owns the decided workers of a local fleet (in memory: a restarted controller starts again from
 the card's); never starts or stops a worker itself and never prints (events go to a sink).
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 
 from loom_operator.api.roles import RoleName
 from loom_operator.control.autoscaler import Autoscaler, AutoscalerSettings
+from loom_operator.control.planner_metrics import PlannerMetrics
 from loom_operator.fleet.autoscale import AutoscalePlan, AutoscalePolicy
 from loom_operator.fleet.desired import DesiredFleet, worker_name
 from loom_operator.fleet.leaving import kept_indices
@@ -30,6 +32,7 @@ class LocalAutoscaler:
         policy: AutoscalePolicy,
         start: DesiredFleet,
         events: EventSink,
+        metrics: PlannerMetrics,
         settings: AutoscalerSettings | None = None,
     ) -> None:
         self.policy = policy
@@ -40,6 +43,7 @@ class LocalAutoscaler:
         }
         self._planner = Autoscaler(policy, settings)
         self._events = events
+        self._metrics = metrics
 
     @property
     def replicas(self) -> dict[RoleName, int]:
@@ -79,6 +83,8 @@ class LocalAutoscaler:
                     msg += f"; leaving: {', '.join(gone)} (the least busy)"
                 self._events(FleetEvent("autoscale", msg))
             self.indices[d.role] = after
+            self._metrics.decision("", self.deployment, d)
+            self._metrics.desired("", self.deployment, d.role, len(after))
         return plan
 
     def _busy(
@@ -97,15 +103,22 @@ class LocalAutoscaler:
 
 
 def autoscaler_for(
-    desired: DesiredFleet, before: LocalAutoscaler | None, events: EventSink
+    desired: DesiredFleet,
+    before: LocalAutoscaler | None,
+    events: EventSink,
+    metrics: PlannerMetrics,
 ) -> LocalAutoscaler | None:
     """The planner's shell for a card's fleet (None: no autoscaling section, or its planner is
     off); an unchanged policy keeps the running one, a changed one starts from the replicas
-    decided so far."""
+    decided so far. The roles the planner no longer moves leave its metrics."""
     policy = desired.autoscale
+    moved = policy.roles if policy is not None and policy.planner else ()
+    if before is not None:
+        gone = tuple(r for r in before.policy.roles if r not in moved)
+        metrics.forget("", before.deployment, gone)
     if policy is None or not policy.planner:
         return None
     if before is not None and before.policy == policy:
         return before
     start = desired if before is None else before.apply(desired)
-    return LocalAutoscaler(policy, start, events)
+    return LocalAutoscaler(policy, start, events, metrics)

@@ -20,10 +20,12 @@ from pathlib import Path
 
 from aiohttp import web
 
+from loom_operator.control.planner_metrics import PlannerMetrics
 from loom_operator.control.probe import Observer
 from loom_operator.control.push_api import PushDesk, Store, push_app, start_push_api
 from loom_operator.control.router_admin import RouterAdmin
 from loom_operator.fleet.actions import SetCondition
+from loom_operator.fleet.autoscale import AutoscalePlan
 from loom_operator.fleet.controller import Reconciliation, reconcile
 from loom_operator.fleet.desired import DesiredFleet
 from loom_operator.fleet.observed import FleetObservation
@@ -114,7 +116,9 @@ class LocalFleet:
         self._push_api: web.AppRunner | None = None
         self.weights_url = ""
         """The weight-push API a trainer connects to (docs/rl.md), once started."""
-        self.autoscaler = autoscaler_for(cards.desired, None, events)
+        self.metrics = PlannerMetrics()
+        """The planner's metrics, on the controller's port at /metrics."""
+        self.autoscaler = autoscaler_for(cards.desired, None, events, self.metrics)
         """Loom's planner, when the card has an autoscaling section (docs/autoscaling.md)."""
 
     # -- start ----------------------------------------------------------------------------
@@ -168,10 +172,14 @@ class LocalFleet:
             return desk
 
         app = push_app(the_fleet)
+        app.router.add_get("/metrics", self._serve_metrics)
         self._push_api = await start_push_api(app, HOST, port)
         self.weights_url = f"http://{HOST}:{port}"
         info = ControllerInfo(os.getpid(), now, self.endpoint, self.weights_url)
         save_controller(self.paths, info)
+
+    async def _serve_metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain")
 
     def _open_push(
         self, version: str, mode: str, timeout_s: float, kv: str, store: Store | None
@@ -241,7 +249,9 @@ class LocalFleet:
         """One round; returns the core's wake_at."""
         edited = self._edits.check(self.cards)
         if edited is not None:
-            self.autoscaler = autoscaler_for(edited.desired, self.autoscaler, self._events)
+            self.autoscaler = autoscaler_for(
+                edited.desired, self.autoscaler, self._events, self.metrics
+            )
             self.cards = edited
         now = time.time()
         for name in self.processes.notice_exits(now):
@@ -306,6 +316,7 @@ class LocalFleet:
     # -- status ---------------------------------------------------------------------------
 
     def _write_status(self, observed: FleetObservation, rec: Reconciliation, now: float) -> None:
+        plan = self.autoscaler.last if self.autoscaler is not None else None
         rows = tuple(
             worker_row(
                 w,
@@ -325,19 +336,20 @@ class LocalFleet:
             router_pid=router.pid if router is not None else 0,
             updated_at=now,
             workers=rows,
-            conditions=condition_rows(rec.conditions),
+            conditions=condition_rows(rec.conditions, plan),
             weight_sync=weight_sync_row(
                 rec.conditions, self.pushes.desired(self.cards.desired).weights_version
             ),
-            scaling=self._scaling_rows(observed),
+            scaling=self._scaling_rows(observed, plan),
         )
         self.status = status
         if status_changed(self._written, status, now):
             save_status(self.paths, status)
             self._written = status
 
-    def _scaling_rows(self, observed: FleetObservation) -> tuple[ScalingRow, ...]:
-        plan = self.autoscaler.last if self.autoscaler is not None else None
+    def _scaling_rows(
+        self, observed: FleetObservation, plan: AutoscalePlan | None
+    ) -> tuple[ScalingRow, ...]:
         if plan is None:
             return ()
         ready: dict[str, int] = {}

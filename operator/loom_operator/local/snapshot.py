@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loom_operator.fleet.actions import SetCondition
-from loom_operator.fleet.autoscale import RoleDecision
+from loom_operator.fleet.autoscale import AUTOSCALING, AutoscalePlan, RoleDecision
 from loom_operator.fleet.observed import WorkerState
 from loom_operator.local.state import StateError, StatePaths, WorkerEntry, write_atomic
 from loom_runtime.control_api.status import WorkerStatus
@@ -144,8 +144,12 @@ def scaling_rows(
     )
 
 
-def condition_rows(conditions: tuple[SetCondition, ...]) -> tuple[ConditionRow, ...]:
-    return tuple(ConditionRow(c.type, c.status, c.reason, c.message) for c in conditions)
+def condition_rows(
+    conditions: tuple[SetCondition, ...], plan: AutoscalePlan | None = None
+) -> tuple[ConditionRow, ...]:
+    """The fleet's conditions, and Autoscaling (the planner's summary) once it has decided."""
+    rows = tuple(ConditionRow(c.type, c.status, c.reason, c.message) for c in conditions)
+    return rows if plan is None else (*rows, ConditionRow(AUTOSCALING, "True", *plan.summary()))
 
 
 def weight_sync_row(conditions: tuple[SetCondition, ...], target: str) -> WeightSyncRow | None:

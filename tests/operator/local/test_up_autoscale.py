@@ -1,14 +1,16 @@
 """`loom up` with an autoscaling section, real workers and real load: a queue on decode scales
 decode 1 → 3 and, once the load is gone, back to 1 — every stream whole, none cut by the
-scale-down; a prompt backlog scales prefill and not decode, long outputs the reverse; and a fleet
-scaled to zero serves its first request without an error (the router holds it while the planner
-starts a worker)."""
+scale-down, each decision in the status' Autoscaling condition and the controller's /metrics; a
+prompt backlog scales prefill and not decode, long outputs the reverse; and a fleet scaled to zero
+serves its first request without an error (the router holds it while the planner starts a
+worker)."""
 
 from __future__ import annotations
 
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from openai import OpenAI
 
 from loom_operator.local.ports import free_ports
 from loom_operator.local.snapshot import FleetStatus
-from loom_operator.local.state import StatePaths
+from loom_operator.local.state import StatePaths, load_controller
 from loom_operator.testing.cards import card_text
 from loom_operator.testing.fleet import FleetProcess, run_fleet, wait_for
 
@@ -106,6 +108,14 @@ def whole(streams: list[Streamed], max_tokens: int) -> None:
     assert not cut, cut[:10]  # ended by its length, or by the model's own end of text
 
 
+def controller_metrics(fleet: FleetProcess) -> str:
+    """The controller's /metrics (on its weights API port)."""
+    info = load_controller(fleet.state)
+    assert info is not None and info.weights_url
+    with urllib.request.urlopen(info.weights_url + "/metrics", timeout=10) as answer:
+        return str(answer.read().decode())
+
+
 def until(fleet: FleetProcess, check: Callable[[FleetStatus], bool], what: str) -> FleetStatus:
     return fleet.wait(check, SCALE_S, what)
 
@@ -121,7 +131,20 @@ def test_a_queue_on_decode_scales_it_to_three_and_back_to_one_losing_nothing(
     with run_fleet(card, tmp_path / "state", child_env) as fleet:
         load = Load(fleet.endpoint, clients=10, prompt="Once upon a time", max_tokens=64)
         try:
-            until(fleet, lambda s: planned(s, "decode") == 3, "the planner to ask for 3 decode")
+            up = until(
+                fleet, lambda s: planned(s, "decode") == 3, "the planner to ask for 3 decode"
+            )
+            scaling = up.condition("Autoscaling")
+            assert scaling is not None and scaling.status == "True", scaling
+            assert re.search(r"decode (2 → )?3 \(", scaling.message), scaling
+            metrics = controller_metrics(fleet)
+            assert (
+                'loom:operator_planned_replicas{deployment="ramp",namespace="",role="decode"} 3.0'
+                in metrics
+            )
+            assert re.search(
+                r'loom:operator_autoscale_decisions_total\{[^}]*reason="QueueAboveTarget"', metrics
+            )
             until(fleet, lambda s: workers(s, "decode") == 3 and all(
                 w.ready and w.routed for w in s.workers), "3 decode workers serving")  # fmt: skip
             time.sleep(5)  # some streams run on the new workers
