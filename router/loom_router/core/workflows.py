@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args
 
 from loom_router.errors import BadRequestError
 from loom_runtime.card.workflow import StageRoute as Route
+from loom_runtime.wire.openai.field_contract import CONTRACTS
 
 ROUTES: tuple[Route, ...] = get_args(Route)
 REQUEST_FIELDS = frozenset({"model", "prompt", "stage_options"})
@@ -99,10 +100,23 @@ class WorkflowRequest:
     """Per stage name: the fields its own request carries (its server checks them)."""
 
 
+def _check_fields(route: Route, fields: Mapping[str, Any], prefix: str) -> None:
+    """A field the route's contract refuses or does not name is a 400 now, before any stage
+    runs (field_contract.py: the stage's server would refuse it after the stages before it)."""
+    rules = CONTRACTS[route]
+    for key, value in fields.items():
+        rule = rules.get(key)
+        if rule is None:
+            raise BadRequestError(f"{prefix}{key}: unsupported field on /v1/{route}", prefix + key)
+        if rule.refuses(value):
+            raise BadRequestError(f"{prefix}{key} is not supported: {rule.why}", prefix + key)
+
+
 def parse_request(body: Mapping[str, Any], workflow: WorkflowRoute) -> WorkflowRequest:
     """The request's own fields (beside model, prompt and stage_options) are the last stage's:
     they shape the workflow's output; `stage_options` gives each earlier stage its fields. Each
-    stage's server checks its fields. BadRequestError (400) names what cannot be sent."""
+    field is checked against its stage's route contract here, and its values by the stage's
+    server. BadRequestError (400) names what cannot be sent."""
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise BadRequestError("prompt: required, a non-empty string", "prompt")
@@ -125,7 +139,9 @@ def parse_request(body: Mapping[str, Any], workflow: WorkflowRoute) -> WorkflowR
         taken = [f"{param}.{f}" for f in sorted(set(fields) & SET_BY_WORKFLOW)]
         if taken:
             raise BadRequestError(f"{taken[0]}: the workflow sets it", taken[0])
+        _check_fields(earlier[names.index(stage)].route, fields, f"{param}.")
     own = {k: v for k, v in body.items() if k not in REQUEST_FIELDS}
+    _check_fields(last.route, own, "")
     return WorkflowRequest(workflow, prompt, {**{k: dict(v) for k, v in options.items()},
                                               last.name: own})  # fmt: skip
 

@@ -28,10 +28,10 @@ from loom_runtime.serve.diffusion.protocol import (
     SEED_MAX,
     ImageGenerationRequest,
     check_model,
+    parse_media,
     parse_size,
 )
 from loom_runtime.serve.errors import RequestAbortedError
-from loom_runtime.wire.openai.request import parse_request
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,6 @@ def draw_request(
             ("n", body.n == 1),
             ("negative_prompt", body.negative_prompt is None),
             ("guidance_scale", body.guidance_scale == 1.0),
-            ("quality", body.quality is None),
-            ("style", body.style is None),
         )
         if name in given and not unset
     ]
@@ -111,7 +109,7 @@ def latents_image(latents: torch.Tensor) -> np.ndarray:
 
 async def images(request: web.Request) -> web.Response:
     ctx = request.app[DRAW_CONTEXT]
-    body = parse_request(ImageGenerationRequest, await request.read())
+    body = parse_media(ImageGenerationRequest, await request.read())
     check_model(body, ctx.model_name)
     seed = secrets.randbelow(SEED_MAX) if body.seed is None else body.seed
     prompt = ctx.engine.tokenizer.encode_chat([{"role": "user", "content": body.prompt}])

@@ -1,5 +1,6 @@
 """The router's workflows, pure: ROUTER.json's `workflows`, what a request may carry (each wrong
-field a 400 naming it), each stage's body, what an images stage hands on, and the job's states."""
+field a 400 naming it, a field its stage's route contract refuses or does not name included,
+before any stage runs), each stage's body, what an images stage hands on, and the job's states."""
 
 from __future__ import annotations
 
@@ -73,8 +74,14 @@ def test_the_requests_own_fields_are_the_last_stages() -> None:
         ({"prompt": "x", "stage_options": {"animate": {}}}, "stage_options.animate"),
         ({"prompt": "x", "stage_options": {"think": 3}}, "stage_options.think"),
         ({"prompt": "x", "stage_options": {"think": {"model": "m"}}}, "stage_options.think.model"),
+        ({"prompt": "x", "stage_options": {"think": {"style": "vivid"}}},
+         "stage_options.think.style"),
+        ({"prompt": "x", "stage_options": {"think": {"seconds": 2}}},
+         "stage_options.think.seconds"),
+        ({"prompt": "x", "input_reference": "img"}, "input_reference"),
+        ({"prompt": "x", "frobnicate": 1}, "frobnicate"),
     ],
-)
+)  # fmt: skip
 def test_what_a_request_cannot_carry_is_named(body: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequestError) as info:
         parse_request(body, FLOW)

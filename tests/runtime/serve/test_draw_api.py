@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from PIL import Image
 
 from loom_runtime.card import load_model_card, read_documents
 from loom_runtime.errors import InvalidRequestError
-from loom_runtime.serve.diffusion.protocol import ImageGenerationRequest
+from loom_runtime.serve.diffusion.protocol import ImageGenerationRequest, parse_media
 from loom_runtime.serve.draw_api import DrawSettings, draw_request, latents_image
 from loom_runtime.serve.program_worker import draw_settings
 from loom_runtime.testing.processes import free_ports, spawn
@@ -99,6 +100,8 @@ def test_image_fields_the_program_does_not_honour_are_refused(client: openai.Ope
         ({"size": "33x32"}, "multiple of the patch size"),
         ({"size": "64x64"}, "over the step budget of 300"),
         ({"size": "32x32", "model": "other"}, "not served here"),
+        ({"size": "32x32", "quality": "hd"}, "quality is not supported: quality levels"),
+        ({"size": "32x32", "extra_body": {"frobnicate": 1}}, "unsupported field 'frobnicate'"),
     ]
     for fields, message in cases:
         kwargs = {"model": "tiny-mot", "prompt": PROMPT, **fields}
@@ -119,10 +122,15 @@ def test_a_body_becomes_one_program_request() -> None:
         ImageGenerationRequest.model_validate({"prompt": "x"}), "i", 0, [1], SETTINGS
     )
     assert plain.draw is not None and plain.draw.num_steps == 4  # the card's draw loop steps
-    for field, value in (("negative_prompt", "blur"), ("quality", "hd"), ("style", "vivid")):
+    for field, value in (("negative_prompt", "blur"), ("guidance_scale", 5.0), ("n", 2)):
         body = ImageGenerationRequest.model_validate({"prompt": "x", field: value})
         with pytest.raises(InvalidRequestError, match=f"{field} is not supported"):
             draw_request(body, "i", 0, [1], SETTINGS)
+    for field, value in (("quality", "hd"), ("style", "vivid"), ("frobnicate", 1)):
+        raw = json.dumps({"prompt": "x", field: value}).encode()
+        with pytest.raises(InvalidRequestError) as refused:  # the field contract's, before
+            parse_media(ImageGenerationRequest, raw)
+        assert refused.value.param == field
 
 
 def test_latents_become_rgb_pixels() -> None:

@@ -29,10 +29,10 @@ from loom_runtime.serve.diffusion.protocol import (
     PromptSettings,
     VideoGenerationRequest,
     diffusion_requests,
+    parse_media,
 )
 from loom_runtime.serve.diffusion.video_jobs import FINISHED, JobStore, VideoJob
 from loom_runtime.serve.errors import EngineStalledError, JobNotReadyError, RequestAbortedError
-from loom_runtime.wire.openai.request import parse_request
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _seed(given: int | None) -> int:
 
 async def images(request: web.Request) -> web.Response:
     ctx = request.app[DIFFUSION_CONTEXT]
-    body = parse_request(ImageGenerationRequest, await request.read())
+    body = parse_media(ImageGenerationRequest, await request.read())
     base = f"img-{uuid.uuid4().hex}"
     ids = [f"{base}-{i}" for i in range(body.n)]
     reqs = diffusion_requests(body, ids, 1, _seed(body.seed), ctx.engine.tokenizer, ctx.prompts)
@@ -107,7 +107,7 @@ async def images(request: web.Request) -> web.Response:
 
 async def create_video(request: web.Request) -> web.Response:
     ctx = request.app[DIFFUSION_CONTEXT]
-    body = parse_request(VideoGenerationRequest, await request.read())
+    body = parse_media(VideoGenerationRequest, await request.read())
     job_id, seed, frames = f"video_{uuid.uuid4().hex}", _seed(body.seed), body.frames()
     [req] = diffusion_requests(body, [job_id], frames, seed, ctx.engine.tokenizer, ctx.prompts)
     job = VideoJob(

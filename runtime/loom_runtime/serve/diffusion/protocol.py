@@ -1,5 +1,7 @@
 """Image and video request bodies (OpenAI's images and videos shapes, plus Loom's extensions) as
-pydantic models, and the one conversion of a parsed body into diffusion requests.
+pydantic models, and the one conversion of a parsed body into diffusion requests. Which fields are
+honoured, refused or meaningless is the field contract's (wire/openai/field_contract.py); a field
+it does not name is refused.
 
 Owns field names, ranges and the size syntax; never touches the engine or the HTTP layer.
 """
@@ -9,12 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from loom_runtime.diffusion.types import DiffusionRequest
 from loom_runtime.errors import InvalidRequestError, ModelNotFoundError
+from loom_runtime.wire.openai.field_contract import Endpoint
+from loom_runtime.wire.openai.request import parse_request
 
 MAX_IMAGES = 10  # n, as OpenAI allows
 MAX_STEPS = 1000
@@ -24,7 +28,7 @@ _SIZE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
 
 
 class _Generation(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # the contract judges the rest (parse_media)
 
     prompt: str = Field(min_length=1, max_length=32_000)
     model: str | None = None
@@ -38,14 +42,16 @@ class _Generation(BaseModel):
 class ImageGenerationRequest(_Generation):
     """POST /v1/images/generations."""
 
+    ENDPOINT: ClassVar[Endpoint] = "images"
+
     n: int = Field(1, ge=1, le=MAX_IMAGES)
     response_format: Literal["b64_json"] = "b64_json"
-    quality: str | None = None  # accepted and ignored (OpenAI's dall-e field)
-    style: str | None = None
 
 
 class VideoGenerationRequest(_Generation):
     """POST /v1/videos. Frames are `num_frames` (extension) or `seconds` × `fps` + 1."""
+
+    ENDPOINT: ClassVar[Endpoint] = "videos"
 
     num_frames: int | None = Field(None, ge=1, le=MAX_FRAMES)
     seconds: float | None = Field(None, gt=0, le=120)
@@ -55,6 +61,15 @@ class VideoGenerationRequest(_Generation):
         if self.num_frames is not None:
             return self.num_frames
         return 1 + round((self.seconds or 1) * self.fps)
+
+
+M = TypeVar("M", bound="_Generation")
+
+
+def parse_media(cls: type[M], body: bytes) -> M:
+    """Parse an images or videos body: a field the contract refuses, or one it does not name, is
+    a 400 naming it (no vLLM schema to stay lenient for)."""
+    return parse_request(cls, body, strict_fields=True)
 
 
 class PromptEncoder(Protocol):

@@ -1,5 +1,6 @@
-"""What Loom does with every request field vLLM 0.33.0 or OpenAI defines for /v1/completions and
-/v1/chat/completions: honoured, refused (a 400 naming it) or accepted as meaningless, with why.
+"""What Loom does with every request field vLLM 0.33.0 or OpenAI defines for /v1/completions,
+/v1/chat/completions and /v1/responses, and that OpenAI defines for /v1/images/generations and
+/v1/videos: honoured, refused (a 400 naming it) or accepted as meaningless, with why.
 
 Owns the one definition of that contract (request.py enforces it, docs/openai-fields.md is
 generated from it); never parses a body beyond the top-level keys it judges.
@@ -14,7 +15,7 @@ from typing import Any, Literal
 from loom_runtime.errors import InvalidRequestError
 
 Status = Literal["honoured", "refused", "meaningless"]
-Endpoint = Literal["completion", "chat", "responses"]
+Endpoint = Literal["completion", "chat", "responses", "images", "videos"]
 
 
 @dataclass(frozen=True)
@@ -278,10 +279,62 @@ RESPONSES: Mapping[str, FieldRule] = {
     "previous_input_messages": _r("vLLM's harmony message input is not implemented: use input"),
 }
 
+_NOT_DRAWN = "not implemented: leave it out"
+
+MEDIA: Mapping[str, FieldRule] = {
+    "model": _h(
+        "the served model (at the router also a workflow, docs/composite.md; GET /v1/models "
+        "lists them); another name is a 404"
+    ),
+    "prompt": _h(
+        "the text prompt, cut to the text encoder's length as diffusers' Wan pipelines do (a "
+        "card with a program thinks on it first and draws from the thought)"
+    ),
+    "size": _h("WIDTHxHEIGHT in pixels (default 512x512)"),
+    "seed": _h(
+        "Loom extension: the request's own generator (random when unset); same seed, same frames"
+    ),
+    "negative_prompt": _h("Loom extension: the unconditional prompt of classifier-free guidance"),
+    "guidance_scale": _h("Loom extension: above 1 turns classifier-free guidance on (default 1)"),
+    "num_inference_steps": _h("Loom extension: denoising steps (default: the card's)"),
+    "user": _m("an end-user id for a provider's abuse monitoring; Loom keeps no per-user state"),
+}
+
+IMAGES: Mapping[str, FieldRule] = {
+    **MEDIA,
+    "n": _h("1..10 images, seeded seed, seed + 1, …; a card with a program draws one"),
+    "response_format": _h("b64_json (Loom keeps no images to link to: url is a 400)"),
+    "safety_identifier": _m("an end-user id for a provider's abuse monitoring"),
+    "moderation": _m("Loom moderates no content, at any level"),
+    "quality": _r(
+        "quality levels are not implemented: set num_inference_steps instead", "auto", "standard"
+    ),
+    "style": _r("styles are not implemented: say the style in the prompt"),
+    "background": _r("background control is not implemented: leave it out", "auto"),
+    "output_format": _r("images are PNGs: leave it out", "png"),
+    "output_compression": _r("PNGs have no compression level: leave it out", 100),
+    "partial_images": _r("partial images are not streamed: leave it out", 0),
+    "stream": _r("image streaming is not implemented: leave it out", False),
+    "complexity": _r(f"complexity is {_NOT_DRAWN}"),
+    "frame_count": _r("animated images are not implemented: ask /v1/videos for frames"),
+    "frame_duration_ms": _r("animated images are not implemented: ask /v1/videos for frames"),
+    "svg": _r(f"vector output is {_NOT_DRAWN}"),
+}
+
+VIDEOS: Mapping[str, FieldRule] = {
+    **MEDIA,
+    "seconds": _h("frames = seconds × fps + 1 (num_frames wins when both are given)"),
+    "num_frames": _h("Loom extension: the frame count itself"),
+    "fps": _h("Loom extension: frames per second of the MP4 (default 16)"),
+    "input_reference": _r(f"image-to-video is {_NOT_DRAWN}"),
+}
+
 CONTRACTS: Mapping[Endpoint, Mapping[str, FieldRule]] = {
     "completion": COMPLETION,
     "chat": CHAT,
     "responses": RESPONSES,
+    "images": IMAGES,
+    "videos": VIDEOS,
 }
 
 

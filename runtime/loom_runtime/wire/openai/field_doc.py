@@ -10,7 +10,14 @@ import json
 import sys
 from pathlib import Path
 
-from loom_runtime.wire.openai.field_contract import CHAT, COMPLETION, RESPONSES, FieldRule
+from loom_runtime.wire.openai.field_contract import (
+    CHAT,
+    COMPLETION,
+    IMAGES,
+    RESPONSES,
+    VIDEOS,
+    FieldRule,
+)
 
 HEADER = """\
 # OpenAI request fields
@@ -19,8 +26,10 @@ HEADER = """\
 do not edit by hand. -->
 
 Every request field that vLLM 0.33.0 or OpenAI defines for `/v1/completions`,
-`/v1/chat/completions` and `/v1/responses` has one row (tests/runtime/wire/openai/
-test_field_contract.py checks the tables against vLLM's and the `openai` SDK's schemas):
+`/v1/chat/completions` and `/v1/responses`, and that OpenAI defines for
+`/v1/images/generations` and `/v1/videos` ([below](#v1imagesgenerations-and-v1videos)), has
+one row (tests/runtime/wire/openai/test_field_contract.py checks the tables against vLLM's and
+the `openai` SDK's schemas):
 
 - **honoured**: it does what vLLM does with it.
 - **refused**: a value other than null or the "accepted" ones is a 400 whose `param` names the
@@ -29,9 +38,9 @@ test_field_contract.py checks the tables against vLLM's and the `openai` SDK's s
 - **meaningless**: accepted and ignored, because it changes nothing Loom generates or returns.
 - **—**: the endpoint does not define it: treated as a field neither schema defines.
 
-A field neither schema defines is ignored, as vLLM does, and named: in the worker's log and in
-the `X-Loom-Ignored-Fields` response header; a worker started with `--strict-fields` refuses it
-with a 400 instead.
+On these text routes a field neither schema defines is ignored, as vLLM does, and named: in the
+worker's log and in the `X-Loom-Ignored-Fields` response header; a worker started with
+`--strict-fields` refuses it with a 400 instead (the media routes always refuse it).
 
 | field | completions | chat | why |
 |---|---|---|---|
@@ -47,10 +56,11 @@ def _status(rule: FieldRule | None) -> str:
     return rule.status
 
 
-def _why(completion: FieldRule | None, chat: FieldRule | None) -> str:
-    if completion is not None and chat is not None and completion.why != chat.why:
-        return f"completions: {completion.why}; chat: {chat.why}"
-    rule = completion or chat
+def _why(a: FieldRule | None, b: FieldRule | None, names: tuple[str, str]) -> str:
+    """One why for a row of two endpoints' columns (`names`), both said when they differ."""
+    if a is not None and b is not None and a.why != b.why:
+        return f"{names[0]}: {a.why}; {names[1]}: {b.why}"
+    rule = a or b
     return "" if rule is None else rule.why
 
 
@@ -64,19 +74,37 @@ output read back as chat's is): the fields it shares with chat have chat's statu
 |---|---|---|
 """
 
+MEDIA_HEADER = """
+## `/v1/images/generations` and `/v1/videos`
+
+OpenAI's fields and Loom's extensions (sent with the `openai` SDK's `extra_body`). No vLLM schema
+to stay lenient for here: a field no row names is a 400 naming it, as a refused one is.
+
+| field | images | videos | why |
+|---|---|---|---|
+"""
+
 
 def render() -> str:
     """The whole page."""
     rows = []
     for name in sorted(set(COMPLETION) | set(CHAT)):
         completion, chat = COMPLETION.get(name), CHAT.get(name)
-        why = _why(completion, chat).replace("|", "\\|")
+        why = _why(completion, chat, ("completions", "chat")).replace("|", "\\|")
         rows.append(f"| `{name}` | {_status(completion)} | {_status(chat)} | {why} |")
     responses = []
     for name, rule in sorted(RESPONSES.items()):
         why = rule.why.replace("|", "\\|")
         responses.append(f"| `{name}` | {_status(rule)} | {why} |")
-    return HEADER + "\n".join(rows) + "\n" + RESPONSES_HEADER + "\n".join(responses) + "\n"
+    media = []
+    for name in sorted(set(IMAGES) | set(VIDEOS)):
+        images, videos = IMAGES.get(name), VIDEOS.get(name)
+        why = _why(images, videos, ("images", "videos")).replace("|", "\\|")
+        media.append(f"| `{name}` | {_status(images)} | {_status(videos)} | {why} |")
+    return (
+        HEADER + "\n".join(rows) + "\n" + RESPONSES_HEADER + "\n".join(responses) + "\n"
+        + MEDIA_HEADER + "\n".join(media) + "\n"
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

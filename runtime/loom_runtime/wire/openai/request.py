@@ -382,8 +382,7 @@ def parse_request(cls: type[R], body: bytes, strict_fields: bool = False) -> R:
         unknown = unknown_fields(parsed)
         if unknown:
             raise InvalidRequestError(
-                f"unsupported field {unknown[0]!r}: this server does not implement it "
-                "(the worker runs with --strict-fields)",
+                f"unsupported field {unknown[0]!r}: this server does not implement it",
                 param=unknown[0],
             )
     return parsed

@@ -1,6 +1,7 @@
 """Image and video bodies: sizes parse or say the syntax; ranges are 400s naming the field;
 frames come from num_frames or seconds x fps + 1; prompts truncate to the encoder's length;
-n images get consecutive seeds; another model's name is a 404."""
+n images get consecutive seeds; another model's name is a 404; a field the contract refuses or
+does not name is a 400 naming it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from loom_runtime.serve.diffusion.protocol import (
     PromptSettings,
     VideoGenerationRequest,
     diffusion_requests,
+    parse_media,
     parse_size,
 )
-from loom_runtime.wire.openai.request import parse_request
 
 
 class Chars:
@@ -45,18 +46,39 @@ def test_sizes_are_width_by_height() -> None:
 )
 def test_out_of_range_image_fields_are_400s_naming_the_field(body: bytes, param: str) -> None:
     with pytest.raises(InvalidRequestError) as err:
-        parse_request(ImageGenerationRequest, body)
+        parse_media(ImageGenerationRequest, body)
     assert err.value.param == param
 
 
+@pytest.mark.parametrize(
+    ("cls", "body", "param"),
+    [
+        (ImageGenerationRequest, b'{"prompt": "p", "quality": "hd"}', "quality"),
+        (ImageGenerationRequest, b'{"prompt": "p", "frobnicate": 1}', "frobnicate"),
+        (VideoGenerationRequest, b'{"prompt": "p", "input_reference": "x"}', "input_reference"),
+        (VideoGenerationRequest, b'{"prompt": "p", "quality": "auto"}', "quality"),
+    ],
+)
+def test_fields_not_honoured_are_400s_naming_them(
+    cls: type[ImageGenerationRequest | VideoGenerationRequest], body: bytes, param: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        parse_media(cls, body)
+    assert err.value.param == param
+    accepted = parse_media(
+        ImageGenerationRequest, b'{"prompt": "p", "quality": "auto", "user": "u"}'
+    )
+    assert accepted.prompt == "p"
+
+
 def test_video_frames_come_from_num_frames_or_seconds() -> None:
-    assert parse_request(VideoGenerationRequest, b'{"prompt": "p", "num_frames": 9}').frames() == 9
-    body = parse_request(VideoGenerationRequest, b'{"prompt": "p", "seconds": "2", "fps": 8}')
+    assert parse_media(VideoGenerationRequest, b'{"prompt": "p", "num_frames": 9}').frames() == 9
+    body = parse_media(VideoGenerationRequest, b'{"prompt": "p", "seconds": "2", "fps": 8}')
     assert body.frames() == 17
 
 
 def test_n_images_get_consecutive_seeds_and_truncated_prompts() -> None:
-    body = parse_request(ImageGenerationRequest, b'{"prompt": "abcdef", "n": 3, "size": "32x16"}')
+    body = parse_media(ImageGenerationRequest, b'{"prompt": "abcdef", "n": 3, "size": "32x16"}')
     reqs = diffusion_requests(body, ["a", "b", "c"], 1, 5, Chars(), PromptSettings("m", 4))
     assert [r.seed for r in reqs] == [5, 6, 7]
     assert reqs[0].prompt_ids == (97, 98, 99, 100)
@@ -64,6 +86,6 @@ def test_n_images_get_consecutive_seeds_and_truncated_prompts() -> None:
 
 
 def test_another_models_name_is_not_found() -> None:
-    body = parse_request(ImageGenerationRequest, b'{"prompt": "p", "model": "x"}')
+    body = parse_media(ImageGenerationRequest, b'{"prompt": "p", "model": "x"}')
     with pytest.raises(ModelNotFoundError, match="'x'"):
         diffusion_requests(body, ["a"], 1, 0, Chars(), PromptSettings("m", 4))

@@ -1,5 +1,6 @@
-"""The request-field contract: every field vLLM 0.33.0 or OpenAI defines has one row, the schema
-agrees with it, refused fields are 400s naming them, and docs/openai-fields.md is its rendering."""
+"""The request-field contract: every field vLLM 0.33.0 or OpenAI defines has one row (images and
+videos: OpenAI's), the schema agrees with it, refused fields are 400s naming them, and
+docs/openai-fields.md is its rendering."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ from typing import Any
 
 import pytest
 from openai.types import completion_create_params as openai_completion
+from openai.types import image_generate_params as openai_images
+from openai.types import video_create_params as openai_videos
 from openai.types.chat import completion_create_params as openai_chat
 from openai.types.responses import response_create_params as openai_responses
+from pydantic import BaseModel
 
 from loom_operator.k8s.render.vllm import VLLM_VERSION
 from loom_runtime.errors import InvalidRequestError
+from loom_runtime.serve.diffusion.protocol import ImageGenerationRequest, VideoGenerationRequest
 from loom_runtime.wire.openai.field_contract import CONTRACTS, RESPONSES_AS_CHAT, FieldRule
 from loom_runtime.wire.openai.field_doc import render
 from loom_runtime.wire.openai.request import (
@@ -29,16 +34,19 @@ from loom_runtime.wire.openai.responses.request import ResponsesRequest
 
 ROOT = Path(__file__).resolve().parents[4]
 VENV = Path(os.environ.get("LOOM_VLLM_VENV", Path.home() / ".cache/loom/vllm" / f"v{VLLM_VERSION}"))
-SCHEMAS: dict[str, type[CompletionRequest] | type[ChatCompletionRequest] | type[ResponsesRequest]]
-SCHEMAS = {
+SCHEMAS: dict[str, type[BaseModel]] = {
     "completion": CompletionRequest,
     "chat": ChatCompletionRequest,
     "responses": ResponsesRequest,
+    "images": ImageGenerationRequest,
+    "videos": VideoGenerationRequest,
 }
 BASES: dict[str, dict[str, Any]] = {
     "completion": {"model": "m", "prompt": "hi"},
     "chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "responses": {"model": "m", "input": "hi"},
+    "images": {"model": "m", "prompt": "hi"},
+    "videos": {"model": "m", "prompt": "hi"},
 }
 _VLLM_FIELDS = """
 import json
@@ -54,7 +62,7 @@ print(json.dumps({"completion": list(CompletionRequest.model_fields),
 def _openai_fields(module: Any) -> set[str]:
     names: set[str] = set()
     for name in dir(module):
-        if name.endswith(("CreateParamsStreaming", "CreateParamsNonStreaming")):
+        if name.endswith(("ParamsStreaming", "ParamsNonStreaming", "VideoCreateParams")):
             names |= set(typing.get_type_hints(getattr(module, name)))
     return names
 
@@ -81,14 +89,20 @@ def test_every_vllm_request_field_has_a_row(
 
 @pytest.mark.parametrize(
     ("endpoint", "module"),
-    [("completion", openai_completion), ("chat", openai_chat), ("responses", openai_responses)],
+    [
+        ("completion", openai_completion),
+        ("chat", openai_chat),
+        ("responses", openai_responses),
+        ("images", openai_images),
+        ("videos", openai_videos),
+    ],
 )
 def test_every_openai_request_field_has_a_row(endpoint: str, module: Any) -> None:
     missing = sorted(_openai_fields(module) - set(CONTRACTS[endpoint]))  # type: ignore[index]
     assert not missing, f"OpenAI defines {missing}: add them to field_contract.py"
 
 
-@pytest.mark.parametrize("endpoint", ["completion", "chat"])
+@pytest.mark.parametrize("endpoint", ["completion", "chat", "images", "videos"])
 def test_the_schema_types_exactly_the_honoured_fields_and_some_meaningless_ones(
     endpoint: str,
 ) -> None:
