@@ -5,7 +5,9 @@ StatefulSets, RoleScales and every other rendered kind, by the card that owns th
 Owns these kopf indexes and event handlers; never decides what a change means (round_inputs.py,
 drift.py) and never writes. Objects without Loom's label are filtered out by kopf, so the
 indexes' memory follows Loom's objects only; managedFields are dropped (but the scaler's own
-entry of a StatefulSet, which says it owns spec.replicas).
+entry of a StatefulSet, which says it owns spec.replicas); a pod's spec keeps only its
+containers' ports (what `pod_worker` reads of it), a StatefulSet's pod template only its volumes
+(what `claim_change` reads of it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,25 @@ def slim(body: Obj) -> dict[str, Any]:
     if fields:
         meta["managedFields"] = fields
     return {**body, "metadata": meta}
+
+
+def slim_pod(body: Obj) -> dict[str, Any]:
+    """A pod as `slim` keeps it, its spec cut to its containers' names and ports."""
+    spec = body.get("spec") or {}
+    containers = [{"name": c.get("name"), "ports": c.get("ports") or []}
+                  for c in spec.get("containers") or []]  # fmt: skip
+    return {**slim(body), "spec": {"containers": containers}}
+
+
+def slim_statefulset(body: Obj) -> dict[str, Any]:
+    """A StatefulSet as `slim` keeps it, its pod template cut to the template's volumes."""
+    spec = dict(body.get("spec") or {})
+    volumes = ((spec.pop("template", None) or {}).get("spec") or {}).get("volumes") or []
+    return {**slim(body), "spec": {**spec, "template": {"spec": {"volumes": volumes}}}}
+
+
+KEPT = {"Pod": slim_pod, "StatefulSet": slim_statefulset}
+"""What an index keeps of the kinds a round reads in full (other kinds: `slim`)."""
 
 
 def items(index: Mapping[Key, Iterable[Any]] | None, key: Key) -> list[Any]:
@@ -98,11 +119,13 @@ def _resource(kind: str) -> tuple[str, ...]:
 
 
 def _indexer(kind: str, full: bool) -> Any:
+    keep = KEPT.get(kind, slim)
+
     async def index(body: kopf.Body, **_: Any) -> dict[Key, Any]:
         key = card_key(body)
         if key is None:
             return {}
-        return {key: slim(body) if full else (kind, str(body.metadata.name), marker(body))}
+        return {key: keep(body) if full else (kind, str(body.metadata.name), marker(body))}
 
     return index
 
