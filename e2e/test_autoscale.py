@@ -2,7 +2,8 @@
 role's RoleScale changes its pods (and the card's replicas), a scale-down never deletes a pod
 while it still streams, an autoscaling/v2 HorizontalPodAutoscaler targeting a role is accepted and
 resolves its scale target, and the planner scales decode up under load and back down with no
-failed or cut request.
+failed or cut request, and a role scaled to zero serves its first request (held by the router
+while the planner starts a worker) and goes back to zero once idle.
 
 The operator runs as a process with the admin kubeconfig; its pods run on the stand-in kubelet
 (pod IPs reachable from the test, which reads a worker's /metrics).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +29,9 @@ from e2e.providers import REPO, Cluster
 pytestmark = pytest.mark.timeout(600)
 
 TINY_PD = list(yaml.safe_load_all((REPO / "examples" / "tiny-pd.yaml").read_text()))
+TINY_AGGREGATED = list(yaml.safe_load_all((REPO / "examples" / "tiny-aggregated.yaml").read_text()))
 DECODE = "loom.dev/deployment={},loom.dev/role=decode"
+AGGREGATED = "loom.dev/deployment={},loom.dev/role=aggregated"
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +222,55 @@ def test_the_planner_scales_decode_up_under_load_and_back_down_losing_nothing(
     assert not load.failed, load.failed[:3]
     wait_for(lambda: len(decode_pods(cluster, ns, "planned")) == 1, 300, "decode back to one")
     assert role_scale(cluster, ns, "planned-decode")["spec"]["replicas"] == 1
-    events = cluster.kubectl(
-        "get", "events", "-n", ns, "--field-selector", "involvedObject.name=planned", "-o", "json"
-    ).stdout
-    said = [e["message"] for e in json.loads(events)["items"] if e["reason"] == "Autoscale"]
+    said = autoscale_events(cluster, ns, "planned")
     assert any(m.startswith("scaling up decode 1 → 2 (QueueAboveTarget") for m in said), said
     assert any(m.startswith("scaling down decode 2 → 1") for m in said), said
+
+
+def test_a_role_scaled_to_zero_serves_its_first_request_without_an_error(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    ns = operator_ns
+    model, deployment = yaml.safe_load(yaml.safe_dump(TINY_AGGREGATED))
+    deployment["metadata"] = {"name": "zero"}
+    deployment["spec"]["roles"]["aggregated"]["replicas"] = 0
+    deployment["spec"]["autoscaling"] = {
+        "aggregated": {"min": 0, "max": 1}, "scaleUpSeconds": 0, "scaleDownSeconds": 10,
+    }  # fmt: skip
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all([model, deployment]))
+
+    def idle() -> dict[str, Any] | None:
+        got = card(cluster, ns, "zero")
+        at_zero = condition(got, "Ready").get("reason") == "ScaledToZero"
+        return got if at_zero and not pods(cluster, ns, AGGREGATED.format("zero")) else None
+
+    wait_for(idle, 300, "the card at zero, with no worker")
+    url = wait_for(lambda: router_ready_url(cluster, ns, "zero"), 300, "the router")
+    client = OpenAI(base_url=url, api_key="unused", timeout=120, max_retries=0)
+    started = time.monotonic()
+    reply = client.completions.create(model="tiny", prompt="Once", max_tokens=8)
+    first = time.monotonic() - started
+    assert reply.usage is not None and reply.usage.completion_tokens == 8
+    print(f"first request from zero answered in {first:.1f}s")  # a measurement, not a bound
+    said = autoscale_events(cluster, ns, "zero")
+    assert any(m.startswith("scaling up aggregated 0 → 1 (ScaleFromZero") for m in said), said
+    wait_for(idle, 300, "the card back at zero once idle")
+    said = autoscale_events(cluster, ns, "zero")
+    assert any(m.startswith("scaling down aggregated 1 → 0") for m in said), said
+    cluster.kubectl("delete", "deploymentcard", "zero", "-n", ns, "--wait=false")
+
+
+def router_ready_url(cluster: Cluster, ns: str, name: str) -> str | None:
+    """The card's router URL once its pod is ready (it holds requests from then on)."""
+    selector = f"loom.dev/deployment={name},app.kubernetes.io/component=router"
+    live = [p for p in pods(cluster, ns, selector) if not p["metadata"].get("deletionTimestamp")]
+    up = [p for p in live if condition(p, "Ready").get("status") == "True"]
+    return router_url(cluster, ns, name) if up else None
+
+
+def autoscale_events(cluster: Cluster, ns: str, name: str) -> list[str]:
+    """The planner's decisions on the card, as its Events say them."""
+    events = cluster.kubectl(
+        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    ).stdout
+    return [e["message"] for e in json.loads(events)["items"] if e["reason"] == "Autoscale"]

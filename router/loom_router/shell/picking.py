@@ -152,14 +152,21 @@ class Picking:
         self._max_model_len[endpoint.url] = data
         return data
 
+    @property
+    def scales_from_zero(self) -> bool:
+        """While no worker can take a request, it waits for one (ROUTER.json scale_from_zero):
+        the planner starts workers for what the router holds."""
+        return self.state.settings.hold_when_empty
+
     def _may_hold(self) -> bool:
         """Capacity is only paused: some serving worker is held back for now (draining, not
-        ready, admission closed, mid weight sync), not marked down — or none exists at all and
-        the fleet scales from zero (a worker is starting)."""
+        ready, admission closed, mid weight sync), not marked down — or the fleet scales from
+        zero, where a worker is starting or will be (one that does not answer yet reads as
+        down until it serves)."""
+        if self.scales_from_zero:
+            return True
         load = self.state.load.view(time.monotonic())
         serving = [e for e in self.source.snapshot().endpoints if e.role in SERVING_ROLES]
-        if not serving:
-            return self.state.settings.hold_when_empty
         return any(not e.down and rejection(e, load) is not None for e in serving)
 
     def _choose(self, features: RequestFeatures, remember: bool = True) -> Choice:

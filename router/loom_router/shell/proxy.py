@@ -149,11 +149,18 @@ class ProxyApp:
         return web.json_response({"status": "ok"})
 
     async def ready(self, _: web.Request) -> web.Response:
-        """Ready when at least one endpoint can serve a request end to end."""
-        snapshot = self.dispatcher.picking.source.snapshot()
+        """Ready when at least one endpoint can serve a request end to end — or always, for a
+        fleet that scales from zero: with no worker able to take a request it holds it while
+        one starts (bounded by router.hold, then a 503 with Retry-After), so it must be sent
+        requests even then (a Service sends none to a router that is not ready)."""
+        picking = self.dispatcher.picking
+        snapshot = picking.source.snapshot()
         routable = [e.id for e in snapshot.endpoints if e.routable and e.role in SERVING_ROLES]
         if routable:
             return web.json_response({"status": "ready", "endpoints": len(routable)})
+        if picking.scales_from_zero:
+            holding = "no worker serves yet: a request waits while one starts (scale from zero)"
+            return web.json_response({"status": "ready", "endpoints": 0, "holding": holding})
         return web.json_response(
             {"status": "no routable decode or aggregated endpoint"}, status=503
         )

@@ -244,7 +244,8 @@ def launch_worker(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Launc
 
 @pytest.fixture(scope="module")
 def launch_router(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> LaunchRouter:
-    """launch_router(workers, router={...card spec.router}, failover={...}, flags=[...])."""
+    """launch_router(workers, router={...card spec.router}, failover={...}, flags=[...],
+    config={...other ROUTER.json keys})."""
     tmp = tmp_path_factory.mktemp("routers")
     count = [0]
 
@@ -255,6 +256,7 @@ def launch_router(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Launc
         failover: dict[str, Any] | None = None,
         flags: tuple[str, ...] = (),
         tokenizer: bool = True,
+        config: dict[str, Any] | None = None,
     ) -> Iterator[Router]:
         count[0] += 1
         name = f"router{count[0]}"
@@ -267,6 +269,7 @@ def launch_router(tmp_path_factory: pytest.TempPathFactory, tiny: Path) -> Launc
             "router": router or {},
             "failover": failover or {},
             "endpoints": [w.spec for w in workers],
+            **(config or {}),
         }
         path = tmp / f"{name}.json"
         path.write_text(json.dumps(config))

@@ -99,6 +99,19 @@ def test_models_health_ready_and_metrics(router: Any) -> None:
     assert metrics.get("loom_router:time_to_first_token_seconds_count", 0) >= 1
 
 
+def test_a_router_that_scales_from_zero_is_ready_with_no_worker_and_holds_then_503s(
+    launch_router: Any,
+) -> None:
+    hold = {"hold": {"maxRequests": 4, "timeoutSeconds": 1}}
+    with launch_router([], router=hold, config={"scale_from_zero": True}) as empty:
+        status, ready, _ = empty.get("/ready")
+        assert status == 200 and ready["endpoints"] == 0 and "scale from zero" in ready["holding"]
+        status, answer, headers = empty.post("/v1/completions", body())
+        assert status == 503 and "retry-after" in headers, answer  # held 1 s, then refused
+    with launch_router([], router=hold) as plain:
+        assert plain.get("/ready")[0] == 503  # nothing to hold for: not ready
+
+
 def test_api_keys_guard_the_openai_routes_only(worker: Any, launch_router: Any) -> None:
     with launch_router([worker], flags=("--api-key", "k1", "--api-key", "k2")) as keyed:
         status, answer, _ = keyed.post("/v1/completions", body())

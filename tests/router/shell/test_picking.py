@@ -228,3 +228,25 @@ async def _lengths_per_endpoint(endpoint: EndpointFactory) -> None:
         await picking.upstream.close()
         await short.cleanup()
         await long.cleanup()
+
+
+def test_a_fleet_scaling_from_zero_holds_while_its_starting_worker_reads_as_down(
+    endpoint: EndpointFactory,
+) -> None:
+    """Its first worker does not answer until it serves: marked down meanwhile, it is not a
+    reason to refuse (a fleet that does not scale from zero refuses at once, as before)."""
+    for from_zero in (True, False):
+        settings = replace(SETTINGS, hold_when_empty=from_zero, hold_s=30.0)
+        source, picking = holding([endpoint("a", role="aggregated", down=True)], settings)
+
+        async def scenario(source: StaticEndpoints, picking: Picking) -> str:
+            waiting = asyncio.create_task(picking.pick_waiting(request(picking, "r1", NEW)))
+            await asyncio.sleep(0.2)
+            picking.state.on_endpoints(source.mark_up("a"))
+            return (await waiting).endpoint.id
+
+        if from_zero:
+            assert asyncio.run(scenario(source, picking)) == "a"
+        else:
+            with pytest.raises(NoEndpointError):
+                asyncio.run(scenario(source, picking))
