@@ -161,12 +161,13 @@ class Picking:
     def _may_hold(self) -> bool:
         """Capacity is only paused: some serving worker is held back for now (draining, not
         ready, admission closed, mid weight sync), not marked down — or the fleet scales from
-        zero, where a worker is starting or will be (one that does not answer yet reads as
-        down until it serves)."""
-        if self.scales_from_zero:
+        zero and no worker serves, where one is starting or will be (one that does not answer
+        yet reads as down until it serves). With a worker serving, a request none can take is
+        refused at once, as on any fleet."""
+        serving = [e for e in self.source.snapshot().endpoints if e.role in SERVING_ROLES]
+        if self.scales_from_zero and not any(e.routable for e in serving):
             return True
         load = self.state.load.view(time.monotonic())
-        serving = [e for e in self.source.snapshot().endpoints if e.role in SERVING_ROLES]
         return any(not e.down and rejection(e, load) is not None for e in serving)
 
     def _choose(self, features: RequestFeatures, remember: bool = True) -> Choice:

@@ -250,3 +250,16 @@ def test_a_fleet_scaling_from_zero_holds_while_its_starting_worker_reads_as_down
         else:
             with pytest.raises(NoEndpointError):
                 asyncio.run(scenario(source, picking))
+
+
+def test_a_fleet_scaling_from_zero_with_a_worker_serving_refuses_what_none_can_take(
+    endpoint: EndpointFactory,
+) -> None:
+    """A request pinned to a weights version no worker serves is refused at once, not held:
+    holding is for a fleet with no serving worker."""
+    settings = replace(SETTINGS, hold_when_empty=True, hold_s=30.0)
+    _, picking = holding([endpoint("a", role="aggregated", version="v1")], settings)
+    pinned = replace(request(picking, "r1", NEW), weights_version="v9")
+    with pytest.raises(NoEndpointError) as refused:
+        asyncio.run(picking.pick_waiting(pinned))
+    assert not isinstance(refused.value, CapacityWaitError)  # refused, not held to the deadline
