@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from loom_router.errors import BadRequestError
 from loom_runtime.card.workflow import StageRoute as Route
-from loom_runtime.wire.openai.field_contract import CONTRACTS
+from loom_runtime.wire.openai.field_contract import CONTRACTS, refused_field
 
 ROUTES: tuple[Route, ...] = get_args(Route)
 REQUEST_FIELDS = frozenset({"model", "prompt", "stage_options"})
@@ -103,13 +103,13 @@ class WorkflowRequest:
 def _check_fields(route: Route, fields: Mapping[str, Any], prefix: str) -> None:
     """A field the route's contract refuses or does not name is a 400 now, before any stage
     runs (field_contract.py: the stage's server would refuse it after the stages before it)."""
-    rules = CONTRACTS[route]
-    for key, value in fields.items():
-        rule = rules.get(key)
-        if rule is None:
-            raise BadRequestError(f"{prefix}{key}: unsupported field on /v1/{route}", prefix + key)
-        if rule.refuses(value):
-            raise BadRequestError(f"{prefix}{key} is not supported: {rule.why}", prefix + key)
+    unnamed = [key for key in fields if key not in CONTRACTS[route]]
+    if unnamed:
+        param = prefix + unnamed[0]
+        raise BadRequestError(f"{param}: unsupported field on /v1/{route}", param)
+    refused = refused_field(route, fields)
+    if refused is not None:
+        raise BadRequestError(f"{prefix}{refused}", prefix + str(refused.param))
 
 
 def parse_request(body: Mapping[str, Any], workflow: WorkflowRoute) -> WorkflowRequest:
