@@ -268,9 +268,51 @@ def router_ready_url(cluster: Cluster, ns: str, name: str) -> str | None:
     return router_url(cluster, ns, name) if up else None
 
 
-def autoscale_events(cluster: Cluster, ns: str, name: str) -> list[str]:
-    """The planner's decisions on the card, as its Events say them."""
-    events = cluster.kubectl(
+def events(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    """The card's Events."""
+    out = cluster.kubectl(
         "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name}", "-o", "json"
     ).stdout
-    return [e["message"] for e in json.loads(events)["items"] if e["reason"] == "Autoscale"]
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def autoscale_events(cluster: Cluster, ns: str, name: str) -> list[str]:
+    """The planner's decisions on the card, as its Events say them."""
+    return [e["message"] for e in events(cluster, ns, name) if e["reason"] == "Autoscale"]
+
+
+def test_a_role_the_card_drops_is_drained_and_its_objects_deleted(
+    cluster: Cluster, operator_ns: str
+) -> None:
+    ns = operator_ns
+    apply_cards(cluster, ns, "switch", {})
+    wait_for(lambda: ready(cluster, ns, "switch"), 300, "switch Ready (P/D)")
+    aggregated = yaml.safe_load(yaml.safe_dump(TINY_AGGREGATED[1]["spec"]["roles"]))
+    with Streams(router_url(cluster, ns, "switch"), clients=2, max_tokens=64) as load:
+        apply_cards(cluster, ns, "switch", {"roles": aggregated})  # P/D → aggregated
+
+        def switched() -> bool:
+            got = ready(cluster, ns, "switch")
+            left = [
+                p["metadata"]["name"]
+                for p in pods(cluster, ns, "loom.dev/deployment=switch")
+                if p["metadata"]["labels"].get("loom.dev/role") in ("prefill", "decode")
+            ]
+            return got is not None and not left
+
+        wait_for(switched, 300, "the aggregated worker serving and the P/D pods gone")
+        before = load.done
+        wait_for(lambda: load.done >= before + 2, 120, "requests on the aggregated worker")
+    assert not load.failed, load.failed[:3]
+    names = [f"{kind}/switch-{role}" for kind in ("statefulset", "service", "rolescale")
+             for role in ("prefill", "decode")]  # fmt: skip
+
+    def left() -> list[str]:
+        out = cluster.kubectl("get", *names, "-n", ns, "--ignore-not-found", "-o", "name")
+        return out.stdout.split()
+
+    wait_for(lambda: not left(), 60, f"{', '.join(names)} deleted")
+    said = [e["message"] for e in events(cluster, ns, "switch") if e["reason"] == "RoleRemoved"]
+    assert sorted(m.split()[0] for m in said) == ["decode", "prefill"], said
+    cluster.kubectl("delete", "deploymentcard", "switch", "-n", ns, "--wait=false")

@@ -34,18 +34,22 @@ WATCHED_NAMESPACE_RULES: tuple[Rule, ...] = (
          "kopf watches the cards and keeps its progress in their annotations"),
     Rule("loom.dev", ("modelcards/status", "deploymentcards/status"), ("get", "patch"),
          "validity, phase, conditions and the fleet record"),
-    Rule("loom.dev", ("rolescales",), ("get", "list", "watch", "create", "patch"),
+    Rule("loom.dev", ("rolescales",), ("get", "list", "watch", "create", "patch", "delete"),
          "server-side apply of each role's RoleScale; its spec.replicas written by the scale "
-         "rule and the planner; watched (k8s/watched.py)"),
+         "rule and the planner; watched (k8s/watched.py); deleted with a role the card drops"),
     Rule("loom.dev", ("rolescales/status",), ("get", "patch"),
          "each RoleScale's serving and desired replicas, selector and observed generation"),
-    Rule("", ("configmaps", "services", "serviceaccounts"),
-         ("get", "list", "watch", "create", "patch"),
-         "server-side apply of the cards ConfigMap, the Services, the router's account; watched "
-         "so that only what drifted is applied again"),
-    Rule("apps", ("statefulsets", "deployments"), ("get", "list", "watch", "create", "patch"),
-         "server-side apply of the role StatefulSets and the router Deployment; watched for "
-         "the fleet rounds' status reads and drift"),
+    Rule("", ("configmaps", "serviceaccounts"), ("get", "list", "watch", "create", "patch"),
+         "server-side apply of the cards ConfigMap and the router's account; watched so that "
+         "only what drifted is applied again"),
+    Rule("", ("services",), ("get", "list", "watch", "create", "patch", "delete"),
+         "server-side apply of the Services; watched for drift; a role's deleted with the role "
+         "when the card drops it"),
+    Rule("apps", ("statefulsets",), ("get", "list", "watch", "create", "patch", "delete"),
+         "server-side apply of the role StatefulSets; watched for the fleet rounds' status "
+         "reads and drift; deleted with a role the card drops, once it keeps no pod"),
+    Rule("apps", ("deployments",), ("get", "list", "watch", "create", "patch"),
+         "server-side apply of the router Deployment; watched for drift"),
     Rule("policy", ("poddisruptionbudgets",), ("get", "list", "watch", "create", "patch"),
          "server-side apply of the router's PodDisruptionBudget; watched for drift"),
     Rule("rbac.authorization.k8s.io", ("roles", "rolebindings"),

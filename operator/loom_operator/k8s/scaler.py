@@ -1,11 +1,14 @@
 """One DeploymentCard's scaling on Kubernetes, each fleet round: settle every role's count
 between the card and its RoleScale (k8s/scale_rule.py), let Loom's planner move the roles it
 names (control/autoscaler.py → fleet/autoscale.py), and, once the round's actions are done, set
-each StatefulSet's replicas so that only stopped workers' pods are removed (k8s/pod_count.py).
+each StatefulSet's replicas so that only stopped workers' pods are removed (k8s/pod_count.py) —
+a role the card dropped included, whose StatefulSet, Service and RoleScale go once its last
+worker is stopped.
 
 Owns the writes of counts (card replicas, RoleScale spec and status, StatefulSet replicas), the
-scaling events, the `Autoscaling` condition and the operator's scaling metrics; never chooses
-which worker retires (the fleet core does) and never deletes a pod.
+removal of a dropped role's objects, the scaling events, the `Autoscaling` condition and the
+operator's scaling metrics; never chooses which worker retires (the fleet core does) and never
+deletes a pod.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from loom_operator.api.deployment_card import DeploymentCard
-from loom_operator.api.roles import RoleName
+from loom_operator.api.roles import ROLE_NAMES, RoleName
 from loom_operator.control.autoscaler import Autoscaler
 from loom_operator.fleet.actions import StopWorker
 from loom_operator.fleet.autoscale import AutoscalePolicy
@@ -25,13 +28,14 @@ from loom_operator.fleet.desired import DesiredFleet, autoscale_policy
 from loom_operator.fleet.observed import FleetObservation
 from loom_operator.k8s.drift import Applied
 from loom_operator.k8s.fleet import Events, PlannerView, PodFleet, Round
-from loom_operator.k8s.kube import MERGE, Kube, object_path
+from loom_operator.k8s.kube import MERGE, Kube, KubeError, object_path
 from loom_operator.k8s.labels import SCALE_MANAGER, role_object
 from loom_operator.k8s.metrics import OperatorMetrics
 from loom_operator.k8s.pod_count import role_pod_count
 from loom_operator.k8s.render.role_scale import pod_selector
 from loom_operator.k8s.scale_rule import ScaleView, Settled, settle
 from loom_operator.k8s.scale_status import autoscaling_condition, owns_replicas, role_scale_status
+from loom_runtime.wire.pods import ROLE_LABEL
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,22 @@ def take_replicas(kube: Kube, namespace: str, name: str, replicas: int) -> Obj:
 
 def replicas_of(statefulset: Obj) -> int:
     return int((statefulset.get("spec") or {}).get("replicas") or 0)
+
+
+ROLE_KINDS = ("StatefulSet", "Service", "RoleScale")
+"""What a role renders (`<card>-<role>` each): what goes when the card drops the role."""
+
+
+def dropped_roles(
+    statefulsets: Mapping[str, Obj], counts: Mapping[RoleName, int]
+) -> dict[RoleName, Obj]:
+    """The card's StatefulSets of roles the card no longer has, by role."""
+    out: dict[RoleName, Obj] = {}
+    for sts in statefulsets.values():
+        role = ((sts.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL)
+        if role in ROLE_NAMES and role not in counts:
+            out[role] = sts
+    return out
 
 
 class CardScaler:
@@ -220,6 +240,28 @@ class CardScaler:
                 self._metrics.desired(self.namespace, self.name, role, n)
             serving = sum(1 for w in r.observed.workers if w.role == role and w.routable)
             await self._status(role, serving, n)
+        for role, sts in dropped_roles(statefulsets, counts).items():
+            await self._retire_role(role, sts, r, stopped)
+
+    async def _retire_role(self, role: RoleName, sts: Obj, r: Round, stopped: set[str]) -> None:
+        """A role the card dropped: its StatefulSet keeps the workers the core has not stopped
+        yet (they are drained first, as any retiring worker); once it keeps none and none is
+        left, its StatefulSet, Service and RoleScale are deleted."""
+        target = role_pod_count(self.name, role, 0, r.observed.workers, stopped)
+        await self._keep_pods(role, sts, target)
+        if target > 0 or replicas_of(sts) > 0 or any(w.role == role for w in r.observed.workers):
+            return
+        name = role_object(self.name, role)
+        for kind in ROLE_KINDS:
+            try:
+                await self._call(self._kube.delete, object_path(kind, self.namespace, name))
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+        if self._metrics is not None:
+            self._metrics.forget(self.namespace, self.name, (role,))
+        self._events("RoleRemoved", f"{role} is no longer in the card: its workers drained and "
+                     f"stopped, {name}'s {', '.join(ROLE_KINDS)} deleted", "Normal")  # fmt: skip
 
     async def _keep_pods(self, role: RoleName, sts: Obj, target: int) -> None:
         before = replicas_of(sts)

@@ -1,7 +1,8 @@
 """The operator's scaling plumbing, one card: the scale rule's writes (a `kubectl scale` on a
 RoleScale lands in the card; an edited card lands in the RoleScale), the planner's decision
-written into the RoleScale with an event, a condition and a metric, and each StatefulSet's
-replicas lowered only once the fleet core has stopped the retiring worker.
+written into the RoleScale with an event, a condition and a metric, each StatefulSet's
+replicas lowered only once the fleet core has stopped the retiring worker, and a role the card
+dropped lowered the same way, then its StatefulSet, Service and RoleScale deleted.
 
 `InMemoryApi` is a stand-in for the API server (objects by path, merge patches, generations,
 server-side applies recorded): the real one runs in the e2e suite (e2e/test_autoscale.py)."""
@@ -25,7 +26,7 @@ from loom_operator.fleet.desired import DesiredFleet, autoscale_policy, desired_
 from loom_operator.fleet.observed import FleetObservation, WorkerState
 from loom_operator.fleet.record import FleetRecord
 from loom_operator.k8s.fleet import PlannerView, PodFleet, Round
-from loom_operator.k8s.kube import Kube, object_path
+from loom_operator.k8s.kube import Kube, KubeError, object_path
 from loom_operator.k8s.labels import SCALE_MANAGER
 from loom_operator.k8s.metrics import OperatorMetrics
 from loom_operator.k8s.render.role_scale import role_scale_manifest
@@ -69,6 +70,11 @@ class InMemoryApi:
         if "spec" in body:
             obj["metadata"]["generation"] += 1
         return copy.deepcopy(obj)
+
+    def delete(self, path: str, body: Obj | None = None) -> Obj:
+        if path not in self.objects:
+            raise KubeError(404, f"{path} not found")
+        return self.objects.pop(path)
 
     def apply(self, manifest: Obj, field_manager: str) -> Obj:
         name = manifest["metadata"]["name"]
@@ -128,7 +134,7 @@ def role_scale(api: InMemoryApi, role: str) -> Obj:
 
 
 def worker(name: str) -> WorkerState:
-    role: RoleName = "prefill" if "prefill" in name else "decode"
+    role = cast(RoleName, name.split("-")[-2])
     return WorkerState(name=name, role=role, weights_version="v1", address="10.0.0.1:8000")
 
 
@@ -305,3 +311,45 @@ def test_a_round_hands_the_fleet_core_the_planned_counts() -> None:
     assert [w.name for w in desired.slots] == [
         "tiny-pd-prefill-0", "tiny-pd-decode-0", "tiny-pd-decode-1",
     ]  # fmt: skip
+
+
+def test_a_role_the_card_dropped_drains_then_its_objects_are_deleted() -> None:
+    doc, deployment = card()  # prefill + decode: the card no longer has its aggregated role
+    api = api_with(doc)
+    for role, n in (("prefill", 1), ("decode", 1), ("aggregated", 1)):
+        labels = {LABEL: "tiny-pd", "loom.dev/role": role}
+        api.put("StatefulSet", {"metadata": {"name": f"tiny-pd-{role}", "labels": labels},
+                                "spec": {"replicas": n}})  # fmt: skip
+    api.put("Service", {"metadata": {"name": "tiny-pd-aggregated"}})
+    api.put("RoleScale", role_scale_manifest("tiny-pd", "aggregated"))
+    metrics = OperatorMetrics()
+    s, said = scaler(api, metrics)
+    counts = asyncio.run(s.settle(deployment, 1, scales(api)))
+    assert set(counts) == {"prefill", "decode"}
+    serving = ("tiny-pd-prefill-0", "tiny-pd-decode-0")
+
+    def follow(workers: tuple[str, ...], stopped: tuple[str, ...] = ()) -> None:
+        actions = tuple(StopWorker(w, "its role was dropped") for w in stopped)
+        observed = FleetObservation(tuple(worker(n) for n in workers), 1.0)
+        r = Round(Reconciliation(actions, FleetRecord(), (), None), observed, [])
+        sets = {n.rsplit("/", 1)[1]: copy.deepcopy(o) for n, o in api.objects.items()
+                if "/statefulsets/" in n}  # fmt: skip
+        asyncio.run(s.follow(counts, r, sets))
+
+    def present(kind: str) -> bool:
+        return object_path(kind, NS, "tiny-pd-aggregated") in api.objects
+
+    follow((*serving, "tiny-pd-aggregated-0"))  # draining: its pod stays
+    assert (
+        api.objects[object_path("StatefulSet", NS, "tiny-pd-aggregated")]["spec"]["replicas"] == 1
+    )
+    follow((*serving, "tiny-pd-aggregated-0"), stopped=("tiny-pd-aggregated-0",))
+    assert (
+        api.objects[object_path("StatefulSet", NS, "tiny-pd-aggregated")]["spec"]["replicas"] == 0
+    )
+    assert all(present(k) for k in ("StatefulSet", "Service", "RoleScale"))  # its pod still goes
+    follow(serving)
+    assert not any(present(k) for k in ("StatefulSet", "Service", "RoleScale"))
+    assert any(e.startswith("RoleRemoved: aggregated is no longer in the card") for e in said)
+    follow(serving)  # nothing left to do: the next round deletes nothing again
+    assert object_path("StatefulSet", NS, "tiny-pd-decode") in api.objects
