@@ -1,9 +1,10 @@
 """A trainer pushes in mode keep into a real `loom up` fleet of the tiny model (one aggregated
-worker, fp64): a greedy stream in flight goes on across the swap and fails nothing; its record
-holds two version spans split at the first token of the new weights, the tokens before equal the
-old weights' greedy run, and with kv="recompute" the tokens after equal a fresh greedy run of the
-new weights over prompt + the tokens before. A keep push that does not fit is refused whole, and
-a trainer killed mid-push leaves the old version serving (docs/rl.md)."""
+worker, and a P/D fleet of a prefill and a decode worker; fp64): a greedy stream in flight goes
+on across the swap and fails nothing; its record holds two version spans split at the first
+token of the new weights, the tokens before equal the old weights' greedy run, and with
+kv="recompute" the tokens after equal a fresh greedy run of the new weights over prompt + the
+tokens before. A keep push that does not fit is refused whole, and a trainer killed mid-push
+leaves the old version serving (docs/rl.md)."""
 
 from __future__ import annotations
 
@@ -63,10 +64,42 @@ def open_stream(fleet: FleetProcess) -> RecordStream:
     return RecordStream(fleet.endpoint + "/completions", doc)
 
 
+@pytest.fixture(scope="module")
+def pd_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoints: tuple[Path, Path],
+    child_env: dict[str, str],
+) -> Iterator[FleetProcess]:
+    """A prefill and a decode worker; every prompt is prefilled remotely (minUncachedTokens 0)."""
+    root = tmp_path_factory.mktemp("push-keep-pd")
+    card = root / "card.yaml"
+    roles = {"prefill": 1, "decode": 1}
+    card.write_text(card_text(f"file://{checkpoints[0]}", roles=roles, name="push-keep-pd",
+                              health_timeout=60.0, max_model_len=1100))  # fmt: skip
+    with run_fleet(card, root / "state", child_env) as f:
+        yield f
+
+
 @pytest.mark.parametrize(("kv", "which"), [("recompute", 1), ("keep", 0)])
 def test_a_greedy_stream_goes_on_across_a_keep_push(
     fleet: FleetProcess, checkpoints: tuple[Path, Path], kv: KV, which: int
 ) -> None:
+    stream_across_a_keep_push(fleet, checkpoints, kv, which)
+
+
+@pytest.mark.parametrize(("kv", "which"), [("recompute", 1), ("keep", 0)])
+def test_a_p_d_stream_goes_on_across_a_keep_push_of_both_roles(
+    pd_fleet: FleetProcess, checkpoints: tuple[Path, Path], kv: KV, which: int
+) -> None:
+    stream = stream_across_a_keep_push(pd_fleet, checkpoints, kv, which)
+    assert stream.headers.get("x-loom-pd") == "remote-prefill"  # its KV came from the prefill
+
+
+def stream_across_a_keep_push(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path], kv: KV, which: int
+) -> RecordStream:
+    """A greedy stream held open across a keep push of checkpoint `which` (the one the fleet
+    does not serve), checked span by span; the stream, for what else a test checks."""
     before = current_version(fleet)
     old = greedy(fleet, PROMPT, MAX_TOKENS)
     version = next_version(fleet)
@@ -95,6 +128,7 @@ def test_a_greedy_stream_goes_on_across_a_keep_push(
     assert served_version(fleet) == version
     if kv == "recompute":
         assert ids[k:] == greedy(fleet, PROMPT + ids[:k], MAX_TOKENS - k)
+    return streams[0]
 
 
 def test_a_keep_push_that_does_not_fit_is_refused_whole(

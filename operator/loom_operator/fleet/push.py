@@ -97,7 +97,7 @@ def refuse_push(
     it may)."""
     if mode not in MODE_STRATEGY:
         return f"mode must be one of {', '.join(MODE_STRATEGY)}, got {mode!r}"
-    why = _refuse_kv(desired, mode, kv)
+    why = _refuse_kv(mode, kv)
     if why is not None:
         return why
     if not version:
@@ -127,16 +127,11 @@ def refuse_push(
     return None
 
 
-def _refuse_kv(desired: DesiredFleet, mode: str, kv: str) -> str | None:
+def _refuse_kv(mode: str, kv: str) -> str | None:
     if mode != "keep":
         return None if not kv else f"kv is mode keep's option; mode {mode} drains, got kv {kv!r}"
     if kv not in KV_POLICIES:
         return f"kv must be one of {', '.join(KV_POLICIES)} for mode keep, got {kv!r}"
-    if desired.disaggregated:
-        return (
-            "mode keep is not built for a P/D fleet (a decode checks its pulled KV against its "
-            "version); push with mode barrier or rolling"
-        )
     return None
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState
 from loom_runtime.engine.denoise_lane import DenoiseLane
+from loom_runtime.engine.keep_swap import KVPolicy
 from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.scheduler import Schedule, StepLimits, WaitingSeq, schedule
@@ -187,17 +188,20 @@ class Batcher:
         drawing = set(self.lane.drawing) if self.lane is not None else set()
         self.abort(local | parked | remote | reloading | drawing)
 
-    def new_weights(self, version: str, recompute: bool) -> None:
-        """New weights are in under these requests (a keep swap, at a step boundary): each one's
-        next tokens carry `version`. `recompute`: every running request drops its KV and is
-        re-prefilled (prompt + output so far) under the new weights, oldest first, as after a
-        preemption (and counted as one); otherwise it keeps its KV and goes on."""
-        if recompute:
+    def new_weights(self, old: str, version: str, kv: KVPolicy) -> None:
+        """New weights are in under these requests (a keep swap from `old`, at a step boundary):
+        each one's next tokens carry `version`. kv "recompute": every running request drops its
+        KV and is re-prefilled (prompt + output so far) under the new weights, oldest first, as
+        after a preemption (and counted as one); "keep": it keeps its KV and goes on. A decode's
+        requests still to pull their prompt KV follow the same policy (remote.py)."""
+        if kv == "recompute":
             for state in self.running[::-1]:  # each goes to the queue's front: oldest first
                 self._preempt(state)
         parked = [s for p in self.parked.values() for s in p]
         for state in [*self.running, *self.waiting, *parked]:
             self.loop.rebase(state, version)
+        if self.remote is not None:
+            self.remote.new_weights(old, version, kv)
 
     # --- the step -----------------------------------------------------------------------------
 

@@ -342,17 +342,19 @@ class Engine:
         inbox and is admitted after, on the new version), then every request goes on and its
         next tokens carry the new version. `kv` "keep": running requests keep the KV computed
         under the old weights; "recompute": they re-prefill prompt + output so far under the
-        new ones. The prefix cache is dropped, and KV of the old weights never re-enters it."""
+        new ones. The prefix cache is dropped, and KV of the old weights never re-enters it. A
+        decode applies the policy to prompt KV it pulls of the old weights too (remote.py)."""
         blockers = KeepBlockers(
             self._ranks is not None and not self._ranks.loads_under_requests,
-            self.disagg is not None, self._lane is not None, self._reloads is not None,
+            self._lane is not None, self._reloads is not None,
         )  # fmt: skip
         check_keep(kv, staged.version, self.weights_version, blockers)  # before any work
         swap = self._weights.from_push(staged)  # ranks: the checkpoint written, outside the lock
         with self._step_lock:
-            policy = check_keep(kv, staged.version, self.weights_version, blockers)
+            old = self.weights_version
+            policy = check_keep(kv, staged.version, old, blockers)
             swap()
-            self._batcher.new_weights(staged.version, recompute=policy == "recompute")
+            self._batcher.new_weights(old, staged.version, policy)
             self._bump(staged.version)
 
     def _bump(self, version: str) -> None:

@@ -23,14 +23,12 @@ class KeepBlockers:
     """What an engine runs that a keep swap is not built for (each True blocks it)."""
 
     sequence_ranks: bool = False
-    disagg: bool = False
     denoise_lane: bool = False
     async_reload: bool = False
 
     def reasons(self) -> list[str]:
         named = {
             "PCP/DCP/EP ranks (they hold state of each live sequence)": self.sequence_ranks,
-            "a P/D role": self.disagg,
             "a denoise lane": self.denoise_lane,
             "asynchronous host-tier KV reloads": self.async_reload,
         }

@@ -6,6 +6,12 @@ policy; never waits on the network (the connector's threads do) and never schedu
 First-token rule: a decode pulls the KV of prompt tokens 0..P-2 and computes the last prompt
 token itself, so its first token comes from its own logits, exactly as in an aggregated run
 (vLLM's NixlConnector does the same). Prefix-cache hits on the decode are not pulled.
+
+Keep swaps (push mode keep): a decode pulls KV only of its own weights version, or of a version
+it swapped away from in a keep swap, which the swap's kv policy then decides: "keep" uses it (the
+request's KV is partly of older weights, as a running request's is, and never enters the prefix
+cache); "recompute" prefills the prompt locally under the new weights. A prefill stamps each
+lease with the version its request ends on.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState
+from loom_runtime.engine.keep_swap import KVPolicy
 from loom_runtime.engine.scheduler import pick_replica
 from loom_runtime.engine.transfer_port import DisaggSettings, KVConnectorPort, TransferParams
 from loom_runtime.engine.types import EngineRequest
@@ -32,6 +39,11 @@ class TransferCounters:
     kv_transfer_failures: int = 0
     kv_pulled_tokens: int = 0
     kv_pulled_bytes: int = 0
+
+
+SWAPS_KEPT = 8
+"""Keep swaps a decode remembers (the versions it swapped from, with their kv policy): a lease
+outlives a few swaps only if it is pulled within its lease time, so older ones never arrive."""
 
 
 @dataclass
@@ -82,6 +94,7 @@ class RemoteKV:
         self.held: dict[str, BlockTable] = {}  # prefill: leased prompt blocks by request id
         self.waiting: deque[ARDecodeState] = deque()  # decode: waiting for local blocks
         self.pulling: dict[str, ARDecodeState] = {}  # decode: blocks held, KV on its way
+        self.swapped_from: dict[str, KVPolicy] = {}  # decode: keep swaps, oldest first
         self.counters = TransferCounters()
 
     @property
@@ -138,6 +151,26 @@ class RemoteKV:
 
     # --- decode side ---------------------------------------------------------------------------
 
+    def new_weights(self, old: str, version: str, kv: KVPolicy) -> None:
+        """A keep swap from `old` to `version` at a step boundary: each request waiting for or
+        pulling its prompt KV goes on under `version`, and KV of `old` (pulled now, or leased by
+        a prefill that has not swapped yet) is kept or recomputed as `kv` says."""
+        self.swapped_from.pop(old, None)
+        self.swapped_from[old] = kv
+        while len(self.swapped_from) > SWAPS_KEPT:
+            del self.swapped_from[next(iter(self.swapped_from))]
+        for state in [*self.waiting, *self.pulling.values()]:
+            self.loop.rebase(state, version)
+
+    def _swapped(self, state: ARDecodeState) -> KVPolicy | None:
+        """The kv policy of the keep swap away from the weights the request's KV is of (None:
+        its KV is of this worker's version, or of one it never keep-swapped from)."""
+        params = state.request.kv_transfer
+        version = None if params is None else params.weights_version
+        if version is None or version == state.ctx.weights_version:
+            return None
+        return self.swapped_from.get(version)
+
     def progress(
         self, free_blocks: int, slots: int, replica_free: list[int] | None = None
     ) -> RemoteProgress:
@@ -153,6 +186,10 @@ class RemoteKV:
                 self._release(state)
             if state.finished:  # aborted while pulling: its blocks are no longer written
                 out.failed.append(state)
+            elif done.error is None and self._swapped(state) == "recompute":
+                self._recompute(state, "its pull landed after a keep swap")
+                self.loop.preempt(state)  # the pulled blocks are freed, never cached
+                out.local.append(state)
             elif done.error is None:
                 self._arrived(state)
                 state.num_computed = state.num_prompt_tokens - 1
@@ -185,12 +222,21 @@ class RemoteKV:
     ) -> None:
         while self.waiting and slots > 0:
             state = self.waiting[0]
-            problem = self._mismatch(state)
+            swapped = self._swapped(state)
+            if swapped == "recompute":
+                self.waiting.popleft()
+                self._release(state)
+                self._recompute(state, "its prefill ran before a keep swap")
+                out.local.append(state)
+                continue
+            problem = self._mismatch(state, check_version=swapped is None)
             if problem is not None:
                 self.waiting.popleft()
                 self._release(state)
                 self._failed(state, problem, out, holds_blocks=False)
                 continue
+            if swapped == "keep":
+                state.stale_kv = True  # KV of older weights: no prefix-cache hits, never cached
             cost = self.loop.admission_view(state).admit_blocks
             whole = self.kv.blocks_for(len(state.tokens))  # what its replica's ranks hold
             replica = pick_replica(replica_free, whole) if replica_free else 0
@@ -232,7 +278,15 @@ class RemoteKV:
         last = self.kv.blocks_for(state.num_prompt_tokens - 1)
         self.on_pulled(list(state.table.block_ids[first:last]))
 
-    def _mismatch(self, state: ARDecodeState) -> str | None:
+    def _recompute(self, state: ARDecodeState, why: str) -> None:
+        params = state.request.kv_transfer
+        logger.info(
+            "prefilling locally: %s (KV of weights %s, kv=recompute)", why,
+            None if params is None else params.weights_version,
+            extra={"request_id": state.request_id},
+        )  # fmt: skip
+
+    def _mismatch(self, state: ARDecodeState, check_version: bool = True) -> str | None:
         params = state.request.kv_transfer
         assert params is not None
         if params.remote_num_tokens is not None and params.remote_num_tokens != (
@@ -244,7 +298,7 @@ class RemoteKV:
                 "decode the same prompt it sent the prefill"
             )
         mine = state.ctx.weights_version
-        if params.weights_version is not None and params.weights_version != mine:
+        if check_version and params.weights_version is not None and params.weights_version != mine:
             return (
                 f"the prefill's KV is of weights {params.weights_version} but this worker runs "
                 f"{mine}; a request never mixes weight versions"

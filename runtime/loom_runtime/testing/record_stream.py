@@ -13,10 +13,12 @@ from typing import Any
 
 
 class RecordStream:
-    """POST `doc` (a streamed completion asking for `return_behaviour`) to `url`; its chunks'
-    choices as they come, and an event set once its first token has arrived."""
+    """POST `doc` (a streamed completion asking for `return_behaviour`) to `url`; its response
+    headers, its chunks' choices as they come, and an event set once its first token has
+    arrived."""
 
     def __init__(self, url: str, doc: dict[str, Any]) -> None:
+        self.headers: dict[str, str] = {}
         self.choices: list[dict[str, Any]] = []
         self.first_token = threading.Event()
         self.error: BaseException | None = None
@@ -30,6 +32,7 @@ class RecordStream:
     def _read(self) -> None:
         try:
             with urllib.request.urlopen(self._req, timeout=300) as resp:
+                self.headers = {k.lower(): v for k, v in resp.headers.items()}
                 for raw in resp:
                     line = raw.decode().strip()
                     if not line.startswith("data: ") or line == "data: [DONE]":

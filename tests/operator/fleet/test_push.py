@@ -32,7 +32,7 @@ def observe(worker: WorkerFactory, **decode: object) -> FleetObservation:
         ({}, None, None, "v3", "barrier", None),
         ({}, None, None, "v3", "rolling", None),
         ({}, None, None, "v3", "sideways", "mode must be one of barrier, rolling, keep"),
-        ({}, None, None, "v3", "keep", "mode keep is not built for a P/D fleet"),
+        ({}, None, None, "v3", "keep", None),  # a P/D fleet takes keep too (remote.py)
         ({}, None, None, "", "barrier", "a push needs a version"),
         ({}, None, None, "v2", "barrier", "already has weights version 'v2'"),
         ({}, PUSH, None, "v4", "barrier", "push u1 of v3 is still receiving"),

@@ -205,7 +205,6 @@ def test_a_keep_swap_refuses_a_bad_kv_option_and_the_serving_version(
             KeepBlockers(sequence_ranks=True),
             "PCP/DCP/EP ranks (they hold state of each live sequence)",
         ),
-        (KeepBlockers(disagg=True), "a P/D role"),
         (KeepBlockers(denoise_lane=True), "a denoise lane"),
         (KeepBlockers(async_reload=True), "asynchronous host-tier KV reloads"),
     ],

@@ -45,7 +45,12 @@ class Workers:
         drafter: Drafter | None = None,
         hisparse_host_pool_gib: float = 0.0,
         hisparse_hot_slots: int | None = None,
+        model: LoadedModel | None = None,
+        start: bool = True,
     ) -> tuple[Engine, KVConnector | None]:
+        """An engine of `role` (None: aggregated) on the shared model, or on its own `model`
+        (one whose weights a test swaps); `start=False`: no step thread (the test steps it)."""
+        model = model or self.model
         config = EngineConfig(
             hisparse_host_pool_gib=hisparse_host_pool_gib,
             hisparse_hot_slots=hisparse_hot_slots,
@@ -60,19 +65,20 @@ class Workers:
         )
         connector = None
         if role is None:
-            engine = Engine(self.model, config, drafter=drafter)
+            engine = Engine(model, config, drafter=drafter)
         else:
             settings = ConnectorSettings(kind, role, side_port=0, lease_seconds=lease_s)  # type: ignore[arg-type]
             connector = build_connector(settings)
             self.connectors.append(connector)
             engine = Engine(
-                self.model,
+                model,
                 config,
                 disagg=DisaggSettings(role, policy),  # type: ignore[arg-type]
                 connector=connector,
                 drafter=drafter,
             )
-        engine.start()
+        if start:
+            engine.start()
         self.engines.append(engine)
         return engine, connector
 
