@@ -203,6 +203,12 @@ class Batcher:
         if self.remote is not None:
             self.remote.new_weights(old, version, kv)
 
+    def drained_weights(self) -> None:
+        """New weights are in with nothing in flight (a drained load): a decode takes KV of no
+        earlier version from now on, keep swaps before it included."""
+        if self.remote is not None:
+            self.remote.swapped_from.clear()
+
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> bool:

@@ -334,6 +334,7 @@ class Engine:
         with self._step_lock:
             self._require_drained(version)
             swap()
+            self._batcher.drained_weights()
             self._bump(version)
 
     def load_pushed_keep(self, staged: StagedPush, kv: str = "keep") -> None:

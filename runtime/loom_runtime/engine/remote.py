@@ -94,7 +94,8 @@ class RemoteKV:
         self.held: dict[str, BlockTable] = {}  # prefill: leased prompt blocks by request id
         self.waiting: deque[ARDecodeState] = deque()  # decode: waiting for local blocks
         self.pulling: dict[str, ARDecodeState] = {}  # decode: blocks held, KV on its way
-        self.swapped_from: dict[str, KVPolicy] = {}  # decode: keep swaps, oldest first
+        self.swapped_from: dict[str, KVPolicy] = {}  # decode: keep swaps since the last
+        # drained load, oldest first
         self.counters = TransferCounters()
 
     @property

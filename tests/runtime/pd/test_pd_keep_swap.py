@@ -161,6 +161,7 @@ def test_a_pull_in_flight_at_a_keep_swap_follows_the_kv_policy(
 def test_kv_of_a_version_the_decode_never_swapped_from_is_still_refused(
     workers: Workers, tiny_checkpoint: Path, new_weights: Mapping[str, torch.Tensor]
 ) -> None:
+    """Nor, after a drained load, of one it keep-swapped from before that load."""
     prefill, _ = workers.engine("prefill")
     decode = own_engine(workers, tiny_checkpoint, "decode")  # transfer failures: recompute
     keep_swap(decode, new_weights, "keep")
@@ -168,7 +169,13 @@ def test_kv_of_a_version_the_decode_never_swapped_from_is_still_refused(
     params = replace(leased(prefill, "p", tokens), weights_version="v0")
     run(decode, "d", tokens, MAX_TOKENS, params)
     assert decode.stats().kv_pulled_tokens == 0 and decode.stats().kv_transfer_failures == 1
-    wait_for(lambda: whole(prefill), "the refused lease to be released")
+    staged = staged_push(decode, new_weights, "v3")
+    assert decode.pause(timeout=30)
+    decode.load_pushed(staged)  # drained: v1 (swapped from in keep) is no longer taken
+    decode.resume()
+    run(decode, "d2", tokens, MAX_TOKENS, leased(prefill, "p2", tokens))  # leased as v1
+    assert decode.stats().kv_pulled_tokens == 0 and decode.stats().kv_transfer_failures == 2
+    wait_for(lambda: whole(prefill), "the refused leases to be released")
 
 
 def test_a_prefill_that_keep_swaps_keeps_its_leases_and_stamps_new_ones_v2(
