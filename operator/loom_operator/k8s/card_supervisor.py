@@ -1,6 +1,9 @@
 """Which DeploymentCards this replica runs a loop for, and those loops' lives: one asyncio task
 per card it may act on (card_loop.py), started when the card appears in kopf's index and its
-shard is held, stopped when the card goes (or starts being deleted) or its shard is given back.
+shard is held, stopped when the card goes (or starts being deleted) or its shard is given back
+or lost. A shard whose Lease lapsed a moment (its renewal late on a slow API server) keeps its
+loops: they act on nothing until it is renewed (each look asks `Shards.acting`), and keep their
+state (what they applied, the status they wrote) instead of starting over.
 
 Owns the card tasks of one operator process; never acts on a card itself. Started by kopf's
 startup handler (handlers.py), not as kopf daemons and timers: kopf spawns those for every card
@@ -29,8 +32,7 @@ from loom_operator.k8s.shards import shard_of
 logger = logging.getLogger(__name__)
 
 SWEEP_S = 2.0
-"""Longest time between two looks at the cards and shards (a shard whose Lease lapsed without a
-renewal says nothing: the next sweep stops its cards)."""
+"""Longest time between two looks at the cards and shards."""
 STOP_S = 10.0
 """How long a stopping card loop may take to finish its look before it is cancelled."""
 RESTART_S = 60.0
@@ -146,7 +148,7 @@ class CardSupervisor:
         if self._context is None:
             return
         known = {card_ref(c): bool(c["metadata"].get("deletionTimestamp")) for c in self._cards()}
-        wanted = cards_to_run(known, self._shards.shards, self._shards.acting_on)
+        wanted = cards_to_run(known, self._shards.shards, self._shards.assigned)
         now = time.monotonic()
         self._failed = {r: t for r, t in self._failed.items() if now - t < RESTART_S}
         plan = plan_cards(wanted, set(self._running), set(self._failed))

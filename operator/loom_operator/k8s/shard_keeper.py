@@ -104,6 +104,15 @@ class Shards:
         with self._lock:
             return self._current()
 
+    @property
+    def assigned(self) -> frozenset[int]:
+        """The shards this replica keeps as its keeper last saw them, acted on or not: their
+        Leases may have lapsed a moment (a renewal late on a slow API server), during which
+        `acting_on` is empty; a shard lost to another replica or being given back leaves at the
+        keeper's next look."""
+        with self._lock:
+            return self._acting
+
     def owner_url(self, uid: str) -> str | None:
         """The push API of the replica that holds the card's shard, as the last look read it
         (None: not sharded, or its holder publishes none)."""
@@ -187,7 +196,7 @@ class ShardKeeper:
         plan = plan_shards(s.shards, shards, alive, s.identity, now)
         me = member_lease(s.identity)
         self._put(me, members.get(me), s.identity, "member", me not in members)
-        self.shards.set_acting(self.shards.acting_on - plan.give_back)
+        self.shards.set_acting(self.shards.assigned - plan.give_back)  # a lapse stays one
         kept = {k for k in plan.renew if self._renew(k, shards.get(k), s.identity)}
         for k in sorted(plan.renew - kept):
             logger.warning("shards: lost shard %d to another replica", k)

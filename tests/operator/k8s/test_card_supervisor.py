@@ -121,6 +121,29 @@ def test_loops_follow_the_cards_and_the_shards_held() -> None:
     asyncio.run(run())
 
 
+def test_a_lapsed_shard_keeps_its_loops_until_it_is_lost() -> None:
+    """A renewal late on a slow API server stops the acting, not the loops (they would start
+    over: apply every object again, forget the status they wrote)."""
+
+    async def run() -> None:
+        cards = [card(A), card(B), card(C)]
+        shards, loops = Shards(SHARDS), Loops()
+        shards.set_acting(frozenset({0}), 0.05)
+        supervisor = CardSupervisor(lambda: cards, shards, loops.run)
+        supervisor.indexed()
+        await supervisor.sweep()
+        await asyncio.sleep(0.1)  # the Leases lapse: nothing acts on shard 0 now
+        assert shards.acting_on == frozenset()
+        await supervisor.sweep()
+        assert supervisor.running == {A, C} and loops.stopped == []
+        shards.set_acting(frozenset({1}), 60.0)  # the keeper's next look: shard 0 was lost
+        await supervisor.sweep()
+        assert supervisor.running == {B} and sorted(loops.stopped) == [A, C]
+        await supervisor.close()
+
+    asyncio.run(run())
+
+
 def test_an_unsharded_supervisor_runs_every_card_and_stops_them_on_close() -> None:
     async def run() -> None:
         cards, loops = [card(A), card(B)], Loops()

@@ -202,6 +202,7 @@ def test_shards_not_renewed_in_time_are_no_longer_ours_until_renewed() -> None:
     renewed.clear()
     time.sleep(0.1)  # the keeper did not renew within the deadline
     assert not view.owns(uid) and view.acting_on == frozenset()
+    assert view.assigned == {1}  # still this replica's (its card loops are kept, idle)
     view.set_acting(frozenset({1}), 60.0)  # renewed: the waiting daemons are woken
     assert view.owns(uid) and renewed.is_set()
 
