@@ -51,33 +51,50 @@ def key_of(manifest: Obj, card_uid: str) -> Key:
     return str(meta["namespace"]), str(manifest["kind"]), str(meta["name"]), card_uid
 
 
+ObjectKey = tuple[str, str, str]
+"""(namespace, kind, name)."""
+
+
 @dataclass
 class Applied:
-    """What this process applied, per object: the render's digest and the marker the apply left.
-    One per operator (in kopf's memo); a card's entries go with the card."""
+    """What this process applied, per object: the card that rendered it, the render's digest and
+    the marker the apply left. One per operator (in kopf's memo), shared by kopf's handler
+    threads and the card loops' (its writes are locked); a card's entries go with the card.
+    Each call is O(1) in the objects held (a card's `forget`: in its own objects)."""
 
-    _seen: dict[Key, tuple[str, str]] = field(default_factory=dict)
+    _seen: dict[ObjectKey, tuple[str, str, str]] = field(default_factory=dict)
+    """(namespace, kind, name) -> (card uid, render digest, marker)."""
+    _objects: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)
+    """(namespace, card uid) -> the objects recorded for it."""
     _secrets: set[tuple[str, str]] = field(default_factory=set)
     """(namespace, card uid) whose token Secret this process made or found."""
     _cards: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     """(namespace, card uid) -> the (generation, ModelCard digest) this process last applied."""
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def needs_apply(self, key: Key, manifest: Obj, live: str | None) -> bool:
-        """Apply unless the same render was applied and the cache's object (`live`: its marker,
-        None when the cache does not hold it) is still what that apply left."""
-        last = self._seen.get(key)
-        return last is None or live is None or last != (render_digest(manifest), live)
+        """Apply unless the same render was applied for the same card and the cache's object
+        (`live`: its marker, None when the cache does not hold it) is still what that apply
+        left."""
+        last = self._seen.get(key[:3])
+        if last is None or live is None or last[0] != key[3]:
+            return True
+        return last[1:] != (render_digest(manifest), live)
 
     def record(self, key: Key, manifest: Obj, result: Obj) -> None:
-        self._seen[key] = (render_digest(manifest), marker(result))
+        namespace, kind, name, uid = key
+        with self._lock:
+            self._seen[(namespace, kind, name)] = (uid, render_digest(manifest), marker(result))
+            self._objects.setdefault((namespace, uid), set()).add((namespace, kind, name))
 
     def wrote(self, namespace: str, kind: str, name: str, result: Obj) -> None:
         """This process wrote an object it renders another way (the scaler's replicas): what
         that write left is no drift."""
-        for key, (render, _) in list(self._seen.items()):
-            if key[:3] == (namespace, kind, name):
-                self._seen[key] = (render, marker(result))
+        with self._lock:
+            last = self._seen.get((namespace, kind, name))
+            if last is not None:
+                self._seen[(namespace, kind, name)] = (last[0], last[1], marker(result))
 
     def secret_needed(self, namespace: str, card_uid: str) -> bool:
         """The card's token Secret is to be made (or found made) once per process."""
@@ -101,8 +118,10 @@ class Applied:
 
     def forget(self, namespace: str, card_uid: str) -> None:
         """A card that is gone (or acted on by another replica now) takes its entries along."""
-        self._cards.pop((namespace, card_uid), None)
-        self._locks.pop((namespace, card_uid), None)
-        for key in [k for k in self._seen if k[0] == namespace and k[3] == card_uid]:
-            del self._seen[key]
-        self._secrets.discard((namespace, card_uid))
+        with self._lock:
+            self._cards.pop((namespace, card_uid), None)
+            self._locks.pop((namespace, card_uid), None)
+            for obj in self._objects.pop((namespace, card_uid), set()):
+                if self._seen.get(obj, ("",))[0] == card_uid:  # not a new card's since
+                    del self._seen[obj]
+            self._secrets.discard((namespace, card_uid))

@@ -4,6 +4,7 @@ is no drift, nor a StatefulSet's start count, nor the scaler's own count."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from loom_operator.k8s.drift import Applied, key_of, marker, render_digest
@@ -63,3 +64,40 @@ def test_a_card_that_is_gone_takes_its_records_and_its_secret_along() -> None:
     assert not applied.secret_needed("ns", "uid-1") and applied.secret_needed("ns", "uid-2")
     applied.forget("ns", "uid-1")
     assert applied.needs_apply(key, m, "r5") and applied.secret_needed("ns", "uid-1")
+
+
+def test_a_name_reused_by_a_new_card_is_that_cards_and_survives_the_old_ones_forget() -> None:
+    applied, m = Applied(), manifest()
+    old, new = key_of(m, "uid-1"), key_of(m, "uid-2")
+    applied.record(old, m, live("5"))
+    assert applied.needs_apply(new, m, "r5")  # another card's render: applied again
+    applied.record(new, m, live("6"))
+    applied.forget("ns", "uid-1")  # the old card's loop ends after the new one applied
+    assert not applied.needs_apply(new, m, "r6")
+
+
+def test_threads_recording_and_forgetting_at_once_lose_nothing() -> None:
+    """kopf's handler threads and the card loops' share one record."""
+    applied, failed = Applied(), list[BaseException]()
+
+    def card(i: int) -> None:
+        m = manifest() | {"metadata": {"name": f"c{i}", "namespace": "ns"}}
+        try:
+            for round_ in range(300):
+                applied.record(key_of(m, f"uid-{i}"), m, live(str(round_)))
+                applied.wrote("ns", "ConfigMap", f"c{i}", live(str(round_ + 1)))
+                assert not applied.needs_apply(key_of(m, f"uid-{i}"), m, f"r{round_ + 1}")
+            if i % 2:
+                applied.forget("ns", f"uid-{i}")
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=card, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed[:1]
+    for i in range(8):
+        m = manifest() | {"metadata": {"name": f"c{i}", "namespace": "ns"}}
+        assert applied.needs_apply(key_of(m, f"uid-{i}"), m, "r300") == bool(i % 2)
