@@ -35,18 +35,30 @@ MAX_TOKENS = 1000  # long enough to be in flight when the swap comes (asserted, 
 BUCKET = 16 << 20
 
 
+def keep_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+    checkpoints: tuple[Path, Path],
+    child_env: dict[str, str],
+    name: str,
+    roles: dict[str, int] | None = None,
+) -> Iterator[FleetProcess]:
+    """A fleet of `roles` (default one aggregated worker) on the first checkpoint; long enough
+    requests for a stream to be in flight across a swap."""
+    root = tmp_path_factory.mktemp(name)
+    card = root / "card.yaml"
+    card.write_text(card_text(f"file://{checkpoints[0]}", roles=roles, name=name,
+                              health_timeout=60.0, max_model_len=1100))  # fmt: skip
+    with run_fleet(card, root / "state", child_env) as f:
+        yield f
+
+
 @pytest.fixture(scope="module")
 def fleet(
     tmp_path_factory: pytest.TempPathFactory,
     checkpoints: tuple[Path, Path],
     child_env: dict[str, str],
 ) -> Iterator[FleetProcess]:
-    root = tmp_path_factory.mktemp("push-keep")
-    card = root / "card.yaml"
-    card.write_text(card_text(f"file://{checkpoints[0]}", name="push-keep", health_timeout=60.0,
-                              max_model_len=1100))  # fmt: skip
-    with run_fleet(card, root / "state", child_env) as f:
-        yield f
+    yield from keep_fleet(tmp_path_factory, checkpoints, child_env, "push-keep")
 
 
 def greedy(fleet: FleetProcess, prompt: list[int], max_tokens: int) -> list[int]:
@@ -71,13 +83,8 @@ def pd_fleet(
     child_env: dict[str, str],
 ) -> Iterator[FleetProcess]:
     """A prefill and a decode worker; every prompt is prefilled remotely (minUncachedTokens 0)."""
-    root = tmp_path_factory.mktemp("push-keep-pd")
-    card = root / "card.yaml"
     roles = {"prefill": 1, "decode": 1}
-    card.write_text(card_text(f"file://{checkpoints[0]}", roles=roles, name="push-keep-pd",
-                              health_timeout=60.0, max_model_len=1100))  # fmt: skip
-    with run_fleet(card, root / "state", child_env) as f:
-        yield f
+    yield from keep_fleet(tmp_path_factory, checkpoints, child_env, "push-keep-pd", roles)
 
 
 @pytest.mark.parametrize(("kv", "which"), [("recompute", 1), ("keep", 0)])

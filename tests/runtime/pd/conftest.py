@@ -30,6 +30,19 @@ def sparse_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def tiny64(tiny_checkpoint: Path) -> LoadedModel:
+    return load_model(tiny_checkpoint, dtype=torch.float64)
+
+
+@pytest.fixture
+def tiny_workers(tiny64: LoadedModel) -> Iterator[Workers]:
+    """In-process tiny llama engines (float64), every one shut down at the end of the test."""
+    w = Workers(tiny64)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
 def sparse64(sparse_checkpoint: Path) -> LoadedModel:
     return load_model(sparse_checkpoint, dtype=torch.float64)
 

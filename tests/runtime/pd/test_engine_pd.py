@@ -8,9 +8,7 @@ lease expiry, and pool accounting after each.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,15 +19,9 @@ from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.kv.fp8 import Fp8Format
-from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.wire.kv_transfer import KVTransferParams
 
 MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def tiny64(tiny_checkpoint: Path) -> LoadedModel:
-    return load_model(tiny_checkpoint, dtype=torch.float64)
 
 
 def prompt(n: int, seed: int) -> tuple[int, ...]:
@@ -38,10 +30,8 @@ def prompt(n: int, seed: int) -> tuple[int, ...]:
 
 
 @pytest.fixture
-def workers(tiny64: LoadedModel) -> Iterator[Workers]:
-    w = Workers(tiny64)
-    yield w
-    w.close()
+def workers(tiny_workers: Workers) -> Workers:
+    return tiny_workers  # tiny llama engines (conftest.py), not the sparse-mla default
 
 
 def test_prefill_answers_a_lease_and_decode_continues_with_the_aggregated_tokens(

@@ -8,7 +8,7 @@ that swaps keeps its leases pullable, stamped with the version they were compute
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
-from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.loader import load_model
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.wire.kv_transfer import KVTransferParams
 
@@ -40,16 +40,9 @@ def new_weights(new_checkpoint: Path) -> Mapping[str, torch.Tensor]:
     return load_file(str(new_checkpoint / "model.safetensors"))
 
 
-@pytest.fixture(scope="module")
-def tiny64(tiny_checkpoint: Path) -> LoadedModel:
-    return load_model(tiny_checkpoint, dtype=torch.float64)
-
-
 @pytest.fixture
-def workers(tiny64: LoadedModel) -> Iterator[Workers]:
-    w = Workers(tiny64)
-    yield w
-    w.close()
+def workers(tiny_workers: Workers) -> Workers:
+    return tiny_workers  # tiny llama engines (conftest.py), not the sparse-mla default
 
 
 def prompt(seed: int) -> tuple[int, ...]:
