@@ -70,7 +70,9 @@ def runtime_pod(name: str) -> list[dict[str, Any]]:
 
 
 def completion(base: str) -> dict[str, Any]:
-    body = json.dumps({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8}).encode()
+    """Eight sampled tokens (ignore_eos: a sampled end-of-text must not cut them short)."""
+    doc = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True}
+    body = json.dumps(doc).encode()
     req = urllib.request.Request(f"{base}/v1/completions", body,
                                  {"Content-Type": "application/json"})  # fmt: skip
     try:
