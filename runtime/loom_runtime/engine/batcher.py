@@ -207,7 +207,7 @@ class Batcher:
         """New weights are in with nothing in flight (a drained load): a decode takes KV of no
         earlier version from now on, keep swaps before it included."""
         if self.remote is not None:
-            self.remote.swapped_from.clear()
+            self.remote.drained_weights()
 
     # --- the step -----------------------------------------------------------------------------
 

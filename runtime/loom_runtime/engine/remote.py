@@ -163,6 +163,10 @@ class RemoteKV:
         for state in [*self.waiting, *self.pulling.values()]:
             self.loop.rebase(state, version)
 
+    def drained_weights(self) -> None:
+        """A drained load: KV of the versions keep-swapped from before it is refused again."""
+        self.swapped_from.clear()
+
     def _swapped(self, state: ARDecodeState) -> KVPolicy | None:
         """The kv policy of the keep swap away from the weights the request's KV is of (None:
         its KV is of this worker's version, or of one it never keep-swapped from)."""
