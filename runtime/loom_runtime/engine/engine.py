@@ -339,16 +339,13 @@ class Engine:
 
     def load_pushed_keep(self, staged: StagedPush, kv: str = "keep") -> None:
         """Swap a staged push in under the running requests (push mode keep), nothing aborted:
-        at a step boundary (the step loop waits, and a request added meanwhile waits in the
-        inbox and is admitted after, on the new version), then every request goes on and its
-        next tokens carry the new version. `kv` "keep": running requests keep the KV computed
-        under the old weights; "recompute": they re-prefill prompt + output so far under the
-        new ones. The prefix cache is dropped, and KV of the old weights never re-enters it. A
-        decode applies the policy to prompt KV it pulls of the old weights too (remote.py)."""
-        blockers = KeepBlockers(
-            self._ranks is not None and not self._ranks.loads_under_requests,
-            self._lane is not None, self._reloads is not None,
-        )  # fmt: skip
+        at a step boundary (a request added meanwhile waits in the inbox and runs on the new
+        version), then every request goes on, its next tokens carrying the new version. `kv`
+        "keep": running requests keep the KV computed under the old weights; "recompute": they
+        re-prefill prompt + output so far under the new ones (a decode: also the prompt KV it
+        pulls of them, remote.py). The prefix cache is dropped; old KV never re-enters it."""
+        blockers = KeepBlockers(self._ranks is not None and not self._ranks.loads_under_requests,
+                                self._lane is not None, self._reloads is not None)  # fmt: skip
         check_keep(kv, staged.version, self.weights_version, blockers)  # before any work
         swap = self._weights.from_push(staged)  # ranks: the checkpoint written, outside the lock
         with self._step_lock:
