@@ -202,27 +202,37 @@ def test_objects_edited_or_deleted_by_hand_come_back_within_the_reapply_interval
     cluster: Cluster, operator_ns: str
 ) -> None:
     """The drift correction runs in the card's loop (no kopf timer): REAPPLY_INTERVAL_S after
-    its last apply it applies again what the watch cache says is no longer as rendered."""
+    its last apply it applies again what the watch cache says is no longer as rendered — a
+    ConfigMap's data, a deleted Service, a rendered label of a StatefulSet or Deployment (which
+    leaves their generation) — and makes the token Secret again with the tokens the pods hold."""
     ns = operator_ns
     wait_for(lambda: ready(cluster, ns, "tiny-pd"), 300, "tiny-pd Ready")
-    cards = "tiny-pd-cards"
+    cards, managed = "tiny-pd-cards", "app.kubernetes.io/managed-by"
 
-    def data() -> dict[str, str]:
-        out = cluster.kubectl("get", "configmap", cards, "-n", ns, "-o", "json")
-        got: dict[str, str] = json.loads(out.stdout)["data"]
-        return got
+    def get(kind: str, name: str) -> dict[str, Any] | None:
+        out = cluster.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
 
-    rendered = data()
+    def state() -> tuple[Any, ...]:
+        sts, router = get("statefulset", "tiny-pd-decode"), get("deployment", "tiny-pd-router")
+        secret, config = get("secret", "tiny-pd-control"), get("configmap", cards)
+        return (config and config["data"], secret and secret["data"],
+                sts and sts["metadata"]["labels"].get(managed),
+                router and router["metadata"]["labels"].get(managed),
+                get("service", "tiny-pd-router") is not None)  # fmt: skip
+
+    rendered = state()
+    assert rendered[2] == rendered[3] == "loom-operator" and rendered[1] and rendered[4]
     cluster.kubectl("patch", "configmap", cards, "-n", ns, "--type=merge",
                     "-p", json.dumps({"data": {"router.json": "{}"}}))  # fmt: skip
     cluster.kubectl("delete", "service", "tiny-pd-router", "-n", ns)
+    for kind, name in (("statefulset", "tiny-pd-decode"), ("deployment", "tiny-pd-router")):
+        cluster.kubectl("label", kind, name, "-n", ns, f"{managed}=someone", "--overwrite")
+    cluster.kubectl("delete", "secret", "tiny-pd-control", "-n", ns)
     edited = time.monotonic()
-
-    def back() -> bool:
-        service = cluster.kubectl("get", "service", "tiny-pd-router", "-n", ns, check=False)
-        return service.returncode == 0 and data() == rendered
-
-    wait_for(back, REAPPLY_INTERVAL_S + 15, "the edited ConfigMap and the deleted Service back")
+    assert state() != rendered
+    wait_for(lambda: state() == rendered, REAPPLY_INTERVAL_S + 15,
+             "the edited ConfigMap and labels, the deleted Service and Secret back")  # fmt: skip
     assert time.monotonic() - edited <= REAPPLY_INTERVAL_S + 15
 
 

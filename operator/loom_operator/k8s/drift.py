@@ -2,8 +2,9 @@
 operator last applied it, or the object as the watch cache holds it is no longer what that apply
 left (edited by hand, deleted, never applied by this process).
 
-Pure over plain data: an object's marker (its metadata.generation where the API server keeps
-one, so status writes are not drift; else its resourceVersion) and the record of what this
+Pure over plain data: an object's marker (its metadata.generation and labels where the API
+server keeps a generation, so status writes are not drift; else its resourceVersion) and the
+record of what this
 process applied; never applies or reads anything (reconcile.py applies; card_loop.py says when).
 """
 
@@ -30,11 +31,15 @@ def reapply_due(applied_at: float, now: float, interval: float = REAPPLY_INTERVA
 
 
 def marker(obj: Obj) -> str:
-    """What changes when an object's desired state is written: its generation where the API
-    server keeps one (status writes leave it), else its resourceVersion."""
+    """What changes when an object's desired state is written: its generation and its labels
+    where the API server keeps a generation (status writes leave them; a label edit leaves the
+    generation), else its resourceVersion. Not its annotations: the operator renders none, and
+    controllers write theirs (a Deployment's revision)."""
     meta = obj.get("metadata") or {}
     generation = meta.get("generation")
-    return f"g{generation}" if generation is not None else f"r{meta.get('resourceVersion', '')}"
+    if generation is None:
+        return f"r{meta.get('resourceVersion', '')}"
+    return f"g{generation}:{digest(meta.get('labels') or {})[:16]}"
 
 
 def render_digest(manifest: Obj) -> str:
@@ -66,8 +71,8 @@ class Applied:
     """(namespace, kind, name) -> (card uid, render digest, marker)."""
     _objects: dict[tuple[str, str], set[ObjectKey]] = field(default_factory=dict)
     """(namespace, card uid) -> the objects recorded for it."""
-    _secrets: set[tuple[str, str]] = field(default_factory=set)
-    """(namespace, card uid) whose token Secret this process made or found."""
+    _secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    """(namespace, card uid) -> the data of the token Secret this process made or found."""
     _cards: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     """(namespace, card uid) -> the (generation, ModelCard digest) this process last applied."""
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
@@ -96,12 +101,18 @@ class Applied:
             if last is not None:
                 self._seen[(namespace, kind, name)] = (last[0], last[1], marker(result))
 
-    def secret_needed(self, namespace: str, card_uid: str) -> bool:
-        """The card's token Secret is to be made (or found made) once per process."""
-        return (namespace, card_uid) not in self._secrets
+    def secret_needed(self, namespace: str, card_uid: str, live: str | None) -> bool:
+        """The card's token Secret is to be made (or found made): once per process, and again
+        when the cache (`live`: its marker, None when it does not hold it) lost it."""
+        return (namespace, card_uid) not in self._secrets or live is None
 
-    def secret_made(self, namespace: str, card_uid: str) -> None:
-        self._secrets.add((namespace, card_uid))
+    def secret_data(self, namespace: str, card_uid: str) -> dict[str, str] | None:
+        """The tokens of the card's Secret as this process made or found them (None: neither)."""
+        return self._secrets.get((namespace, card_uid))
+
+    def secret_made(self, namespace: str, card_uid: str, data: dict[str, str]) -> None:
+        with self._lock:
+            self._secrets[(namespace, card_uid)] = data
 
     def card_applied(self, namespace: str, card_uid: str, at: tuple[int, str]) -> None:
         """The card was rendered and applied (or judged invalid) at (generation, ModelCard
@@ -124,4 +135,4 @@ class Applied:
             for obj in self._objects.pop((namespace, card_uid), set()):
                 if self._seen.get(obj, ("",))[0] == card_uid:  # not a new card's since
                     del self._seen[obj]
-            self._secrets.discard((namespace, card_uid))
+            self._secrets.pop((namespace, card_uid), None)

@@ -62,8 +62,9 @@ WATCHED_NAMESPACE_RULES: tuple[Rule, ...] = (
     Rule("", ("pods",), ("get", "list", "watch", "patch", "delete"),
          "fleet rounds: the pods' watch, routing annotations, deleting a hung pod; watch is "
          "also what the router's Role grants, which RBAC lets only a holder grant"),
-    Rule("", ("secrets",), ("get", "create"),
-         "each card's control and admin tokens: made once, read by the fleet round"),
+    Rule("", ("secrets",), ("get", "list", "watch", "create"),
+         "each card's control and admin tokens: made once (again with the same tokens when "
+         "deleted by hand, which the watch tells), read by the fleet round"),
     Rule("", ("events",), ("create", "patch"),
          "Events on the cards for every action taken"),
 )  # fmt: skip

@@ -8,6 +8,7 @@ apply (kopf's handlers and the card's loop call `reconcile`) and never runs a fl
 
 from __future__ import annotations
 
+import base64
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
@@ -163,9 +164,9 @@ def _apply(card: Obj, model_doc: Obj | None, kube: Kube, settings: RenderSetting
     moved = claim_change(model, deployment, existing.values())
     if moved:  # applying would roll every pod onto the new volume, outside the sync
         return validity(card, moved, CLAIM_CHANGE)
-    if applied.secret_needed(namespace, uid):
-        _ensure_secret(kube, namespace, name, uid)
-        applied.secret_made(namespace, uid)
+    if applied.secret_needed(namespace, uid, cache.markers.get(("Secret", control_secret(name)))):
+        data = _ensure_secret(kube, namespace, name, uid, applied.secret_data(namespace, uid))
+        applied.secret_made(namespace, uid, data)
     for sts in existing.values():  # its count is the scaler's before a render omits it
         if not owns_replicas(sts, SCALE_MANAGER):
             sts_name = sts["metadata"]["name"]
@@ -190,19 +191,30 @@ def _apply(card: Obj, model_doc: Obj | None, kube: Kube, settings: RenderSetting
     return None
 
 
-def _ensure_secret(kube: Kube, namespace: str, name: str, uid: str) -> None:
+def _ensure_secret(kube: Kube, namespace: str, name: str, uid: str,
+                   data: dict[str, str] | None) -> dict[str, str]:  # fmt: skip
     """The workers' control token and the router's admin token: made once, never rendered (a
-    re-render never rotates them)."""
+    re-render never rotates them). `data`: the tokens this process made or found before (a
+    Secret deleted by hand comes back with them, so the running pods keep working); the tokens
+    the Secret holds are returned."""
+    made_before = data is not None
+    if data is None:
+        data = {"token": secrets.token_urlsafe(32), "admin-token": secrets.token_urlsafe(32)}
     secret = {
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": control_secret(name), "namespace": namespace,
                      "labels": {DEPLOYMENT_LABEL: name},
                      "ownerReferences": [owner_reference(name, uid)]},
-        "stringData": {"token": secrets.token_urlsafe(32),
-                       "admin-token": secrets.token_urlsafe(32)},
+        "stringData": data,
     }  # fmt: skip
     try:
         kube.create(object_path("Secret", namespace), secret)
     except KubeError as exc:
         if exc.status != 409:
             raise
+        found = kube.get(object_path("Secret", namespace, control_secret(name))).get("data") or {}
+        return {k: base64.b64decode(v).decode() for k, v in found.items()}
+    if made_before:
+        logger.warning("the token Secret of %s/%s was deleted: made again with the same tokens",
+                       namespace, name)  # fmt: skip
+    return data

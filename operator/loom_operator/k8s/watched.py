@@ -32,8 +32,9 @@ ROUND_KINDS = {"Pod": "card_pods", "StatefulSet": "card_statefulsets",
                "RoleScale": "card_rolescales"}  # fmt: skip
 """Kinds a fleet round reads, with the name of their index (a handler's keyword argument)."""
 MARKED_KINDS = ("ConfigMap", "Service", "ServiceAccount", "Role", "RoleBinding", "Deployment",
-                "PodDisruptionBudget", "NetworkPolicy")  # fmt: skip
-"""Other rendered kinds: only (kind, name, drift marker) is kept (`marker_index(kind)`)."""
+                "PodDisruptionBudget", "NetworkPolicy", "Secret")  # fmt: skip
+"""Other kinds the operator writes (the rendered ones and the token Secret): only (kind, name,
+drift marker) is kept (`marker_index(kind)`), never a Secret's data."""
 
 
 def card_key(body: Obj) -> Key | None:

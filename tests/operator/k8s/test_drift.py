@@ -15,16 +15,21 @@ def manifest(kind: str = "ConfigMap", data: str = "a") -> dict[str, Any]:
             "metadata": {"name": "c-cards", "namespace": "ns"}}  # fmt: skip
 
 
-def live(rv: str, generation: int | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"resourceVersion": rv}
+def live(rv: str, generation: int | None = None, **labels: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"resourceVersion": rv, "labels": labels}
     if generation is not None:
         meta["generation"] = generation
     return {"metadata": meta}
 
 
-def test_markers_use_the_generation_where_the_server_keeps_one() -> None:
-    assert marker(live("12", 3)) == "g3"
-    assert marker(live("12")) == "r12"
+def test_markers_use_the_generation_and_the_labels_where_the_server_keeps_a_generation() -> None:
+    assert marker(live("12")) == "r12" != marker(live("13"))
+    assert marker(live("12", 3)) == marker(live("13", 3))  # a status write
+    assert marker(live("12", 3)) != marker(live("12", 4))  # a spec write
+    assert marker(live("12", 3, app="x")) != marker(live("13", 3, app="y"))  # a label edit
+    annotated = live("13", 3)
+    annotated["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "2"}
+    assert marker(annotated) == marker(live("12", 3))  # none rendered: a controller's
 
 
 def test_an_object_never_applied_or_not_in_the_cache_is_applied() -> None:
@@ -52,18 +57,27 @@ def test_a_statefulsets_start_count_and_the_scalers_writes_are_no_drift() -> Non
     key = key_of(first, "uid-1")
     applied.record(key, first, live("5", 1))
     applied.wrote("ns", "StatefulSet", "c-cards", live("9", 2))  # the scaler set its replicas
-    assert not applied.needs_apply(key, later, "g2")
-    assert applied.needs_apply(key, later, "g3")
+    assert not applied.needs_apply(key, later, marker(live("10", 2)))
+    assert applied.needs_apply(key, later, marker(live("11", 3)))
 
 
 def test_a_card_that_is_gone_takes_its_records_and_its_secret_along() -> None:
     applied, m = Applied(), manifest()
     key = key_of(m, "uid-1")
     applied.record(key, m, live("5"))
-    applied.secret_made("ns", "uid-1")
-    assert not applied.secret_needed("ns", "uid-1") and applied.secret_needed("ns", "uid-2")
+    applied.secret_made("ns", "uid-1", {"token": "t"})
+    assert not applied.secret_needed("ns", "uid-1", "r7")
+    assert applied.secret_needed("ns", "uid-2", "r7")
     applied.forget("ns", "uid-1")
-    assert applied.needs_apply(key, m, "r5") and applied.secret_needed("ns", "uid-1")
+    assert applied.needs_apply(key, m, "r5") and applied.secret_needed("ns", "uid-1", "r7")
+    assert applied.secret_data("ns", "uid-1") is None
+
+
+def test_a_secret_the_cache_lost_is_made_again_with_the_tokens_it_held() -> None:
+    applied = Applied()
+    applied.secret_made("ns", "uid-1", {"token": "t", "admin-token": "a"})
+    assert applied.secret_needed("ns", "uid-1", None)  # deleted by hand
+    assert applied.secret_data("ns", "uid-1") == {"token": "t", "admin-token": "a"}
 
 
 def test_a_name_reused_by_a_new_card_is_that_cards_and_survives_the_old_ones_forget() -> None:

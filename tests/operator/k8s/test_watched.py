@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loom_operator.api.documents import load_documents
+from loom_operator.k8s.drift import marker
 from loom_operator.k8s.labels import FIELD_MANAGER, SCALE_MANAGER
 from loom_operator.k8s.pods import pod_worker
 from loom_operator.k8s.render import render
@@ -83,15 +84,17 @@ def test_slim_pods_and_statefulsets_keep_what_a_round_reads_of_them() -> None:
 def test_a_cards_cache_gathers_its_model_card_statefulsets_and_drift_markers() -> None:
     card = {"metadata": {"name": "c", "namespace": "ns"}, "spec": {"modelCard": "m"}}
     sts = obj("c-decode", "c", generation=2, resourceVersion="40")
+    scale = obj("c-decode", "c", generation=3)
     indexes = {
         "model_cards": {("ns", "m"): [{"spec": {"x": 1}}]},
         ROUND_KINDS["StatefulSet"]: {("ns", "c"): [sts], ("ns", "d"): [obj("d-decode", "d")]},
-        ROUND_KINDS["RoleScale"]: {("ns", "c"): [obj("c-decode", "c", generation=3)]},
+        ROUND_KINDS["RoleScale"]: {("ns", "c"): [scale]},
         marker_index("ConfigMap"): {("ns", "c"): [("ConfigMap", "c-cards", "r7")]},
     }
     cache = card_cache(indexes, card)
     assert cache.model_doc == {"spec": {"x": 1}} and cache.statefulsets == [sts]
-    assert cache.markers == {("StatefulSet", "c-decode"): "g2", ("RoleScale", "c-decode"): "g3",
+    assert cache.markers == {("StatefulSet", "c-decode"): marker(sts),
+                             ("RoleScale", "c-decode"): marker(scale),
                              ("ConfigMap", "c-cards"): "r7"}  # fmt: skip
     other = card_cache({}, card | {"spec": {"modelCard": "gone"}})
     assert other.model_doc is None and other.statefulsets == [] and other.markers == {}
