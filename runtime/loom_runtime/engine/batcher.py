@@ -198,7 +198,8 @@ class Batcher:
             for state in self.running[::-1]:  # each goes to the queue's front: oldest first
                 self._preempt(state)
         parked = [s for p in self.parked.values() for s in p]
-        for state in [*self.running, *self.waiting, *parked]:
+        reloading = self.reloads.new_weights(kv) if self.reloads is not None else []
+        for state in [*self.running, *self.waiting, *parked, *reloading]:
             self.loop.rebase(state, version)
         if self.remote is not None:
             self.remote.new_weights(old, version, kv)
@@ -248,6 +249,9 @@ class Batcher:
         run in this step)."""
         progress = reloads.progress()
         self.running.extend(progress.ready)
+        for state in progress.recompute:  # a keep swap's recompute came while it copied
+            self.running.append(state)
+            self._preempt(state)
         for state in progress.failed:
             self._finish(state)
 

@@ -344,8 +344,7 @@ class Engine:
         "keep": running requests keep the KV computed under the old weights; "recompute": they
         re-prefill prompt + output so far under the new ones (a decode: also the prompt KV it
         pulls of them, remote.py). The prefix cache is dropped; old KV never re-enters it."""
-        blockers = KeepBlockers(self._ranks is not None and not self._ranks.loads_under_requests,
-                                self._lane is not None, self._reloads is not None)  # fmt: skip
+        blockers = KeepBlockers(self._lane is not None)
         check_keep(kv, staged.version, self.weights_version, blockers)  # before any work
         swap = self._weights.from_push(staged)  # ranks: the checkpoint written, outside the lock
         with self._step_lock:

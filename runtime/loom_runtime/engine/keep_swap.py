@@ -22,15 +22,11 @@ do); recompute: it drops its KV and re-prefills prompt + output so far under the
 class KeepBlockers:
     """What an engine runs that a keep swap is not built for (each True blocks it)."""
 
-    sequence_ranks: bool = False
     denoise_lane: bool = False
-    async_reload: bool = False
 
     def reasons(self) -> list[str]:
         named = {
-            "PCP/DCP/EP ranks (they hold state of each live sequence)": self.sequence_ranks,
             "a denoise lane": self.denoise_lane,
-            "asynchronous host-tier KV reloads": self.async_reload,
         }
         return [name for name, on in named.items() if on]
 

@@ -15,7 +15,7 @@ from loom_runtime.engine.types import SamplingParams
 from loom_runtime.transfer.peer_rebuild import receive_from_peer, rendezvous, send_weights
 from loom_runtime.transfer.weight_push import StagedPush
 from loom_trainer.group import Rendezvous
-from loom_trainer.protocol import torch_dtype
+from loom_trainer.protocol import pack, plan_buckets, spec_of, torch_dtype
 
 
 def staged_push(engine: Engine, weights: Mapping[str, torch.Tensor], version: str) -> StagedPush:
@@ -47,3 +47,15 @@ def generate_around_a_push(
         return tuple(before), engine.generate(prompt, sampling)
     finally:
         engine.shutdown()
+
+
+def stage(tensors: Mapping[str, torch.Tensor], version: str, directory: Path) -> StagedPush:
+    """The tensors staged on disk as a received push would leave them (small buckets)."""
+    directory.mkdir(parents=True)
+    buckets = plan_buckets([spec_of(n, t) for n, t in tensors.items()], 1 << 20)
+    staged = StagedPush("u1", version, directory, buckets, max(b.nbytes for b in buckets))
+    for b in buckets:
+        buf = torch.zeros(b.nbytes, dtype=torch.uint8)
+        pack(b, tensors, buf)
+        staged.bucket_file(b.index).write_bytes(buf.numpy().tobytes())
+    return staged

@@ -6,11 +6,12 @@ cache never serves KV of the old weights after the swap. Float64, greedy, steps 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.engine.push_helpers import stage
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
@@ -23,7 +24,6 @@ from loom_runtime.models.loader import load_model
 from loom_runtime.models.sparse_mla.tiny import init_tiny_sparse_mla
 from loom_runtime.models.tiny import init_tiny
 from loom_runtime.transfer.weight_push import StagedPush
-from loom_trainer.protocol import pack, plan_buckets, spec_of
 
 Prompt = Callable[[int, int], tuple[int, ...]]
 Greedy = Callable[..., SamplingParams]
@@ -36,18 +36,6 @@ def config(**kw: object) -> EngineConfig:
     base: dict[str, object] = {"dtype": torch.float64, "max_model_len": 256, "num_blocks": 64}
     base.update(kw)
     return EngineConfig(**base)  # type: ignore[arg-type]
-
-
-def stage(tensors: Mapping[str, torch.Tensor], version: str, directory: Path) -> StagedPush:
-    """The tensors staged on disk as a received push would leave them (small buckets)."""
-    directory.mkdir(parents=True)
-    buckets = plan_buckets([spec_of(n, t) for n, t in tensors.items()], 1 << 20)
-    staged = StagedPush("u1", version, directory, buckets, max(b.nbytes for b in buckets))
-    for b in buckets:
-        buf = torch.zeros(b.nbytes, dtype=torch.uint8)
-        pack(b, tensors, buf)
-        staged.bucket_file(b.index).write_bytes(buf.numpy().tobytes())
-    return staged
 
 
 @pytest.fixture(scope="module")
@@ -201,12 +189,7 @@ def test_a_keep_swap_refuses_a_bad_kv_option_and_the_serving_version(
 @pytest.mark.parametrize(
     ("blockers", "named"),
     [
-        (
-            KeepBlockers(sequence_ranks=True),
-            "PCP/DCP/EP ranks (they hold state of each live sequence)",
-        ),
         (KeepBlockers(denoise_lane=True), "a denoise lane"),
-        (KeepBlockers(async_reload=True), "asynchronous host-tier KV reloads"),
     ],
 )
 def test_a_keep_swap_names_what_the_engine_runs_that_it_is_not_built_for(

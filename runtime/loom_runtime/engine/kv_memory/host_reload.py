@@ -5,7 +5,9 @@ Owns the reloading requests, the copy thread and its bounded queues; never sched
 never changes a block table off the step thread (the thread only copies bytes).
 
 Like a P/D pull (engine/remote.py): a request aborted while its blocks are being written
-finishes when the copy has ended, never before.
+finishes when the copy has ended, never before; so does a keep swap's work on a request whose
+copy is in flight: its copied prefix is KV of the old weights from a tier the swap emptied, so it
+lands uncached and is computed again under the new weights.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.ar_state import ARDecodeState
+from loom_runtime.engine.keep_swap import KVPolicy
 from loom_runtime.kv.offload import KVOffload, ReloadJob
 
 logger = logging.getLogger(__name__)
@@ -32,6 +35,8 @@ class ReloadProgress:
 
     ready: list[ARDecodeState] = field(default_factory=list)  # copied: resume computing
     failed: list[ARDecodeState] = field(default_factory=list)  # aborted while copying: finish
+    recompute: list[ARDecodeState] = field(default_factory=list)
+    """A keep swap with kv "recompute" came while copying: re-prefill from the start."""
 
 
 class HostReloads:
@@ -44,6 +49,7 @@ class HostReloads:
         self.loop = loop
         self.offload = offload
         self.reloading: dict[str, ARDecodeState] = {}
+        self._swapped: dict[str, KVPolicy] = {}  # reloading at a keep swap, with its kv policy
         self._wake = wake
         self._jobs: queue.Queue[tuple[str, ReloadJob]] = queue.Queue(max_jobs)
         self._cond = threading.Condition()
@@ -65,6 +71,15 @@ class HostReloads:
         self.reloading[state.request_id] = state
         self._jobs.put_nowait((state.request_id, job))  # bounded by max_num_seqs: never full
 
+    def new_weights(self, kv: KVPolicy) -> list[ARDecodeState]:
+        """A keep swap at this step boundary: the requests being copied in, each to land
+        uncached (its copy is of the old weights) and, under `kv` "recompute", to re-prefill
+        (a later swap's "keep" does not undo an earlier one's "recompute")."""
+        for rid in self.reloading:
+            if self._swapped.get(rid) != "recompute":
+                self._swapped[rid] = kv
+        return list(self.reloading.values())
+
     def progress(self) -> ReloadProgress:
         """Fold in the finished reloads."""
         out = ReloadProgress()
@@ -73,12 +88,16 @@ class HostReloads:
             self._done.clear()
         for request_id, error in done:
             state = self.reloading.pop(request_id)
+            swapped = self._swapped.pop(request_id, None)
             if error is not None:  # the bytes may be partial: recompute them instead
                 logger.warning(
                     "KV reload failed; recomputing: %s", error, extra={"request_id": request_id}
                 )
-            self.loop.reloaded(state, copied=error is None)
-            (out.failed if state.finished else out.ready).append(state)
+            self.loop.reloaded(state, copied=error is None and swapped is None)
+            if state.finished:
+                out.failed.append(state)
+            else:
+                (out.recompute if swapped == "recompute" else out.ready).append(state)
         return out
 
     def abort(self, request_ids: Iterable[str]) -> None:

@@ -53,8 +53,6 @@ class RankedRunner:
     """Start with the spec; `execute` as ModelRunner; `release` after a request's blocks are
     freed; `close` at shutdown. Not thread-safe: the engine's step thread is its one caller."""
 
-    loads_under_requests = False  # a rank refuses a weight load with live sequences
-
     def __init__(
         self,
         spec: RankServeSpec,
@@ -276,8 +274,9 @@ class RankedRunner:
         )
 
     def load_weights(self, checkpoint: str, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Every rank loads the checkpoint's weights (after every sequence was released; the
-        caller checked the names and shapes first). A rank that fails takes the runner down."""
+        """Every rank loads the checkpoint's weights (drained, or under live sequences in a keep
+        swap; the caller checked the names and shapes first). A rank that fails takes the
+        runner down."""
         self.flush()
         self._ranks.send_all(RankLoad(checkpoint))
         self._ranks.receive_all(RankLoaded, "weight load", timeout_s)

@@ -44,7 +44,6 @@ class TpRunner:
     the engine's step thread is its one caller."""
 
     export_rows = False  # every rank keeps its own pool: the engine's only counts blocks
-    loads_under_requests = True  # a rank holds a request's KV only: new weights go on over it
 
     def __init__(
         self,

@@ -152,7 +152,8 @@ class _Held:
 
 @dataclass(frozen=True)
 class RankLoad:
-    """Replace the weights with a checkpoint's (a weight sync; no sequence may be live)."""
+    """Replace the weights with a checkpoint's (a weight sync, drained or a keep swap: the live
+    sequences keep their rows and go on under the new weights)."""
 
     checkpoint: str
 
@@ -204,15 +205,14 @@ class RankSequences:
 
     def load(self, message: RankLoad) -> RankLoaded:
         """The checkpoint's weights, loaded whole and then sharded as at start (this rank's EP
-        experts only); the old model serves until the new one is complete."""
-        if self.live:
-            raise RuntimeError(
-                f"rank {self.rank}: a weight load with {len(self.live)} live sequences; the "
-                "engine must be drained and its requests released first"
-            )
+        experts only); the old model serves until the new one is complete. Live sequences keep
+        their rows (a keep swap; the engine re-prefills those it recomputes) and their MTP
+        state: drafts proposed from it are only proposals, which the new trunk verifies."""
         model = load_sparse_mla(message.checkpoint, self.model.dtype, self.model.device).model
         self.plan.check(model.config)
         self.model, self.experts = model, shard_experts(model, self.plan.ep)
+        for sequence in self.live.values():
+            sequence.rebind(self.model, self.experts)
         return RankLoaded(self.rank, sum(e.expert_bytes for e in self.experts.values()))
 
     def handle(self, message: RankStep | RankLoad) -> RankReply | RankLoaded:

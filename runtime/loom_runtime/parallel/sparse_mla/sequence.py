@@ -91,6 +91,11 @@ class ParallelSequence:
     def length(self) -> int:
         return self.store.length
 
+    def rebind(self, model: SparseMlaForCausalLM, experts: Mapping[int, ExpertParallelMoe]) -> None:
+        """Go on under new weights of the same shapes (a keep swap): the rows kept so far stay."""
+        self.plan.check(model.config)
+        self.model, self.experts = model, experts
+
     def prefill(
         self,
         input_ids: torch.Tensor,

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
+from tests.runtime.engine.push_helpers import stage
 
 from loom_router.core.kv_events import decode_batch, index_key
 from loom_router.core.prefix_index import PrefixIndex
@@ -16,10 +18,11 @@ from loom_runtime.engine.ar_state import CompletedRequest
 from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.kv.offload import ReloadJob
-from loom_runtime.models.loader import LoadedModel
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.tiny import init_tiny
 from loom_runtime.wire.kv_event_codec import encode_batch
 from loom_runtime.wire.kv_events import (
     MEDIUM_CPU,
@@ -203,19 +206,28 @@ def step_until(engine: Engine, done: Callable[[], bool], steps: int = 2000) -> N
     raise AssertionError(f"not done after {steps} steps")
 
 
+def reload_beside_another(
+    engine: Engine, first: tuple[int, ...], prompt: Prompt, greedy: Greedy, other_tokens: int
+) -> tuple[Gate, dict[str, OutputCollector]]:
+    """`first` (run once already) evicted to the host tier by another prompt, then sent again
+    ("again": its copy held by the returned gate) beside a request "other" of `other_tokens`."""
+    engine.generate(prompt(100, 2), greedy(8))  # evicts first's tail to the host tier
+    gate = Gate(engine)
+    other = EngineRequest("other", prompt(5, 3), greedy(other_tokens))
+    again = EngineRequest("again", first, greedy(8))
+    got = {r.request_id: OutputCollector(r) for r in (other, again)}
+    for r in (other, again):
+        engine.add_request(r, got[r.request_id])
+    return gate, got
+
+
 def test_the_step_loop_runs_other_requests_while_a_prefix_reloads(
     tiny64: LoadedModel, prompt: Prompt, greedy: Greedy
 ) -> None:
     engine = small_engine(tiny64, gib=0.01)
     first = prompt(65, 1)
     alone = engine.generate(first, greedy(8))
-    engine.generate(prompt(100, 2), greedy(8))  # evicts first's tail to the host tier
-    gate = Gate(engine)
-    other = EngineRequest("other", prompt(5, 3), greedy(20))
-    again = EngineRequest("again", first, greedy(8))
-    got = {r.request_id: OutputCollector(r) for r in (other, again)}
-    for r in (other, again):
-        engine.add_request(r, got[r.request_id])
+    gate, got = reload_beside_another(engine, first, prompt, greedy, 20)
     step_until(engine, lambda: len(got["other"].outputs) >= 5)
     assert not got["again"].outputs  # still waiting for its prefix, holding its blocks
     gate.opened.set()
@@ -247,4 +259,78 @@ def test_a_request_aborted_while_reloading_finishes_after_its_copy(
     assert out.result().finish_reason == "abort"
     engine._pool.assert_whole()
     assert engine._offload is not None and not engine._offload.host._pins
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_a_keep_swap_while_a_prefix_reloads_computes_it_under_the_new_weights(
+    tiny_dir: Path, prompt: Prompt, greedy: Greedy, tmp_path: Path, kv: str
+) -> None:
+    """A keep swap comes while `again`'s 48 host-tier tokens are being copied in (its first
+    16 hit the device): the copy lands uncached (it is KV of the old weights, from a tier the
+    swap emptied) and those tokens are computed under v2. keep: the 16 device tokens stay, so
+    its tokens are those of a request swapped after a 16-token prefill chunk; recompute: it
+    re-prefills, as a fresh v2 run. A request running beside it carries on as in any keep swap;
+    nothing leaks (blocks, pins)."""
+    new_dir = init_tiny(tmp_path / "v2", seed=1)
+    v2 = load_model(new_dir, dtype=torch.float64)
+    staged = stage(v2.model.targets(), "v2", tmp_path / "staged")  # type: ignore[operator]
+    engine = small_engine(load_model(tiny_dir, dtype=torch.float64), gib=0.01)
+    first = prompt(65, 1)
+    engine.generate(first, greedy(8))
+    gate, got = reload_beside_another(engine, first, prompt, greedy, 12)
+    step_until(engine, lambda: len(got["other"].outputs) >= 3)
+    engine.load_pushed_keep(staged, kv)
+    gate.opened.set()
+    step_until(engine, lambda: all(c.done.is_set() for c in got.values()))
+    result = got["again"].result()
+    assert {o.weights_version for o in got["again"].outputs if o.new_token_ids} == {"v2"}
+    assert engine.stats().kv_reload_tokens == 0  # the copy landed uncached
+    if kv == "recompute":
+        want = Engine(v2, EngineConfig(**SMALL)).generate(first, greedy(8))  # type: ignore[arg-type]
+        assert result.output_token_ids == want.output_token_ids
+    else:
+        want = swapped_after_a_chunk(tiny_dir, new_dir, first, greedy(8), tmp_path)
+        assert result.output_token_ids == want
+    engine._pool.assert_whole()
+    assert engine._offload is not None and not engine._offload.host._pins
+    engine.shutdown()
+
+
+def swapped_after_a_chunk(old: Path, new: Path, p: tuple[int, ...], sampling: SamplingParams,
+                          tmp_path: Path) -> tuple[int, ...]:  # fmt: skip
+    """`p`'s tokens when a keep swap to `new` comes after its first 16-token prefill chunk."""
+    config = EngineConfig(max_num_batched_tokens=16, **SMALL)  # type: ignore[arg-type]
+    engine = Engine(load_model(old, dtype=torch.float64), config)
+    targets = load_model(new, dtype=torch.float64).model.targets()  # type: ignore[operator]
+    outs: list[RequestOutput] = []
+    engine.add_request(EngineRequest("chunked", p, sampling), outs.append)
+    engine.step()
+    engine.load_pushed_keep(stage(targets, "v2", tmp_path / "staged-chunked"), "keep")
+    while engine.in_flight():
+        engine.step()
+    return tuple(t for o in outs for t in o.new_token_ids)
+
+
+def test_a_later_keep_does_not_undo_an_earlier_recompute_of_a_reloading_prefix(
+    tiny_dir: Path, prompt: Prompt, greedy: Greedy, tmp_path: Path
+) -> None:
+    """Two keep swaps while `again`'s copy is held, v2 with kv recompute, then v3 with kv keep:
+    the first swap's promise stands, so `again` re-prefills under v3 (a fresh v3 run), not
+    keeping its 16 device tokens of v1."""
+    engine = small_engine(load_model(tiny_dir, dtype=torch.float64), gib=0.01)
+    first = prompt(65, 1)
+    engine.generate(first, greedy(8))
+    gate, got = reload_beside_another(engine, first, prompt, greedy, 12)
+    step_until(engine, lambda: len(got["other"].outputs) >= 3)
+    for seed, version, kv in ((1, "v2", "recompute"), (2, "v3", "keep")):
+        model = load_model(init_tiny(tmp_path / version, seed=seed), dtype=torch.float64)
+        engine.load_pushed_keep(
+            stage(model.model.targets(), version, tmp_path / f"s-{version}"), kv
+        )  # type: ignore[operator]
+    gate.opened.set()
+    step_until(engine, lambda: all(c.done.is_set() for c in got.values()))
+    v3 = Engine(model, EngineConfig(**SMALL)).generate(first, greedy(8))  # type: ignore[arg-type]
+    assert got["again"].result().output_token_ids == v3.output_token_ids
+    engine._pool.assert_whole()
     engine.shutdown()

@@ -26,7 +26,7 @@ from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranks.ranked_runner import RankedRunner
 from loom_runtime.engine.types import EngineRequest, RankKVStats, RequestOutput
-from loom_runtime.errors import CheckpointError, InvalidRequestError
+from loom_runtime.errors import CheckpointError
 from loom_runtime.kv.fp8 import Fp8Format
 from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.sparse_mla.tiny import INDEX_TOPK, init_tiny_sparse_mla
@@ -246,27 +246,51 @@ def test_a_push_into_a_ranked_worker_reloads_every_rank_from_the_staged_checkpoi
     assert got.output_token_ids == one_sequence(inner(v2_model), req, 8) != v1_tokens
 
 
-def test_a_keep_swap_on_ranks_is_refused_and_the_request_goes_on(
-    sparse_dir: Path, prompt: Prompt, tmp_path: Path
+PCP_DCP_EP = ParallelLayout(pcp=2, dcp=2, ep=2)
+
+
+@pytest.mark.parametrize(
+    ("layout", "kv"),
+    [(PCP_DCP_EP, "keep"), (PCP_DCP_EP, "recompute"), (ParallelLayout(dp=2, ep=2), "keep")],
+    ids=["pcp2-dcp2-ep2-keep", "pcp2-dcp2-ep2-recompute", "dp2-ep2-keep"],
+)  # fmt: skip
+def test_a_keep_swap_on_ranks_gives_one_ranks_tokens_and_versions(
+    sparse_dir: Path, prompt: Prompt, tmp_path: Path, layout: ParallelLayout, kv: str
 ) -> None:
-    """PCP/DCP/EP ranks hold state of each live sequence: a keep swap (a push swapped in under
-    running requests) is refused naming them, and the running request finishes on v1."""
-    v2 = init_tiny_sparse_mla(tmp_path / "v2", seed=1)
-    engine = Engine.from_checkpoint(sparse_dir, config(ParallelLayout(pcp=2, dcp=2, ep=2)))
-    try:
-        staged = staged_push(engine, load_file(str(v2 / "model.safetensors")), "v2")
-        outs: list[RequestOutput] = []
-        engine.add_request(EngineRequest("a", prompt(70, 3), greedy(8)), outs.append)
-        for _ in range(3):
-            engine.step()
-        with pytest.raises(InvalidRequestError, match="PCP/DCP/EP ranks"):
-            engine.load_pushed_keep(staged, "keep")
-        staged.discard()
-        while engine.in_flight():
-            engine.step()
-    finally:
-        engine.shutdown()
-    assert outs[-1].finished and {o.weights_version for o in outs} == {"v1"}
+    """A push swapped in under two running requests (one still prefilling in chunks) on PCP/DCP
+    or DP×EP ranks: each rank's live sequences go on under v2 over the rows they hold (keep),
+    or are released and re-prefilled (recompute); the tokens and each token's version equal
+    one rank's across the same swap at the same step, nothing aborted."""
+    v2 = load_file(str(init_tiny_sparse_mla(tmp_path / "v2", seed=1) / "model.safetensors"))
+    prompts = [prompt(70, 3), prompt(400, 4)]  # r1 prefills in 96-token chunks past the swap
+
+    def run(engine: Engine) -> list[list[RequestOutput]]:
+        outs: list[list[RequestOutput]] = [[], []]
+        try:
+            staged = staged_push(engine, v2, "v2")
+            for i, p in enumerate(prompts):
+                engine.add_request(EngineRequest(f"r{i}", p, greedy(12)), outs[i].append)
+            while sum(len(o.new_token_ids) for o in outs[0]) < 4:
+                engine.step()
+            engine.load_pushed_keep(staged, kv)
+            staged.discard()
+            while engine.in_flight():
+                engine.step()
+            assert engine.stats().num_requests_aborted == 0
+        finally:
+            engine.shutdown()
+        return outs
+
+    ranked = run(Engine.from_checkpoint(sparse_dir, config(layout)))
+    one = run(Engine(load_model(sparse_dir, dtype=torch.float64), config(ParallelLayout())))
+    for got, want in zip(ranked, one, strict=True):
+        assert [(o.new_token_ids, o.weights_version) for o in got] == [
+            (o.new_token_ids, o.weights_version) for o in want
+        ]
+        assert got[-1].finished and sum(len(o.new_token_ids) for o in got) == 12
+    versions = [[v for o in outs for v in [o.weights_version] * len(o.new_token_ids)]
+                for outs in ranked]  # fmt: skip
+    assert versions == [["v1"] * 4 + ["v2"] * 8, ["v2"] * 12]
 
 
 @pytest.mark.parametrize(
