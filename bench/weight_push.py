@@ -7,7 +7,8 @@ Per shape:
   1. the baseline: a plain gloo broadcast of the tensors between 2 fresh processes (and among
      1 + 2, the push's world), tensor by tensor and packed in buckets, no fleet running;
   2. quiet pushes (mode barrier, no load) to one aggregated worker (a world of 2, as the
-     baseline's) and to the P/D fleet: the push's rate, bytes / (first bucket → commit);
+     baseline's) and to the P/D fleet: the push's rate, bytes / (first bucket → commit), over
+     the group's broadcasts and over NIXL (each worker READs every bucket; --transports);
   3. under streaming load (C clients streaming greedy completions in a loop), rounds of:
      push barrier, push rolling, push keep (kv keep: the streams go on across the swap),
      checkpoint + Barrier sync, checkpoint + Rolling sync (the checkpoint path writes the
@@ -132,12 +133,14 @@ class Bench:
         """One update by `method`; (its record without the pause, start, end)."""
         self.version += 1
         tensors = self.tensors[self.version % 2]
-        kind, how = method.split()
+        kind, how, *path = method.split()  # "push barrier nixl": over NIXL
         write_s = send_s = 0.0
         with PeakRss(self.pids) as rss:
             t0 = time.monotonic()
             if kind == "push":
-                result = self.sync.push(tensors, f"v{self.version}", mode=how)  # type: ignore[arg-type]
+                via = path[0] if path else "gloo"
+                version = f"v{self.version}"
+                result = self.sync.push(tensors, version, mode=how, transport=via)  # type: ignore[arg-type]
                 send_s = result.send_s
             else:
                 write_s = self._write(tensors)
@@ -156,10 +159,14 @@ class Bench:
         return time.monotonic() - t0
 
 
-def quiet_pushes(bench: Bench, repeats: int, report: Callable[[Update], None]) -> None:
-    for _ in range(repeats):
-        record, _, _ = bench.update("push barrier", loaded=False)
-        report(record)
+def quiet_pushes(
+    bench: Bench, repeats: int, transports: Sequence[str], report: Callable[[Update], None]
+) -> None:
+    for transport in transports:
+        method = "push barrier" if transport == "gloo" else f"push barrier {transport}"
+        for _ in range(repeats):
+            record, _, _ = bench.update(method, loaded=False)
+            report(record)
 
 
 def loaded_updates(
@@ -205,7 +212,7 @@ def bench_shape(
             run_fleet(card, state, env, ready_timeout=600) as fleet,
         ):
             bench = Bench(shape, roles, fleet, first, Path(ckpts))
-            quiet_pushes(bench, args.repeats, report)
+            quiet_pushes(bench, args.repeats, args.transports, report)
             if roles == PD and not args.quiet_only:
                 loaded_updates(bench, args, report)
     return baselines, updates
@@ -224,9 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only the baselines and the quiet pushes (the push's rate), no load",
     )
     p.add_argument("--methods", default=",".join(METHODS), help="the loaded rounds' methods")
+    p.add_argument("--transports", default="gloo,nixl", help="the quiet pushes' data paths")
     p.add_argument("--out", type=Path, default=ROOT / "bench/results/weight_push.json")
     args = p.parse_args(argv)
     args.methods = args.methods.split(",")
+    args.transports = args.transports.split(",")
+    if set(args.transports) - {"gloo", "nixl"}:
+        p.error(f"--transports takes gloo and nixl, got {args.transports}")
     unknown = set(args.methods) - set(METHODS)
     if unknown:
         p.error(f"unknown --methods {', '.join(sorted(unknown))}; choose from {', '.join(METHODS)}")

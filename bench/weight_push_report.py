@@ -125,17 +125,20 @@ def _med(values: Sequence[float]) -> float:
 def bandwidth_table(baselines: Sequence[Baseline], updates: Sequence[Update]) -> list[str]:
     """Per shape and world: the plain broadcast's rate and the quiet pushes' (median)."""
     lines = [
-        "| shape | bytes | world | plain broadcast: tensor by tensor / packed | push: bytes moving "
-        "/ open → served | push ÷ plain broadcast (best) |",
-        "|---|---|---|---|---|---|",
+        "| shape | bytes | world | push | plain broadcast: tensor by tensor / packed | push: bytes "
+        "moving / open → served | push ÷ plain broadcast (best) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for shape, workers in dict.fromkeys((u.shape, u.workers) for u in updates if not u.loaded):
-        quiet = [u for u in updates if (u.shape, u.workers) == (shape, workers) and not u.loaded]
+    keys = dict.fromkeys((u.shape, u.workers, u.method) for u in updates if not u.loaded)
+    for shape, workers, method in keys:
+        key = (shape, workers, method)
+        quiet = [u for u in updates if (u.shape, u.workers, u.method) == key and not u.loaded]
         size = quiet[0].bytes
         base = next(b for b in baselines if b.world == workers + 1 and b.bytes == size)
         rate = _med([u.bytes / u.send_s for u in quiet])
         lines.append(
-            f"| {shape} | {size / 1e6:.0f} MB | {workers + 1} | {base.per_tensor_bps / 1e6:.0f} / "
+            f"| {shape} | {size / 1e6:.0f} MB | {workers + 1} | {method} | "
+            f"{base.per_tensor_bps / 1e6:.0f} / "
             f"{base.packed_bps / 1e6:.0f} MB/s | {rate / 1e6:.0f} MB/s / "
             f"{_med([u.seconds for u in quiet]):.2f} s | {rate / base.best_bps:.0%} |"
         )

@@ -3,6 +3,9 @@ survive packing, and a manifest that does not fit the model is described name by
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,7 +69,12 @@ def test_packed_bytes_unpack_to_equal_tensors_of_every_dtype() -> None:
     out = unpack(bucket, buf)
     for name, t in tensors.items():
         assert out[name].dtype == t.dtype and torch.equal(out[name], t)
-    assert decode_manifest(encode_manifest([bucket])) == (bucket,)
+    assert decode_manifest(encode_manifest([bucket])) == ((bucket,), {"kind": "gloo"})
+    nixl = {"kind": "nixl", "agent": "bWV0YQ==", "addr": 4096, "mem": "DRAM", "device": 0}
+    assert decode_manifest(encode_manifest([bucket], nixl)) == ((bucket,), nixl)
+    older = json.dumps([[[s.name, list(s.shape), s.dtype] for s in bucket.specs]]).encode()
+    with pytest.raises(ValueError, match="not this worker's format"):
+        decode_manifest(older)  # a manifest of a loom_trainer before the data path
 
 
 def test_check_names_every_unknown_missing_and_wrong_tensor() -> None:

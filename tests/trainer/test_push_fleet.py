@@ -1,11 +1,12 @@
 """A trainer pushes weights into a real `loom up` P/D fleet of the tiny model (a prefill and a
 decode worker, fp64): the fleet then answers exactly like a fresh fleet started from a
-checkpoint of the pushed weights; a push that does not fit, a trainer or a worker killed
-mid-push, a second trainer and a worker that is not ready change nothing; a Barrier push under
-streaming load fails no request and no response mixes versions; a restarted controller keeps
-the pushed version, and a worker killed after a push rebuilds it from its peer; after a push
-the behaviour records the fleet returns (through its router, P/D) equal transformers' training
-forward of the pushed weights within 1e-9 (the C2 gate)."""
+checkpoint of the pushed weights, and alike whether the bytes moved over the group or NIXL; a
+push that does not fit, a trainer or a worker killed mid-push, a second trainer and a worker
+that is not ready change nothing; a Barrier push under streaming load fails no request and no
+response mixes versions; a restarted controller keeps the pushed version, and a worker killed
+after a push rebuilds it from its peer; after a push the behaviour records the fleet returns
+(through its router, P/D) equal transformers' training forward of the pushed weights within 1e-9
+(the C2 gate)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,27 @@ def test_a_pushed_version_answers_like_a_fleet_started_from_its_checkpoint(
     card.write_text(card_text(f"file://{ckpt}", version=version, roles=ROLES, name="fresh"))
     with run_fleet(card, tmp_path / "fresh-state", child_env) as fresh:
         assert outputs(fresh) == got
+
+
+def test_a_push_over_nixl_lands_as_the_same_push_over_the_group(
+    fleet: FleetProcess, checkpoints: tuple[Path, Path]
+) -> None:
+    """transport nixl: both workers READ every bucket from the trainer's registered buffer; the
+    fleet then answers exactly as after the same weights pushed over the group's broadcasts."""
+    sync = connect(fleet)
+    pushed, other = weights_of(checkpoints[1]), weights_of(checkpoints[0])
+    over_nixl = sync.push(pushed, next_version(fleet), bucket_bytes=BUCKET, transport="nixl")
+    assert over_nixl.transport == "nixl" and over_nixl.buckets == 7
+    fleet.wait_settled(120, over_nixl.version)
+    assert served_version(fleet) == over_nixl.version
+    got = outputs(fleet)
+    away = sync.push(other, next_version(fleet), bucket_bytes=BUCKET, transport="nixl")
+    fleet.wait_settled(120, away.version)
+    assert outputs(fleet) != got
+    over_gloo = sync.push(pushed, next_version(fleet), bucket_bytes=BUCKET)
+    assert over_gloo.transport == "gloo"
+    fleet.wait_settled(120, over_gloo.version)
+    assert outputs(fleet) == got
 
 
 def test_a_push_that_does_not_fit_is_refused_whole_and_nothing_changes(

@@ -1,6 +1,7 @@
 """loom_trainer: the trainer-side client that pushes weights into a running Loom fleet.
 
-Imports torch and the standard library only: never Loom's runtime, operator or router.
+Imports torch and the standard library only (and NIXL, when a push asks for it): never Loom's
+runtime, operator or router.
 """
 
 from loom_trainer.client import PushResult, WeightSync

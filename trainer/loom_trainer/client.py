@@ -20,6 +20,7 @@ import torch
 
 from loom_trainer.errors import PushFailed, PushRefused
 from loom_trainer.group import Rendezvous, TransferGroup
+from loom_trainer.nixl_path import MISSING, NixlSource, nixl_api
 from loom_trainer.protocol import DEFAULT_BUCKET_BYTES, plan_buckets, spec_of
 from loom_trainer.sender import send_push
 
@@ -27,6 +28,8 @@ Mode = Literal["barrier", "rolling", "keep"]
 MODES: tuple[Mode, ...] = ("barrier", "rolling", "keep")
 KV = Literal["keep", "recompute"]
 KVS: tuple[KV, ...] = ("keep", "recompute")
+Transport = Literal["gloo", "nixl"]
+TRANSPORTS: tuple[Transport, ...] = ("gloo", "nixl")
 POLL_S = 0.1
 HTTP_TIMEOUT_S = 30.0
 RETRY_WINDOW_S = 30.0
@@ -56,6 +59,7 @@ class PushResult:
     bytes_sent: int
     largest_bucket: int
     """Bytes of the largest bucket: the extra memory a push costs a worker (and the trainer)."""
+    transport: Transport
     transfer_s: float
     """Open → every worker staged every bucket (the fleet served meanwhile)."""
     send_s: float
@@ -102,6 +106,7 @@ class WeightSync:
         swap_timeout_s: float = 600.0,
         on_bucket: Callable[[int, int], None] | None = None,
         kv: KV | None = None,
+        transport: Transport = "gloo",
     ) -> PushResult:
         """Make `named_tensors` the fleet's weights, as `version`.
 
@@ -110,13 +115,20 @@ class WeightSync:
         requests, which go on (each token tagged with the version that sampled it) over the KV
         of the old weights (`kv="keep"`, the default) or re-prefilled under the new ones
         (`kv="recompute"`). `timeout_s` bounds the rendezvous and every collective;
-        `on_bucket(index, count)` runs after each bucket is sent. Raises PushRefused (nothing
-        moved) or PushFailed (the fleet keeps its last complete version).
+        `on_bucket(index, count)` runs after each bucket is sent. `transport`: how the bytes
+        move — "gloo", the transfer group's broadcasts, or "nixl", each worker READing every
+        bucket from one buffer of this process that NIXL registered (one more bucket of memory
+        here; the group still carries the manifest, checksums and verdicts). Raises PushRefused
+        (nothing moved) or PushFailed (the fleet keeps its last complete version).
         """
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if kv is not None and (mode != "keep" or kv not in KVS):
             raise ValueError(f"kv is mode keep's option, one of {', '.join(KVS)}; got {kv!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        if transport == "nixl" and nixl_api() is None:
+            raise PushRefused(f"transport nixl: {MISSING} in the trainer's environment")
         started = time.monotonic()
         specs = [spec_of(n, t) for n, t in named_tensors.items()]
         buckets = plan_buckets(specs, bucket_bytes)
@@ -124,17 +136,24 @@ class WeightSync:
         rv = Rendezvous(
             opened.host, opened.port, 0, len(opened.workers) + 1, timeout_s, opened.update_id
         )
+        largest = max((b.nbytes for b in buckets), default=0)
+        source = None
         try:
+            if transport == "nixl":
+                source = NixlSource(opened.update_id, largest)
             group = TransferGroup(rv)
-            send_s = send_push(group, opened.workers, buckets, named_tensors, on_bucket)
+            send_s = send_push(group, opened.workers, buckets, named_tensors, on_bucket, source)
         except RuntimeError as exc:  # a collective failed or timed out (a worker died)
             raise PushFailed(self._broken(opened.update_id, version, exc)) from exc
+        finally:
+            if source is not None:
+                source.close()
         transfer_s = time.monotonic() - started
         self._wait_done(opened.update_id, swap_timeout_s)
         return PushResult(
             version, opened.update_id, opened.workers, len(buckets),
-            sum(b.nbytes for b in buckets), max((b.nbytes for b in buckets), default=0),
-            transfer_s, send_s, time.monotonic() - started,
+            sum(b.nbytes for b in buckets), largest, transport, transfer_s, send_s,
+            time.monotonic() - started,
         )  # fmt: skip
 
     def latest(self) -> dict[str, object] | None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from loom_trainer.checksum import checksum
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 """Bytes per broadcast when the trainer does not say: bounds the extra memory of a push."""
@@ -121,17 +124,39 @@ def plan_buckets(specs: Sequence[TensorSpec], max_bytes: int) -> tuple[Bucket, .
     return tuple(buckets)
 
 
-def encode_manifest(buckets: Sequence[Bucket]) -> bytes:
-    doc = [[[s.name, list(s.shape), s.dtype] for s in b.specs] for b in buckets]
+GLOO_PATH: Mapping[str, object] = {"kind": "gloo"}
+"""The data path where the buckets' bytes travel as the group's broadcasts (nixl_path.py
+describes the other)."""
+
+
+def encode_manifest(buckets: Sequence[Bucket], path: Mapping[str, object] = GLOO_PATH) -> bytes:
+    """The manifest: every bucket's names, shapes and dtypes, and the data path of the bytes."""
+    doc = {"buckets": [[[s.name, list(s.shape), s.dtype] for s in b.specs] for b in buckets],
+           "path": dict(path)}  # fmt: skip
     return json.dumps(doc).encode()
 
 
-def decode_manifest(data: bytes) -> tuple[Bucket, ...]:
+def decode_manifest(data: bytes) -> tuple[tuple[Bucket, ...], dict[str, Any]]:
+    """The buckets and the data path of a manifest; ValueError when it is not one (a trainer
+    of another Loom version)."""
     doc = json.loads(data.decode())
-    return tuple(
+    if not isinstance(doc, dict) or not isinstance(doc.get("buckets"), list) or "path" not in doc:
+        raise ValueError("the trainer's manifest is not this worker's format (a loom_trainer of "
+                         "another Loom version?)")  # fmt: skip
+    buckets = tuple(
         Bucket(i, tuple(TensorSpec(n, tuple(shape), dt) for n, shape, dt in b))
-        for i, b in enumerate(doc)
+        for i, b in enumerate(doc["buckets"])
     )
+    return buckets, dict(doc["path"])
+
+
+def bucket_checksum(bucket: Bucket, buf: torch.Tensor) -> int:
+    """A packed bucket's checksum: its pieces' bytes folded in order (the padding between
+    tensors excluded), as the group's path computes it piece by piece."""
+    digest = 0
+    for p in pieces(bucket):
+        digest = checksum(buf[p.offset : p.offset + p.nbytes], digest)
+    return digest
 
 
 def _listed(label: str, items: Sequence[str]) -> list[str]:

@@ -19,6 +19,7 @@ import torch
 from loom_runtime.errors import TransferError
 from loom_runtime.transfer.layout import BlockLayout, CopyPlan
 from loom_runtime.transfer.lease import LeaseTable
+from loom_trainer.nixl_path import nixl_api
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +33,9 @@ class NixlUnavailableError(TransferError):
 
 
 def _nixl_api() -> Any:
-    for module in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
-        with contextlib.suppress(ImportError):
-            return __import__(module, fromlist=["nixl_agent"])
+    api = nixl_api()
+    if api is not None:
+        return api
     raise NixlUnavailableError(
         "--kv-connector nixl needs the NIXL Python package (pip install --no-deps "
         "nixl-cu12); on machines without it use --kv-connector tcp"

@@ -1,6 +1,7 @@
 """A worker's side of a trainer's weight push: join the push's gloo group, check the manifest
-against the model before any byte moves, then stage each bucket on local disk (each piece
-checked and written while the next arrives).
+against the model (and its data path: NIXL must be here to READ) before any byte moves, then
+stage each bucket on local disk — over the group each piece checked and written while the next
+arrives, over NIXL each bucket READ whole from the trainer's buffer, then checked and written.
 
 Owns the staged copy of one push (one bucket in memory at a time, the rest on disk) and
 discarding it when the push breaks; never touches the model (the engine swaps a staged push in
@@ -22,9 +23,11 @@ import torch
 from loom_runtime.errors import CheckpointError, TransferError
 from loom_trainer.checksum import checksum
 from loom_trainer.group import Rendezvous, TransferGroup
+from loom_trainer.nixl_path import NixlSink
 from loom_trainer.protocol import (
     Bucket,
     TensorSpec,
+    bucket_checksum,
     check_specs,
     decode_manifest,
     pieces,
@@ -84,28 +87,22 @@ def receive_push(
     TransferError when the group breaks (the trainer died, a timeout, a checksum differs):
     then nothing stays staged.
     """
+    sink: NixlSink | None = None
     try:
         group = TransferGroup(rv)
-        buckets = decode_manifest(group.broadcast_bytes(None))
-        problems = (
-            [refusal] if refusal else check_specs([s for b in buckets for s in b.specs], expected)
-        )
-        if problems:
-            group.tell(f"problems/{rv.rank}", problems)
-        if not group.agree(not problems):
-            why = "; ".join(problems) if problems else "another worker refused it"
-            raise CheckpointError(f"push {rv.update_id} of {version} refused: {why}")
+        buckets, whole, sink = _take_manifest(group, rv, version, expected, refusal)
+        directory = Path(tempfile.mkdtemp(prefix=f"loom-push-{rv.update_id}-", dir=staging_root))
+        staged = StagedPush(rv.update_id, version, directory, buckets, whole.numel())
+        try:
+            _receive_buckets(group, staged, whole, sink)
+        except BaseException:
+            staged.discard()
+            raise
     except RuntimeError as exc:
         raise TransferError(f"push {rv.update_id}: the transfer group broke: {exc}") from exc
-    directory = Path(tempfile.mkdtemp(prefix=f"loom-push-{rv.update_id}-", dir=staging_root))
-    staged = StagedPush(
-        rv.update_id, version, directory, buckets, max((b.nbytes for b in buckets), default=0)
-    )
-    try:
-        _receive_buckets(group, staged)
-    except BaseException:
-        staged.discard()
-        raise
+    finally:
+        if sink is not None:
+            sink.close()
     logger.info(
         "push staged",
         extra={"update_id": rv.update_id, "version": version, "buckets": len(buckets)},
@@ -113,13 +110,56 @@ def receive_push(
     return staged
 
 
-def _receive_buckets(group: TransferGroup, staged: StagedPush) -> None:
-    whole = torch.empty(staged.largest_bucket, dtype=torch.uint8)  # one buffer for every bucket
+def _take_manifest(
+    group: TransferGroup,
+    rv: Rendezvous,
+    version: str,
+    expected: Mapping[str, TensorSpec],
+    refusal: str,
+) -> tuple[tuple[Bucket, ...], torch.Tensor, NixlSink | None]:
+    """The manifest checked on every worker before any byte moves — its names, shapes and
+    dtypes against `expected`, and its data path (over NIXL this worker's agent must take the
+    trainer's): the buckets, one receive buffer for all of them and, over NIXL, the sink.
+    CheckpointError when any worker refuses (this one tells the trainer why)."""
+    try:
+        buckets, path = decode_manifest(group.broadcast_bytes(None))
+    except ValueError as exc:  # not a manifest this worker reads
+        buckets, path, refusal = (), {}, refusal or str(exc)
+    whole = torch.empty(max((b.nbytes for b in buckets), default=0), dtype=torch.uint8)
+    problems = (
+        [refusal] if refusal else check_specs([s for b in buckets for s in b.specs], expected)
+    )
+    sink = None
+    if not problems and path.get("kind") == "nixl":
+        try:
+            sink = NixlSink(rv.update_id, rv.rank, whole, path)
+        except Exception as exc:  # NIXL missing, or its agent cannot take the trainer's
+            problems = [f"transport nixl: {exc}"]
+    if problems:
+        group.tell(f"problems/{rv.rank}", problems)
+    try:
+        if not group.agree(not problems):
+            why = "; ".join(problems) if problems else "another worker refused it"
+            raise CheckpointError(f"push {rv.update_id} of {version} refused: {why}")
+    except BaseException:
+        if sink is not None:
+            sink.close()
+        raise
+    return buckets, whole, sink
+
+
+def _receive_buckets(group: TransferGroup, staged: StagedPush, whole: torch.Tensor,
+                     sink: NixlSink | None) -> None:  # fmt: skip
     try:
         for b in staged.buckets:
-            digest = _receive_bucket(group, b, whole[: b.nbytes], staged.bucket_file(b.index))
+            buf, path = whole[: b.nbytes], staged.bucket_file(b.index)
             expected = torch.zeros(1, dtype=torch.int64)
-            group.broadcast(expected)
+            if sink is None:
+                digest = _receive_bucket(group, b, buf, path)
+                group.broadcast(expected)
+            else:
+                group.broadcast(expected)  # the trainer packed it: READ it now
+                digest = _read_bucket(sink, b, buf, path, group.rv.timeout_s)
             ok = digest == int(expected.item())
             if not group.agree(ok):
                 raise TransferError(
@@ -146,3 +186,17 @@ def _receive_bucket(group: TransferGroup, bucket: Bucket, buf: torch.Tensor, pat
             written = p.offset + p.nbytes
         f.write(buf[written:].numpy().data)
     return digest
+
+
+def _read_bucket(sink: NixlSink, bucket: Bucket, buf: torch.Tensor, path: Path,
+                 timeout_s: float) -> int:  # fmt: skip
+    """The bucket READ whole from the trainer's buffer into `buf`, written to `path`; its
+    checksum (-1 when the READ failed: the verdict then fails the push everywhere)."""
+    try:
+        sink.read(bucket.nbytes, timeout_s)
+    except Exception as exc:  # NIXL raises its own types too
+        logger.warning("push READ failed: %s", exc, extra={"bucket": bucket.index})
+        return -1
+    with path.open("wb") as f:
+        f.write(buf.numpy().data)
+    return bucket_checksum(bucket, buf)

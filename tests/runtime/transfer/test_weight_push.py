@@ -4,10 +4,11 @@ refused before any byte moves, and a trainer that stops mid-push leaves nothing 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from loom_runtime.errors import CheckpointError, TransferError
 from loom_runtime.transfer.weight_push import StagedPush, receive_push
 from loom_trainer.errors import PushRefused
 from loom_trainer.group import Rendezvous, TransferGroup
-from loom_trainer.protocol import PIECE_BYTES, TensorSpec, plan_buckets, spec_of
+from loom_trainer.protocol import PIECE_BYTES, Bucket, TensorSpec, plan_buckets, spec_of
 from loom_trainer.sender import send_push
 
 WORKERS = ("w-a", "w-b")
@@ -129,6 +130,28 @@ def test_a_worker_that_takes_no_push_tells_the_trainer_why_before_bytes_move(
     why += "family is not built"
     err, results = run_push(tensors, [good, {}], tmp_path, 1 << 20, refusals=("", why))
     assert isinstance(err, PushRefused) and err.problems == {"w-b": [why]}
+    assert all(isinstance(r, CheckpointError) for r in results), results
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_manifest_of_another_format_is_refused_before_bytes_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trainer of another Loom version (its manifest a bare list of buckets, as before the
+    data path): every worker refuses, naming why, instead of failing on the bytes."""
+
+    def older(buckets: Sequence[Bucket], path: object) -> bytes:
+        return json.dumps(
+            [[[s.name, list(s.shape), s.dtype] for s in b.specs] for b in buckets]
+        ).encode()
+
+    monkeypatch.setattr("loom_trainer.sender.encode_manifest", older)
+    tensors = model()
+    good = {n: spec_of(n, t) for n, t in tensors.items()}
+    err, results = run_push(tensors, [good, good], tmp_path, 1 << 20)
+    assert isinstance(err, PushRefused)
+    assert set(err.problems) == set(WORKERS)
+    assert all("not this worker's format" in p[0] for p in err.problems.values())
     assert all(isinstance(r, CheckpointError) for r in results), results
     assert list(tmp_path.iterdir()) == []
 
