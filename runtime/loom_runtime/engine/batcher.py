@@ -193,10 +193,13 @@ class Batcher:
         each one's next tokens carry `version`. kv "recompute": every running request drops its
         KV and is re-prefilled (prompt + output so far) under the new weights, oldest first, as
         after a preemption (and counted as one); "keep": it keeps its KV and goes on. A decode's
-        requests still to pull their prompt KV follow the same policy (remote.py)."""
+        requests still to pull their prompt KV follow the same policy (remote.py), and so do the
+        drawing requests' text KV (denoise_lane.py)."""
         if kv == "recompute":
             for state in self.running[::-1]:  # each goes to the queue's front: oldest first
                 self._preempt(state)
+        if self.lane is not None:  # after the preemptions: their blocks are free for its recompute
+            self.lane.new_weights(version, kv)
         parked = [s for p in self.parked.values() for s in p]
         reloading = self.reloads.new_weights(kv) if self.reloads is not None else []
         for state in [*self.running, *self.waiting, *parked, *reloading]:

@@ -112,20 +112,29 @@ def build_lane(
     cache: KVStore,
     kv: KVAllocator,
     emit: Emit,
+    runner: TokenRunner | MtpRunner,
     ranks: EngineRanks | None = None,
     disagg: DisaggSettings | None = None,
 ) -> DenoiseLane | None:
     """The denoise lane of a MoT model served aggregated in this process (its image loop runs
     the very model object the AR loop runs, over the same paged cache), or None for any other
     engine: another family, ranks, or a P/D role (whose finished prompts go to a lease, not to
-    a drawing; such an engine still serves the MoT's text loop)."""
+    a drawing; such an engine still serves the MoT's text loop). `runner`: the AR loop's, which
+    recomputes a drawing's text KV after a keep swap."""
     if not isinstance(model, MotForCausalLM) or ranks is not None or disagg is not None:
         return None
+    if not isinstance(runner, ModelRunner):
+        raise ValueError(f"a MoT model's text loop runs on a ModelRunner, not {runner!r}")
     if not isinstance(cache, PagedKVCache):
         raise ValueError(f"a MoT model's denoise loop reads a paged KV cache, not {cache!r}")
     executor = MotDenoiseExecutor(model, cache)
     return DenoiseLane(
-        MotDenoiseLoop(model.config.patch_size), executor, kv, model.config.latent_channels, emit
+        MotDenoiseLoop(model.config.patch_size),
+        executor,
+        kv,
+        model.config.latent_channels,
+        emit,
+        runner,
     )
 
 

@@ -4,7 +4,8 @@ is moved, no block is copied or recomputed) and stays until its last Euler step;
 choice of which denoise steps share a scheduler step's token budget.
 
 Owns the drawing requests, their latents and the blocks they hold until they finish or abort;
-never schedules AR work, samples tokens or writes a KV block.
+never schedules AR work or samples tokens, and writes KV blocks only to recompute a drawing's
+text KV under new weights (a keep swap with kv "recompute").
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from loom_runtime.engine.denoise_loop import (
     MotDenoiseLoop,
 )
 from loom_runtime.engine.draw import draw_noise
+from loom_runtime.engine.keep_swap import KVPolicy
+from loom_runtime.engine.runner import TokenRunner, TokenWork
 from loom_runtime.engine.types import RequestOutput
 from loom_runtime.kv.allocator import KVAllocator
 from loom_runtime.kv.block_table import BlockTable
@@ -51,12 +54,16 @@ def pick_denoise(costs: Sequence[int], budget: int) -> int:
 @dataclass(eq=False)
 class Drawing:
     """One request in its denoise loop: its state, the text KV blocks it holds (moved from its
-    AR loop) and its text loop's final output, held back until the image is done."""
+    AR loop) and the tokens whose KV they hold, and its text loop's final output, held back
+    until the image is done. `stale`: its text KV is of weights swapped out under it (kv
+    "recompute"), to be recomputed before its next step."""
 
     state: DenoiseState
     table: BlockTable
+    context: tuple[int, ...]
     clock: Callable[[], float]
     text_final: RequestOutput | None = None
+    stale: bool = False
 
     @property
     def request_id(self) -> str:
@@ -76,8 +83,9 @@ class DenoiseLane:
         kv: KVAllocator,
         channels: int,
         emit: Emit,
+        runner: TokenRunner,
     ) -> None:
-        self.loop, self.executor, self.kv = loop, executor, kv
+        self.loop, self.executor, self.kv, self.runner = loop, executor, kv, runner
         self.channels = channels
         self.dtype, self.device = executor.model.dtype, executor.model.device
         self.emit = emit
@@ -108,7 +116,8 @@ class DenoiseLane:
             text.request_id, noise, spec.num_steps, text.num_computed, tuple(table.block_ids)
         )
         state = self.loop.init(start, text.ctx)
-        self.drawing[text.request_id] = Drawing(state, table, text.ctx.clock)
+        context = tuple(text.tokens[: text.num_computed])
+        self.drawing[text.request_id] = Drawing(state, table, context, text.ctx.clock)
         return True
 
     def hold(self, out: RequestOutput) -> RequestOutput:
@@ -120,13 +129,54 @@ class DenoiseLane:
         drawing.text_final = out
         return replace(out, finished=False, finish_reason=None, metrics=None)
 
+    # --- a keep swap -------------------------------------------------------------------------
+
+    def new_weights(self, version: str, kv: KVPolicy) -> None:
+        """New weights are in under the drawing requests (a keep swap, at a step boundary): each
+        one's next steps run on them. kv "keep": it goes on attending to its text KV of the old
+        weights; "recompute": that KV is dropped now and recomputed under the new weights into
+        fresh blocks before its next step (see _recompute)."""
+        for drawing in self.drawing.values():
+            self.loop.rebase(drawing.state, version)
+            if kv == "recompute":
+                self.kv.free(drawing.table)  # old KV: never cached again, its blocks go back
+                drawing.stale = True
+        self._recompute()
+
+    def _recompute(self) -> None:
+        """Recompute the stale drawings' text KV (oldest first, one forward) into fresh blocks,
+        each as far as the free blocks go; one that finds none yet waits, running no step,
+        and is tried again before the next step's schedule (ahead of the AR loops' growth)."""
+        works: list[TokenWork] = []
+        for drawing in self.drawing.values():
+            if not drawing.stale or not self.kv.grow(drawing.table, len(drawing.context)):
+                continue
+            drawing.stale = False
+            self.loop.rebase(
+                drawing.state, drawing.state.weights_version, tuple(drawing.table.block_ids)
+            )
+            if drawing.context:
+                works.append(
+                    TokenWork(drawing.request_id, drawing.context, 0, drawing.table, False)
+                )
+        if not works:
+            return
+        try:
+            self.runner.execute(works)
+        except Exception:
+            logger.exception("recomputing drawings' text KV failed; aborting them")
+            self.abort({w.request_id for w in works})
+
     # --- the step ------------------------------------------------------------------------------
 
     def schedule(self, budget: int) -> Chosen:
         """This step's denoise plans (see pick_denoise); `budget`: the step's token budget less
-        what the running AR loops need at least (one token each)."""
+        what the running AR loops need at least (one token each). A stale drawing whose text
+        KV cannot be recomputed yet runs no step."""
+        if any(d.stale for d in self.drawing.values()):
+            self._recompute()
         pending: Chosen = []
-        for drawing in list(self.drawing.values()):
+        for drawing in [d for d in self.drawing.values() if not d.stale]:
             plan = self.loop.next(drawing.state)
             if isinstance(plan, Done):
                 self._finish(drawing, self.loop.finalize(drawing.state))
@@ -172,6 +222,7 @@ class DenoiseLane:
                 new_text="",
                 finished=True,
                 finish_reason=final.finish_reason if latents is not None else "abort",
+                weights_version=drawing.state.weights_version,
                 logprobs=(),
                 prompt_logprobs=(),
                 latents=latents,

@@ -9,7 +9,7 @@ blocks (the text loop owns them) and never decides what shares a step (the sched
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -89,6 +89,15 @@ class MotDenoiseLoop:
         state.latents = state.latents + (t_next - t) * velocity.to(state.latents.dtype)
         state.step += 1
         return state
+
+    def rebase(
+        self, state: DenoiseState, version: str, block_table: tuple[int, ...] | None = None
+    ) -> None:
+        """New weights under a running loop (a keep swap): its next steps run on `version`,
+        attending to its text KV in `block_table` when that was recomputed into new blocks."""
+        state.weights_version = version
+        if block_table is not None:
+            state.start = replace(state.start, block_table=block_table)
 
     def finalize(self, state: DenoiseState) -> torch.Tensor:
         """The denoised latents [C, H, W] (a VAE decodes them to pixels)."""

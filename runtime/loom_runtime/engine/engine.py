@@ -33,7 +33,7 @@ from loom_runtime.engine.drain_clock import DrainClock
 from loom_runtime.engine.draw import check_draw
 from loom_runtime.engine.grammar.check import check_grammar
 from loom_runtime.engine.grammar.compiler import GrammarCompiler
-from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
+from loom_runtime.engine.keep_swap import check_keep
 from loom_runtime.engine.kv_memory.hisparse import hisparse_stats
 from loom_runtime.engine.kv_memory.pool import engine_kv, kv_offload, offload_stats
 from loom_runtime.engine.model_weights import ModelWeights, Swap
@@ -134,7 +134,9 @@ class Engine:
             self._loop, config, disagg, connector, cache, self._hisparse, self._wake
         )
         self._reloads = build_reloads(self._loop, config, self._offload, self._wake)
-        self._lane = build_lane(loaded.model, cache, self._kv, self._emit, ranks, disagg)
+        self._lane = build_lane(
+            loaded.model, cache, self._kv, self._emit, self._runner, ranks, disagg
+        )
         limits = (config.max_num_batched_tokens, config.max_num_seqs)
         self._batcher = Batcher(
             self._loop, {TOKEN_FORWARD: forward.executor}, limits, self._emit, remote,
@@ -342,14 +344,13 @@ class Engine:
         at a step boundary (a request added meanwhile waits in the inbox and runs on the new
         version), then every request goes on, its next tokens carrying the new version. `kv`
         "keep": running requests keep the KV computed under the old weights; "recompute": they
-        re-prefill prompt + output so far under the new ones (a decode: also the prompt KV it
-        pulls of them, remote.py). The prefix cache is dropped; old KV never re-enters it."""
-        blockers = KeepBlockers(self._lane is not None)
-        check_keep(kv, staged.version, self.weights_version, blockers)  # before any work
+        re-prefill prompt + output so far under the new ones (also a decode's prompt KV still
+        to pull, and a drawing's text KV). The prefix cache is dropped; old KV never re-enters."""
+        check_keep(kv, staged.version, self.weights_version)  # before any work
         swap = self._weights.from_push(staged)  # ranks: the checkpoint written, outside the lock
         with self._step_lock:
             old = self.weights_version
-            policy = check_keep(kv, staged.version, old, blockers)
+            policy = check_keep(kv, staged.version, old)
             swap()
             self._batcher.new_weights(old, staged.version, policy)
             self._bump(staged.version)

@@ -1,13 +1,12 @@
 """A `keep` weight swap: new weights swapped in under running requests, which continue on them.
 
-Owns the rules of such a swap (which KV policies there are, which engines may take one); never
+Owns the rules of such a swap (which KV policies there are, which versions it may go to); never
 touches the model or a request's state (the engine swaps, the batcher and the loop carry the
 requests over).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from loom_runtime.errors import InvalidRequestError
@@ -18,20 +17,7 @@ KV_POLICIES: tuple[KVPolicy, ...] = ("keep", "recompute")
 do); recompute: it drops its KV and re-prefills prompt + output so far under the new weights."""
 
 
-@dataclass(frozen=True)
-class KeepBlockers:
-    """What an engine runs that a keep swap is not built for (each True blocks it)."""
-
-    denoise_lane: bool = False
-
-    def reasons(self) -> list[str]:
-        named = {
-            "a denoise lane": self.denoise_lane,
-        }
-        return [name for name, on in named.items() if on]
-
-
-def check_keep(kv: str, version: str, serving: str, blockers: KeepBlockers) -> KVPolicy:
+def check_keep(kv: str, version: str, serving: str) -> KVPolicy:
     """The KV policy of a keep swap to `version`, or InvalidRequestError saying why not."""
     if kv not in KV_POLICIES:
         raise InvalidRequestError(
@@ -42,12 +28,5 @@ def check_keep(kv: str, version: str, serving: str, blockers: KeepBlockers) -> K
             f"already serving weights version {version!r}; caches are keyed by the version, so "
             "new weights need a new version string",
             param="version",
-        )
-    reasons = blockers.reasons()
-    if reasons:
-        raise InvalidRequestError(
-            f"a keep swap (weights swapped under running requests) is not built for an engine "
-            f"with {', '.join(reasons)}; push with mode barrier or rolling instead",
-            param="mode",
         )
     return "keep" if kv == "keep" else "recompute"

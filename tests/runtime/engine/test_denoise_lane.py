@@ -6,28 +6,31 @@ thought; a cancelled request leaks no block in either loop; a chat never runs th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from tests.runtime.models.mot.reference import ReferenceMot
+from tests.runtime.engine.mot_helpers import (
+    IMAGE,
+    Finals,
+    chat,
+    draw,
+    engine,
+    reference_latents,
+)
 
 from loom_runtime.engine.build import build_lane
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.denoise_lane import DenoiseLane, pick_denoise
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.transfer_port import DisaggSettings
-from loom_runtime.engine.types import DrawSpec, EngineRequest, RequestOutput, SamplingParams
+from loom_runtime.engine.types import DrawSpec, EngineRequest
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import WorkPlan
-from loom_runtime.models.loader import LoadedModel, load_model, read_weights
+from loom_runtime.models.loader import LoadedModel, load_model
 from loom_runtime.models.mot.tiny import write_mot_checkpoint
-
-IMAGE = {"latent_channels": 3, "patch_size": 2, "frequency_dim": 32}
-BUDGET = 24  # tokens per step: a 4x8 latent (8 tokens) and a prefill chunk share one
 
 
 @pytest.fixture(scope="module")
@@ -41,27 +44,6 @@ def mot64(checkpoint: Path) -> LoadedModel:
     return load_model(checkpoint, dtype=torch.float64)
 
 
-def engine(loaded: LoadedModel, prefix_caching: bool = True) -> Engine:
-    config = EngineConfig(
-        dtype=torch.float64,
-        max_model_len=128,
-        num_blocks=48,
-        block_size=4,
-        max_num_batched_tokens=BUDGET,
-        prefix_caching=prefix_caching,
-    )
-    return Engine(loaded, config)
-
-
-def chat(rid: str, prompt: Sequence[int], tokens: int) -> EngineRequest:
-    sampling = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    return EngineRequest(rid, tuple(prompt), sampling)
-
-
-def draw(rid: str, prompt: Sequence[int], think: int, spec: DrawSpec) -> EngineRequest:
-    return EngineRequest(rid, tuple(prompt), chat(rid, prompt, think).sampling, draw=spec)
-
-
 REQUESTS = [
     draw("d1", [5, 81, 300, 17, 2048, 9, 44], 6, DrawSpec(4, 8, 4, seed=1)),
     chat("c1", [12, 900, 33, 4001, 7, 70, 71, 72, 73, 74, 75], 9),
@@ -69,24 +51,6 @@ REQUESTS = [
     chat("c2", [40, 41, 42], 14),
     draw("d3", [5, 81, 300, 17, 99], 1, DrawSpec(2, 2, 2, seed=3)),
 ]
-
-
-class Finals:
-    """on_output for many requests: every output by request id."""
-
-    def __init__(self) -> None:
-        self.outputs: dict[str, list[RequestOutput]] = {}
-
-    def __call__(self, out: RequestOutput) -> None:
-        self.outputs.setdefault(out.request_id, []).append(out)
-
-    def tokens(self, rid: str) -> list[int]:
-        return [t for o in self.outputs[rid] for t in o.new_token_ids]
-
-    def final(self, rid: str) -> RequestOutput:
-        out = self.outputs[rid][-1]
-        assert out.finished and sum(o.finished for o in self.outputs[rid]) == 1
-        return out
 
 
 class StepKinds:
@@ -176,21 +140,6 @@ def test_interleaved_chats_and_drawings_equal_each_alone_in_float64(mot64, check
     latents = together.final(req.request_id).latents
     assert latents is not None
     assert (latents - reference_latents(checkpoint, context, req)).abs().max().item() < 1e-6
-
-
-def reference_latents(checkpoint: Path, context: list[int], req: EngineRequest) -> torch.Tensor:
-    """The request's drawing by the float64 reference: Euler steps from its seeded noise, each
-    velocity conditioned on `context` (recomputed from the tokens)."""
-    config = json.loads((checkpoint / "config.json").read_text())
-    reference = ReferenceMot(read_weights(checkpoint), config)
-    assert req.draw is not None
-    gen = torch.Generator().manual_seed(req.draw.seed)
-    x = torch.randn(3, req.draw.height, req.draw.width, generator=gen, dtype=torch.float64)
-    n = req.draw.num_steps
-    for i in range(n):
-        t, t_next = 1 - i / n, 1 - (i + 1) / n
-        x = x + (t_next - t) * reference.velocity(context, x, t)
-    return x
 
 
 def test_a_thought_that_stops_early_draws_from_what_it_wrote(mot64, checkpoint) -> None:
@@ -296,11 +245,11 @@ def test_only_an_aggregated_one_process_mot_engine_gets_a_lane(mot64, tiny64) ->
     eng = engine(mot64)
     try:
         cache, kv = eng._lane.executor.kv, eng._kv  # type: ignore[union-attr]
-        assert build_lane(mot64.model, cache, kv, eng._emit) is not None
+        assert build_lane(mot64.model, cache, kv, eng._emit, eng._runner) is not None
         for role in ("prefill", "decode"):
             pd = DisaggSettings(role)  # type: ignore[arg-type]
-            assert build_lane(mot64.model, cache, kv, eng._emit, disagg=pd) is None
-        assert build_lane(tiny64.model, cache, kv, eng._emit) is None
+            assert build_lane(mot64.model, cache, kv, eng._emit, eng._runner, disagg=pd) is None
+        assert build_lane(tiny64.model, cache, kv, eng._emit, eng._runner) is None
     finally:
         eng.shutdown()
 

@@ -5,7 +5,6 @@ cache never serves KV of the old weights after the swap. Float64, greedy, steps 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from tests.runtime.engine.push_helpers import stage
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
-from loom_runtime.engine.keep_swap import KeepBlockers, check_keep
+from loom_runtime.engine.keep_swap import check_keep
 from loom_runtime.engine.runner import TokenWork
 from loom_runtime.engine.spec.mtp_runner import Drafter
 from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
@@ -184,22 +183,7 @@ def test_a_keep_swap_refuses_a_bad_kv_option_and_the_serving_version(
     with pytest.raises(InvalidRequestError, match="already serving weights version 'v1'"):
         engine.load_pushed_keep(pushed(new_dir, tmp_path, "v1"), "keep")
     assert engine.weights_version == "v1"
-
-
-@pytest.mark.parametrize(
-    ("blockers", "named"),
-    [
-        (KeepBlockers(denoise_lane=True), "a denoise lane"),
-    ],
-)
-def test_a_keep_swap_names_what_the_engine_runs_that_it_is_not_built_for(
-    blockers: KeepBlockers, named: str
-) -> None:
-    with pytest.raises(
-        InvalidRequestError, match=rf"not built for an engine with {re.escape(named)};"
-    ):
-        check_keep("keep", "v2", "v1", blockers)
-    assert check_keep("recompute", "v2", "v1", KeepBlockers()) == "recompute"
+    assert check_keep("recompute", "v2", "v1") == "recompute"
 
 
 class TruthDrafter:

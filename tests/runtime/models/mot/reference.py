@@ -107,10 +107,17 @@ class ReferenceMot:
         hidden = self.linear(features, "image.time_embed.linear_1", bias=True)
         return self.linear(hidden * torch.sigmoid(hidden), "image.time_embed.linear_2", bias=True)
 
-    def velocity(self, tokens: list[int], latents: torch.Tensor, t: float) -> torch.Tensor:
+    def velocity(
+        self,
+        tokens: list[int],
+        latents: torch.Tensor,
+        t: float,
+        text_of: ReferenceMot | None = None,
+    ) -> torch.Tensor:
         """One denoise step's predicted velocity [C, H, W] for latents conditioned on `tokens`
-        (their text K/V recomputed here, from the tokens)."""
-        _, text_kv = self.text(tokens) if tokens else (None, None)
+        (their text K/V recomputed here, from the tokens, by `text_of`'s weights: by default
+        this model's, another's for text KV kept from other weights)."""
+        _, text_kv = (text_of or self).text(tokens) if tokens else (None, None)
         x = self.linear(self.patches(latents), "image.patch_embed", bias=True)
         x = x + self.time_embedding(t)
         n, context = x.shape[0], len(tokens)
