@@ -30,6 +30,8 @@ from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.models.causal_lm import CausalLM
+from loom_runtime.models.linear import invariant_linear, plain_linear
+from loom_runtime.models.llama import LlamaForCausalLM
 from loom_runtime.models.mot.model import MotForCausalLM
 
 
@@ -60,7 +62,8 @@ def build_forward(
     drafter: Drafter | None,
 ) -> Forward:
     """MTP speculation (in this process, or on ranks that draft), else a plain forward over the
-    model or the ranks."""
+    model or the ranks; the model's matmuls batch-invariant or not, as the config says."""
+    choose_linear(model, config.batch_invariant, ranks)
     k = config.mtp_draft_tokens
     ranked_drafts = isinstance(ranks, RankedRunner) and ranks.drafts
     if k > 0 and ranks is None:
@@ -74,6 +77,20 @@ def build_forward(
         return Forward(ranks, spec, spec, k)
     runner = ModelRunner(model, cache) if ranks is None else ranks
     return Forward(runner, TokenForward(runner), None, 0)
+
+
+def choose_linear(model: CausalLM, invariant: bool, ranks: EngineRanks | None) -> None:
+    """Set the model's matmul form (models/linear.py) for this engine — on every engine built,
+    as engines in one process may share a model. Batch-invariant is built for the llama and mot
+    families in this process; anything else asking for it is refused."""
+    built = "batch_invariant (--batch-invariant) is built for the llama and mot families in one"
+    if not isinstance(model, LlamaForCausalLM | MotForCausalLM):
+        if invariant:
+            raise ValueError(f"{built} process, not for the {model.config.model_type!r} family")
+        return
+    if invariant and ranks is not None:
+        raise ValueError(f"{built} process, not for ranks")
+    model.use_linear(invariant_linear if invariant else plain_linear)
 
 
 def build_remote(

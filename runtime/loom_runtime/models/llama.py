@@ -14,6 +14,7 @@ from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.models.attention import AttentionPlan, paged_attention, plan_attention
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.config import ModelConfig
+from loom_runtime.models.linear import Linear, plain_linear
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.rope import RopeTables, apply_rope, inverse_frequencies, rope_tables
 from loom_runtime.models.weights import copy_weights
@@ -52,6 +53,7 @@ class LlamaDecoderLayer:
         self.q_norm = zeros(config.head_dim, when=config.qk_norm)
         self.k_norm = zeros(config.head_dim, when=config.qk_norm)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `model.layers.N.`) -> the view it is copied into."""
@@ -106,7 +108,7 @@ class LlamaDecoderLayer:
         denoise path, models/mot/) runs the same block by calling both halves itself."""
         c = self.config
         h = rms_norm(x, self.input_norm, c.rms_norm_eps)
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        qkv = self.linear(h, self.qkv_weight, self.qkv_bias)
         q, k, v = torch.split(qkv, [c.q_size, c.kv_size, c.kv_size], dim=-1)
         q = q.view(-1, c.num_attention_heads, c.head_dim)
         k = k.view(-1, c.num_key_value_heads, c.head_dim)
@@ -121,7 +123,7 @@ class LlamaDecoderLayer:
         c = self.config
         x = x + self._row_parallel(attn.flatten(1), self.o_weight, self.o_bias)
         h = rms_norm(x, self.post_attention_norm, c.rms_norm_eps)
-        gate, up = F.linear(h, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        gate, up = self.linear(h, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
         return x + self._row_parallel(F.silu(gate) * up, self.down_weight, self.down_bias)
 
     def _row_parallel(
@@ -129,8 +131,8 @@ class LlamaDecoderLayer:
     ) -> torch.Tensor:
         """x @ weightᵀ + bias; on a TP rank the partial sums are reduced first."""
         if self.reduce is None:
-            return F.linear(x, weight, bias)
-        out = self.reduce(F.linear(x, weight))
+            return self.linear(x, weight, bias)
+        out = self.reduce(self.linear(x, weight, None))
         return out if bias is None else out + bias
 
 
@@ -165,6 +167,14 @@ class LlamaForCausalLM:
             config.max_position_embeddings,
         )
         self.attention_scale = config.head_dim**-0.5
+        self.linear: Linear = plain_linear
+
+    def use_linear(self, linear: Linear) -> None:
+        """Run every matmul against a weight (each layer's and the LM head's) with `linear`:
+        plain_linear, or invariant_linear for batch-invariant results (models/linear.py)."""
+        self.linear = linear
+        for layer in self.layers:
+            layer.linear = linear
 
     @property
     def dtype(self) -> torch.dtype:
@@ -187,7 +197,7 @@ class LlamaForCausalLM:
         x = rms_norm(
             x.index_select(0, batch.logits_indices), self.final_norm, self.config.rms_norm_eps
         )
-        logits = F.linear(x, self.lm_head)
+        logits = self.linear(x, self.lm_head, None)
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def targets(self) -> dict[str, torch.Tensor]:

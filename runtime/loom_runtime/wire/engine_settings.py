@@ -119,6 +119,13 @@ SETTINGS: tuple[EngineSetting, ...] = (
         vllm=VllmFlag("--enable-prefix-caching", form="switch"),
     ),
     EngineSetting(
+        "batch_invariant", bool, False,
+        "batch-invariant matmuls: a request's tokens, log-probs and latents the same bits "
+        "whoever shares its step (llama and mot families, no ranks; costs compute: "
+        "bench/batch_invariant.py)",
+        "--batch-invariant", omit_default=True,
+    ),
+    EngineSetting(
         "max_model_len", int, None, "prompt + output tokens (default: model's)", "--max-model-len",
         card=("engine.maxModelLen",), vllm=VllmFlag("--max-model-len"),
     ),

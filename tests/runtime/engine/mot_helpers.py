@@ -19,14 +19,17 @@ IMAGE = {"latent_channels": 3, "patch_size": 2, "frequency_dim": 32}
 BUDGET = 24  # tokens per step: a 4x8 latent (8 tokens) and a prefill chunk share one
 
 
-def engine(loaded: LoadedModel, prefix_caching: bool = True) -> Engine:
+def engine(
+    loaded: LoadedModel, prefix_caching: bool = True, batch_invariant: bool = False
+) -> Engine:
     config = EngineConfig(
-        dtype=torch.float64,
+        dtype=loaded.model.dtype,
         max_model_len=128,
         num_blocks=48,
         block_size=4,
         max_num_batched_tokens=BUDGET,
         prefix_caching=prefix_caching,
+        batch_invariant=batch_invariant,
     )
     return Engine(loaded, config)
 

@@ -30,6 +30,7 @@ from loom_runtime.engine.types import DrawSpec, EngineRequest
 from loom_runtime.errors import InvalidRequestError
 from loom_runtime.loop.contract import WorkPlan
 from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.mot.image_heads import ImageHeads
 from loom_runtime.models.mot.tiny import write_mot_checkpoint
 
 
@@ -94,12 +95,14 @@ class StepKinds:
                 return
 
 
-def run(loaded: LoadedModel, requests: Sequence[EngineRequest]) -> tuple[Finals, StepKinds]:
+def run(
+    loaded: LoadedModel, requests: Sequence[EngineRequest], batch_invariant: bool = False
+) -> tuple[Finals, StepKinds]:
     """Run `requests` in one engine without prefix caching: with it, a prompt whose prefix is
     cached runs its last token through the CPU decode kernel, which accumulates in float32 (a
     property of the text loop, not of the interleaving), so alone and together would differ in
     that token's KV beyond float64 rounding."""
-    eng = engine(loaded, prefix_caching=False)
+    eng = engine(loaded, prefix_caching=False, batch_invariant=batch_invariant)
     finals = Finals()
     try:
         for req in requests:
@@ -129,6 +132,7 @@ def test_interleaved_chats_and_drawings_equal_each_alone_in_float64(mot64, check
         # tokens are bit-identical; the text KV they leave is not: the varlen text forward of a
         # different batch differs in the last bits (DESIGN 1.4), ~1e-15 here, and the latents
         # attend to it, so they are held to float64 rounding, far below any real difference
+        # (with batch-invariant matmuls they are the same bits: the interleave gate below)
         assert (got.latents - want.latents).abs().max().item() < 1e-12
     # each drawing attended to the very blocks its AR loop wrote (moved, not copied)
     for rid, (blocks, table) in kinds.moved.items():
@@ -140,6 +144,52 @@ def test_interleaved_chats_and_drawings_equal_each_alone_in_float64(mot64, check
     latents = together.final(req.request_id).latents
     assert latents is not None
     assert (latents - reference_latents(checkpoint, context, req)).abs().max().item() < 1e-6
+
+
+def interleave_gate(loaded: LoadedModel, batch_invariant: bool = True) -> list[str]:
+    """The interleave gate: REQUESTS run together (some steps holding AR tokens and denoise
+    steps of different requests) and each alone; the requests whose tokens or latents differ
+    in any bit."""
+    together, kinds = run(loaded, REQUESTS, batch_invariant)
+    assert {"t", "d"} in kinds.steps
+    differ = []
+    for req in REQUESTS:
+        alone, _ = run(loaded, [req], batch_invariant)
+        rid = req.request_id
+        got, want = together.final(rid).latents, alone.final(rid).latents
+        same_latents = (got is None and want is None) or (
+            got is not None and want is not None and torch.equal(got, want)
+        )
+        if together.tokens(rid) != alone.tokens(rid) or not same_latents:
+            differ.append(rid)
+    return differ
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batch_invariant_interleaving_is_bit_identical_to_each_request_alone(
+    checkpoint: Path, dtype: torch.dtype
+) -> None:
+    """With batch-invariant matmuls (models/linear.py) the text KV a request leaves does not
+    depend on what shared its steps, so its latents are the same bits too, in float64 and in
+    float32 alike (with torch's own matmuls they are not: the first test of this file)."""
+    assert interleave_gate(load_model(checkpoint, dtype=dtype)) == []
+
+
+def test_the_interleave_gate_fails_a_model_that_keeps_module_level_state(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mutant whose image heads keep state beside the requests — the flow times of the first
+    call of each row count, reused by every later call of that count — gives drawings another
+    result interleaved than alone; the gate names them."""
+    first_times: dict[int, torch.Tensor] = {}
+    embed = ImageHeads.embed
+
+    def stateful_embed(self: ImageHeads, patches: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return embed(self, patches, first_times.setdefault(len(t), t))
+
+    monkeypatch.setattr(ImageHeads, "embed", stateful_embed)
+    differ = interleave_gate(load_model(checkpoint, dtype=torch.float64))
+    assert differ and set(differ) <= {r.request_id for r in REQUESTS if r.draw is not None}
 
 
 def test_a_thought_that_stops_early_draws_from_what_it_wrote(mot64, checkpoint) -> None:

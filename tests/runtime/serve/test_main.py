@@ -167,6 +167,11 @@ def test_no_prefix_caching_turns_the_engines_prefix_cache_off(tmp_path: Path) ->
         plan_worker(_args(_card(tmp_path), "--no-prefix-caching", "--kv-offload-gib", "1"), {})
 
 
+def test_batch_invariant_turns_the_engines_batch_invariant_matmuls_on(tmp_path: Path) -> None:
+    assert plan_worker(_args(_card(tmp_path)), {}).engine.batch_invariant is False
+    assert plan_worker(_args(_card(tmp_path), "--batch-invariant"), {}).engine.batch_invariant
+
+
 def test_hisparse_flags_become_the_engines_host_pool(tmp_path: Path) -> None:
     assert not plan_worker(_args(_card(tmp_path)), {}).engine.hisparse
     argv = ("--hisparse-host-pool-gib", "0.5", "--hisparse-hot-slots", "33")

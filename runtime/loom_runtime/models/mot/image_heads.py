@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from loom_runtime.models.linear import Linear, plain_linear
 from loom_runtime.models.mot.config import MotConfig
 from loom_runtime.models.norm import rms_norm
 
@@ -56,6 +57,7 @@ class ImageHeads:
         self.time_weight_2, self.time_bias_2 = zeros(h, h), zeros(h)
         self.out_norm = zeros(h)
         self.out_weight, self.out_bias = zeros(p, h), zeros(p)
+        self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Checkpoint tensor name (below `image.`) -> the tensor it fills."""
@@ -74,12 +76,12 @@ class ImageHeads:
     def embed(self, patches: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Latent tokens [n, hidden]: each patch's embedding plus its request's time embedding
         (`t`: [n], the flow time of each token's request)."""
-        x = F.linear(patches, self.patch_weight, self.patch_bias)
+        x = self.linear(patches, self.patch_weight, self.patch_bias)
         features = timestep_features(t, self.config.frequency_dim)
-        time = F.linear(features, self.time_weight_1, self.time_bias_1)
-        return x + F.linear(F.silu(time), self.time_weight_2, self.time_bias_2)
+        time = self.linear(features, self.time_weight_1, self.time_bias_1)
+        return x + self.linear(F.silu(time), self.time_weight_2, self.time_bias_2)
 
     def velocity(self, x: torch.Tensor) -> torch.Tensor:
         """The stack's output tokens [n, hidden] -> predicted velocity patches [n, C·p²]."""
         h = rms_norm(x, self.out_norm, self.config.text.rms_norm_eps)
-        return F.linear(h, self.out_weight, self.out_bias)
+        return self.linear(h, self.out_weight, self.out_bias)

@@ -13,6 +13,7 @@ import torch
 
 from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.models.batch import ForwardBatch
+from loom_runtime.models.linear import Linear
 from loom_runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from loom_runtime.models.mot.config import MotConfig
 from loom_runtime.models.mot.denoise_batch import DenoiseBatch
@@ -38,6 +39,12 @@ class MotForCausalLM:
         self.config = config
         self.text = LlamaForCausalLM(config.text, dtype=dtype, device=device)
         self.image = ImageHeads(config, dtype, device)
+
+    def use_linear(self, linear: Linear) -> None:
+        """Both loops' matmuls against a weight with `linear` (the shared stack's, the LM
+        head's and the image heads'; models/linear.py)."""
+        self.text.use_linear(linear)
+        self.image.linear = linear
 
     @property
     def layers(self) -> list[LlamaDecoderLayer]:

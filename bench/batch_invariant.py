@@ -1,0 +1,119 @@
+"""Batch-invariant matmuls in the engine's batched step: one and N concurrent sampled requests
+with torch's own matmuls (the baseline) and with `batch_invariant` (models/linear.py), side by
+side.
+
+The tiny llama checkpoint (random weights, hidden 384, 6 layers), fp32, one intra-op thread,
+serves 1 and 16 concurrent sampled requests (24-token prompts, temperature 0.8, seeds 0..N-1,
+a 64-token budget, log-probs on) through `Engine`, off then on, each round. Reports the
+median decode step with all decoding (ms, thread CPU time), output tokens/s of the whole run,
+and whether each request's tokens and log-probs batched are the same bits as the request run alone
+(`alone = batched`: what the mode is for; the baseline's answer is reported, not required).
+Medians of `--rounds` after a warm-up round. Usage:
+
+    OMP_NUM_THREADS=1 PYTHONPATH=runtime:operator:router:.:trainer .venv/bin/python \\
+        bench/batch_invariant.py [--rounds 5] [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from side_by_side import bench_args, median_rows, report
+
+from loom_runtime.engine.collector import OutputCollector
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.types import EngineRequest, SamplingParams
+from loom_runtime.models.loader import LoadedModel, load_model
+from loom_runtime.models.tiny import init_tiny
+
+Record = list[tuple[int, float]]  # (token, log-prob) per output token
+
+
+@dataclass(frozen=True)
+class Row:
+    side: str  # off (baseline) | on
+    concurrency: int
+    step_ms: float  # median decode step with every request decoding
+    tokens_per_s: float  # output tokens / wall time of the whole run
+    alone_equal: bool  # every request's tokens and log-probs batched == alone, bit for bit
+    identical: bool  # what the side must show: on, alone_equal; the baseline, nothing
+
+
+def _requests(tag: str, n: int, max_tokens: int) -> list[EngineRequest]:
+    gen = torch.Generator().manual_seed(0)
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.8, logprobs=0, ignore_eos=True)
+    prompts = [tuple(int(t) for t in torch.randint(10, 4000, (24,), generator=gen))
+               for _ in range(n)]  # fmt: skip
+    return [EngineRequest(f"{tag}-{i}", p, replace(sampling, seed=i))
+            for i, p in enumerate(prompts)]  # fmt: skip
+
+
+def _run(engine: Engine, reqs: list[EngineRequest]) -> tuple[list[Record], float, float]:
+    """Serve `reqs` together: their records, the median step with all decoding, tokens/s."""
+    got = [OutputCollector(r) for r in reqs]
+    for r, c in zip(reqs, got, strict=True):
+        engine.add_request(r, c)
+    steps: list[float] = []
+    start = time.perf_counter()
+    while not all(c.done.is_set() for c in got):
+        before = time.thread_time()  # the step runs on this thread: its CPU time
+        engine.step()
+        took = time.thread_time() - before
+        stats = engine.stats()
+        if stats.num_running == len(reqs) and stats.prefill_backlog_tokens == 0:
+            steps.append(took)
+    wall = time.perf_counter() - start
+    done = [c.result() for c in got]
+    records = [[(lp.token_id, lp.logprob) for lp in d.logprobs] for d in done]
+    tokens = sum(len(d.output_token_ids) for d in done)
+    step_ms = 1000 * statistics.median(steps[1:] or steps or [0.0])
+    return records, step_ms, tokens / wall
+
+
+def _side(loaded: LoadedModel, invariant: bool, n: int, max_tokens: int, k: int) -> Row:
+    config = EngineConfig(dtype=torch.float32, max_model_len=128, num_blocks=n * 8 + 16,
+                          max_num_seqs=max(16, n), batch_invariant=invariant)  # fmt: skip
+    engine = Engine(loaded, config)
+    try:
+        reqs = _requests(f"{'on' if invariant else 'off'}{k}", n, max_tokens)
+        batched, step_ms, tps = _run(engine, reqs)
+        alone = [_run(engine, [r])[0][0] for r in reqs]
+    finally:
+        engine.shutdown()
+    equal = alone == batched
+    side = "on" if invariant else "off (baseline)"
+    return Row(side, n, step_ms, tps, equal, equal if invariant else True)
+
+
+def main() -> int:
+    args = bench_args(__doc__ or "")
+    n, max_tokens, rounds = (4, 12, 1) if args.quick else (16, 64, args.rounds)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = load_model(init_tiny(Path(tmp) / "tiny"), dtype=torch.float32)
+        _side(loaded, False, n, max_tokens, -1)  # warm-up
+        rows = median_rows(
+            [
+                [_side(loaded, on, c, max_tokens, k) for c in (1, n) for on in (False, True)]
+                for k in range(rounds)
+            ],
+            ("step_ms", "tokens_per_s"),
+        )
+    print(f"{max_tokens} tokens each, median of {rounds} rounds\n")
+    columns = [("matmuls", "---"), ("concurrent", "--:"), ("step ms", "--:"), ("tok/s", "--:"),
+               ("alone = batched", "---")]  # fmt: skip
+    return report(columns, rows, lambda r: [
+        r.side, str(r.concurrency), f"{r.step_ms:.2f}", f"{r.tokens_per_s:.0f}",
+        "yes" if r.alone_equal else "no",
+    ], args.json)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""An engine in batch-invariant mode (`batch_invariant`, `--batch-invariant`): a request's
+tokens and the log-probs of its sampled tokens are the same bits run alone and batched with
+others (in float32, where torch's own matmuls differ in the last bits with the batch) — what
+an RL trainer's exact importance ratio needs of a loaded server. Refused where not built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
+
+from loom_runtime.engine.build import choose_linear
+from loom_runtime.engine.config import EngineConfig
+from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.ranks.channel import EngineRanks
+from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
+from loom_runtime.models.linear import invariant_linear, plain_linear
+from loom_runtime.models.llama import LlamaForCausalLM
+from loom_runtime.models.loader import LoadedModel, load_model
+
+
+def requests() -> list[EngineRequest]:
+    prompts = [[5, 81, 300, 17, 2048, 9, 44, 12], [12, 900, 33], [600, 601, 602, 603, 7], [40]]
+    return [
+        EngineRequest(
+            f"r{i}",
+            tuple(p),
+            SamplingParams(max_tokens=12, temperature=0.8, seed=i, logprobs=0, ignore_eos=True),
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+def run(
+    loaded: LoadedModel, batch: Sequence[EngineRequest], invariant: bool
+) -> dict[str, list[tuple[int, float]]]:
+    """Each request's (token, log-prob) pairs, the batch run together in one engine."""
+    config = EngineConfig(
+        dtype=torch.float32, max_model_len=64, num_blocks=32, batch_invariant=invariant
+    )
+    engine = Engine(loaded, config)
+    outs: dict[str, list[RequestOutput]] = {}
+    try:
+        for req in batch:
+            engine.add_request(req, lambda o: outs.setdefault(o.request_id, []).append(o))
+        while engine.step():
+            pass
+    finally:
+        engine.shutdown()
+    return {
+        rid: [(lp.token_id, lp.logprob) for o in got for lp in o.logprobs]
+        for rid, got in outs.items()
+    }
+
+
+def test_tokens_and_logprobs_are_the_same_bits_alone_and_batched(tiny_dir: Path) -> None:
+    loaded = load_model(tiny_dir, dtype=torch.float32)  # its own: this test sets its matmuls
+    together = run(loaded, requests(), invariant=True)
+    for req in requests():
+        alone = run(loaded, [req], invariant=True)[req.request_id]
+        assert len(alone) == 12 and together[req.request_id] == alone, req.request_id
+
+
+def test_an_engine_sets_its_models_matmuls_either_way(tiny_dir: Path) -> None:
+    loaded = load_model(tiny_dir, dtype=torch.float32)
+    model = loaded.model
+    assert isinstance(model, LlamaForCausalLM)
+    run(loaded, requests()[:1], invariant=True)
+    assert model.linear is invariant_linear
+    assert all(layer.linear is invariant_linear for layer in model.layers)
+    run(loaded, requests()[:1], invariant=False)  # engines sharing a model set it each time
+    assert model.linear is plain_linear
+    assert all(layer.linear is plain_linear for layer in model.layers)
+
+
+def test_batch_invariant_is_refused_where_it_is_not_built(
+    sparse64: LoadedModel, tiny64: LoadedModel
+) -> None:
+    config = EngineConfig(dtype=torch.float64, max_model_len=64, num_blocks=16)
+    with pytest.raises(ValueError, match="not for the 'glm_moe_dsa' family"):
+        Engine(sparse64, replace(config, batch_invariant=True))
+    ranks = cast(EngineRanks, object())
+    with pytest.raises(ValueError, match="in one process, not for ranks"):
+        choose_linear(tiny64.model, True, ranks)
+    choose_linear(sparse64.model, False, None)  # off: nothing to set, nothing refused
