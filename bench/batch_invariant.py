@@ -19,14 +19,12 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from side_by_side import bench_args, median_rows, report
+from side_by_side import bench_args, median_rows, report, serve_timed
 
-from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.types import EngineRequest, SamplingParams
@@ -57,24 +55,10 @@ def _requests(tag: str, n: int, max_tokens: int) -> list[EngineRequest]:
 
 def _run(engine: Engine, reqs: list[EngineRequest]) -> tuple[list[Record], float, float]:
     """Serve `reqs` together: their records, the median step with all decoding, tokens/s."""
-    got = [OutputCollector(r) for r in reqs]
-    for r, c in zip(reqs, got, strict=True):
-        engine.add_request(r, c)
-    steps: list[float] = []
-    start = time.perf_counter()
-    while not all(c.done.is_set() for c in got):
-        before = time.thread_time()  # the step runs on this thread: its CPU time
-        engine.step()
-        took = time.thread_time() - before
-        stats = engine.stats()
-        if stats.num_running == len(reqs) and stats.prefill_backlog_tokens == 0:
-            steps.append(took)
-    wall = time.perf_counter() - start
-    done = [c.result() for c in got]
-    records = [[(lp.token_id, lp.logprob) for lp in d.logprobs] for d in done]
-    tokens = sum(len(d.output_token_ids) for d in done)
-    step_ms = 1000 * statistics.median(steps[1:] or steps or [0.0])
-    return records, step_ms, tokens / wall
+    served = serve_timed(engine, reqs)
+    records = [[(lp.token_id, lp.logprob) for lp in d.logprobs] for d in served.done]
+    step_ms = 1000 * statistics.median(served.steps[1:] or served.steps or [0.0])
+    return records, step_ms, served.tokens / served.wall
 
 
 def _side(loaded: LoadedModel, invariant: bool, n: int, max_tokens: int, k: int) -> Row:

@@ -23,9 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from side_by_side import bench_args, median_rows, report
+from side_by_side import bench_args, median_rows, report, serve_timed
 
-from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.sampler import make_generator, sample
@@ -54,25 +53,12 @@ def _requests(tag: str, n: int, sampling: SamplingParams) -> list[EngineRequest]
 
 def _run(engine: Engine, reqs: list[EngineRequest]) -> tuple[list[tuple[int, ...]], float, float]:
     """Serve `reqs` together: their tokens, the median step with all decoding, tokens/s."""
-    got = [OutputCollector(r) for r in reqs]
-    for r, c in zip(reqs, got, strict=True):
-        engine.add_request(r, c)
-    steps: list[float] = []
-    start = time.perf_counter()
-    while not all(c.done.is_set() for c in got):
-        before = time.thread_time()  # the step runs on this thread: its CPU time
-        engine.step()
-        took = time.thread_time() - before
-        stats = engine.stats()
-        if stats.num_running == len(reqs) and stats.prefill_backlog_tokens == 0:
-            steps.append(took)
-    wall = time.perf_counter() - start
-    done = [c.result() for c in got]
+    served = serve_timed(engine, reqs)
     if any(r.sampling.behaviour and len(d.behaviour_logprobs) != len(d.output_token_ids)
-           for r, d in zip(reqs, done, strict=True)):  # fmt: skip
+           for r, d in zip(reqs, served.done, strict=True)):  # fmt: skip
         raise AssertionError("a record without one log-prob per output token")
-    tokens = sum(len(d.output_token_ids) for d in done)
-    return [d.output_token_ids for d in done], 1000 * statistics.median(steps[1:]), tokens / wall
+    step_ms = 1000 * statistics.median(served.steps[1:])
+    return [d.output_token_ids for d in served.done], step_ms, served.tokens / served.wall
 
 
 def _sample_ms(sides: tuple[SamplingParams, ...], n: int, vocab: int) -> list[float]:

@@ -1,19 +1,21 @@
 """What the side-by-side bench scripts share: their command line (--quick, --rounds, --json),
 their report (a Markdown table on stdout, the rows as JSON, exit 1 unless every run's tokens
 were identical to the baseline's), the medians of their rounds, and serving requests together on
-an engine's own thread."""
+an engine's own thread (timing each step in which all of them decode, or not)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from loom_runtime.engine.ar_state import CompletedRequest
     from loom_runtime.engine.engine import Engine
     from loom_runtime.engine.types import EngineRequest
 
@@ -66,3 +68,40 @@ def serve_together(engine: Engine, reqs: Sequence[EngineRequest]) -> dict[str, t
     while not all(c.done.is_set() for c in got.values()):
         engine.step()
     return {k: c.result().output_token_ids for k, c in got.items()}
+
+
+@dataclass(frozen=True)
+class Served:
+    """Requests served together: each one's result, the seconds of every step in which all of
+    them were decoding (by the clock asked for), and the whole run's wall seconds."""
+
+    done: list[CompletedRequest]
+    steps: list[float]
+    wall: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(d.output_token_ids) for d in self.done)
+
+
+def serve_timed(
+    engine: Engine, reqs: Sequence[EngineRequest], clock: Callable[[], float] = time.thread_time
+) -> Served:
+    """Add every request at once and step the engine on this thread until all are done, timing
+    each step with `clock` (thread CPU time by default: the step runs on this thread)."""
+    from loom_runtime.engine.collector import OutputCollector
+
+    got = [OutputCollector(r) for r in reqs]
+    for r, c in zip(reqs, got, strict=True):
+        engine.add_request(r, c)
+    steps: list[float] = []
+    start = time.perf_counter()
+    while not all(c.done.is_set() for c in got):
+        before = clock()
+        engine.step()
+        took = clock() - before
+        stats = engine.stats()
+        if stats.num_running == len(reqs) and stats.prefill_backlog_tokens == 0:
+            steps.append(took)
+    wall = time.perf_counter() - start
+    return Served([c.result() for c in got], steps, wall)

@@ -31,9 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from side_by_side import bench_args, median_rows, report
+from side_by_side import bench_args, median_rows, report, serve_timed
 
-from loom_runtime.engine.collector import OutputCollector
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.grammar.mask import apply_grammar_masks
@@ -97,21 +96,8 @@ def _requests(tag: str, n: int, sampling: SamplingParams) -> list[EngineRequest]
 def _run(engine: Engine, reqs: list[EngineRequest]) -> tuple[list[str], list[float], float, int]:
     """Serve `reqs` together: their texts, the wall time of each step in which all of them were
     decoding, the whole run's seconds and its output tokens."""
-    got = [OutputCollector(r) for r in reqs]
-    for r, c in zip(reqs, got, strict=True):
-        engine.add_request(r, c)
-    steps: list[float] = []
-    start = time.perf_counter()
-    while not all(c.done.is_set() for c in got):
-        before = time.perf_counter()
-        engine.step()
-        took = time.perf_counter() - before
-        stats = engine.stats()
-        if stats.num_running == len(reqs) and stats.prefill_backlog_tokens == 0:
-            steps.append(took)
-    wall = time.perf_counter() - start
-    done = [c.result() for c in got]
-    return [d.text for d in done], steps[1:], wall, sum(len(d.output_token_ids) for d in done)
+    served = serve_timed(engine, reqs, clock=time.perf_counter)
+    return [d.text for d in served.done], served.steps[1:], served.wall, served.tokens
 
 
 def _mask_ms(engine: Engine, n: int, vocab: int, repeats: int) -> float:
