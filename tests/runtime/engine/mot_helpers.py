@@ -12,6 +12,7 @@ from tests.runtime.models.mot.reference import ReferenceMot
 
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
+from loom_runtime.engine.shared_step_thread import SharedStepThread
 from loom_runtime.engine.types import DrawSpec, EngineRequest, RequestOutput, SamplingParams
 from loom_runtime.models.loader import LoadedModel, read_weights
 
@@ -20,7 +21,10 @@ BUDGET = 24  # tokens per step: a 4x8 latent (8 tokens) and a prefill chunk shar
 
 
 def engine(
-    loaded: LoadedModel, prefix_caching: bool = True, batch_invariant: bool = False
+    loaded: LoadedModel,
+    prefix_caching: bool = True,
+    batch_invariant: bool = False,
+    shared_thread: SharedStepThread | None = None,
 ) -> Engine:
     config = EngineConfig(
         dtype=loaded.model.dtype,
@@ -31,7 +35,7 @@ def engine(
         prefix_caching=prefix_caching,
         batch_invariant=batch_invariant,
     )
-    return Engine(loaded, config)
+    return Engine(loaded, config, shared_thread=shared_thread)
 
 
 def chat(rid: str, prompt: Sequence[int], tokens: int) -> EngineRequest:
