@@ -13,7 +13,8 @@ from loom_runtime.card.model_card import ModelCard
 
 def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:
     """What in `deploy` the model cannot do: HiSparse (and where the native runtime runs it),
-    MTP, the vllm backend's loop kinds, P/D roles for a card with programs."""
+    batch-invariant matmuls on the native runtime, MTP, the vllm backend's loop kinds, P/D roles
+    for a card with programs."""
     problems: list[Problem] = []
     spec = model.spec
     arch = spec.architecture
@@ -34,6 +35,8 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
                 f"tp {par.tp}"
             )
             problems.append(((*at, "hiSparse"), "hisparse_on_split_ranks", msg))
+        if native and role.engine.batch_invariant:
+            problems += _batch_invariant_problems(at, family, par.ranks)
         if role.mtp is not None and arch is not None and arch.mtp is None and not has_draft:
             msg = f"mtp needs MTP layers (architecture.mtp) or a draft component in {model.name!r}"
             problems.append(((*at, "mtp"), "mtp_without_layers", msg))
@@ -51,6 +54,28 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
             msg = f"the vllm backend runs ar_decode loops only; {model.name!r} has {kinds[0]}"
             problems.append((("spec", "backend"), "backend_loop_kind", msg))
     return problems + _workflow_problems(deploy, model)
+
+
+def _batch_invariant_problems(
+    at: tuple[str, ...], family: families.Family, ranks: int
+) -> list[Problem]:
+    """The native runtime's batch-invariant matmuls: the families that declare them, in one
+    process (vLLM has its own mode, VLLM_BATCH_INVARIANT, for every model and layout)."""
+    field = (*at, "engine", "batchInvariant")
+    if not family.batch_invariant:
+        built = ", ".join(f.name for f in families.families() if f.batch_invariant)
+        msg = (
+            f"the native runtime runs batch-invariant matmuls for the {built} families, not "
+            f"{family.name}: drop engine.batchInvariant"
+        )
+        return [(field, "batch_invariant_family", msg)]
+    if ranks > 1:
+        msg = (
+            f"the native runtime runs batch-invariant matmuls in one process, not on {ranks} "
+            "ranks: drop engine.batchInvariant or the role's parallelism"
+        )
+        return [(field, "batch_invariant_on_ranks", msg)]
+    return []
 
 
 def served_routes(model: ModelCard) -> frozenset[str]:

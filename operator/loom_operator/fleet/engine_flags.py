@@ -104,6 +104,20 @@ def vllm_engine_flags(role: Role, component: Component) -> dict[str, list[str]]:
     return flags
 
 
+def vllm_engine_env(role: Role, component: Component) -> list[tuple[str, str]]:
+    """The role's engine settings that vLLM reads from its environment, (name, value) in the
+    table's order: each with a `vllm_env` and a card value written as the native flag would be
+    (a bool as 1 or 0)."""
+    env: list[tuple[str, str]] = []
+    for setting in engine_settings.SETTINGS:
+        value = card_value(setting, role, component)
+        if setting.vllm_env is None or not _written(value, setting):
+            continue
+        env.append((setting.vllm_env, str(int(value)) if isinstance(value, bool) else
+                    flag_value(value)))  # fmt: skip
+    return env
+
+
 def vllm_flag(flag: VllmFlag, value: Value) -> list[str]:
     """One `vllm serve` flag holding `value`."""
     if flag.form == "switch":

@@ -67,6 +67,9 @@ class Family:
     """How its chat templates write tool calls (a card's chat.toolCallParser overrides it)."""
     reasoning_parser: ReasoningParserName | None = None
     """How its chat templates write thinking; None: no reasoning is parsed out."""
+    batch_invariant: bool = False
+    """The native runtime has its batch-invariant matmuls (a role's `engine.batchInvariant`,
+    models/linear.py) in one process: its model takes `use_linear`."""
 
 
 BUILTIN = (
@@ -80,6 +83,7 @@ BUILTIN = (
         ranks="tp",
         tiny="tiny",
         tool_call_parser="llama3_json",
+        batch_invariant=True,
     ),
     Family(
         name="sparse-mla",
@@ -110,6 +114,7 @@ BUILTIN = (
         runtime="loom_runtime.models.mot.family:RUNTIME",
         attention="gqa",
         tiny="tiny-mot",
+        batch_invariant=True,
     ),
 )
 

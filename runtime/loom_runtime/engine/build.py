@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from loom_runtime.card import families
 from loom_runtime.engine.ar_decode import ARDecodeLoop
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.denoise_lane import DenoiseLane, Emit
@@ -30,8 +31,7 @@ from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.models.causal_lm import CausalLM
-from loom_runtime.models.linear import invariant_linear, plain_linear
-from loom_runtime.models.llama import LlamaForCausalLM
+from loom_runtime.models.linear import LinearForm, invariant_linear, plain_linear
 from loom_runtime.models.mot.model import MotForCausalLM
 
 
@@ -81,16 +81,18 @@ def build_forward(
 
 def choose_linear(model: CausalLM, invariant: bool, ranks: EngineRanks | None) -> None:
     """Set the model's matmul form (models/linear.py) for this engine — on every engine built,
-    as engines in one process may share a model. Batch-invariant is built for the llama and mot
-    families in this process; anything else asking for it is refused."""
-    built = "batch_invariant (--batch-invariant) is built for the llama and mot families in one"
-    if not isinstance(model, LlamaForCausalLM | MotForCausalLM):
-        if invariant:
-            raise ValueError(f"{built} process, not for the {model.config.model_type!r} family")
-        return
-    if invariant and ranks is not None:
-        raise ValueError(f"{built} process, not for ranks")
-    model.use_linear(invariant_linear if invariant else plain_linear)
+    as engines in one process may share a model. Batch-invariant runs where the model's family
+    declares it (card/families.py `batch_invariant`), in one process; elsewhere it is refused."""
+    family = families.family_of_model_type(model.config.model_type)
+    if invariant and (not family.batch_invariant or ranks is not None):
+        built = ", ".join(f.name for f in families.families() if f.batch_invariant)
+        where = f"the {family.name!r} family" if ranks is None else "ranks"
+        raise ValueError(
+            f"batch_invariant (--batch-invariant) is built for the {built} families in one "
+            f"process, not for {where}"
+        )
+    if isinstance(model, LinearForm):
+        model.use_linear(invariant_linear if invariant else plain_linear)
 
 
 def build_remote(

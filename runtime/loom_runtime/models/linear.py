@@ -14,6 +14,7 @@ Owns the two forms; never decides which one a model uses (the engine does).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,16 @@ INVARIANT_ROWS = 8
 
 plain_linear: Linear = F.linear
 """torch's own."""
+
+
+@runtime_checkable
+class LinearForm(Protocol):
+    """A model whose matmuls against a weight take either form (a family that declares
+    `batch_invariant` in card/families.py)."""
+
+    def use_linear(self, linear: Linear) -> None:
+        """Run every matmul against a weight with `linear` from now on."""
+        ...
 
 
 def invariant_linear(

@@ -57,6 +57,9 @@ class EngineSetting:
     vllm: VllmFlag | None = None
     """Where the table writes it for `vllm serve` (None: vLLM has no plain flag for it; the
     vLLM renderer writes what it has, e.g. a JSON config, by hand)."""
+    vllm_env: str | None = None
+    """The environment variable `vllm serve` reads it from where vLLM has no flag for it (a
+    bool as 1 or 0), written on the vLLM container wherever the native flag would be."""
     group: str | None = None
     """The runtime's argument group it is listed under in --help (None: the main options)."""
 
@@ -121,9 +124,10 @@ SETTINGS: tuple[EngineSetting, ...] = (
     EngineSetting(
         "batch_invariant", bool, False,
         "batch-invariant matmuls: a request's tokens, log-probs and latents the same bits "
-        "whoever shares its step (llama and mot families, no ranks; costs compute: "
-        "bench/batch_invariant.py)",
-        "--batch-invariant", omit_default=True,
+        "whoever shares its step (a role's engine.batchInvariant; llama and mot families, no "
+        "ranks; costs compute: bench/batch_invariant.py)",
+        "--batch-invariant", card=("engine.batchInvariant",), omit_default=True,
+        vllm_env="VLLM_BATCH_INVARIANT",
     ),
     EngineSetting(
         "max_model_len", int, None, "prompt + output tokens (default: model's)", "--max-model-len",

@@ -108,3 +108,23 @@ def test_a_card_with_a_program_is_served_aggregated_only(
     assert "serve it with an aggregated role" in problems[0][2]
     deploy_data["spec"]["roles"] = {"aggregated": {"replicas": 1}}
     assert _check(model_data, deploy_data) == []
+
+
+def test_native_batch_invariant_matmuls_run_for_their_families_in_one_process(
+    model_data: dict[str, Any], deploy_data: dict[str, Any]
+) -> None:
+    decode = deploy_data["spec"]["roles"]["decode"]
+    decode["engine"] = {"batchInvariant": True}
+    assert _check(model_data, deploy_data) == []  # llama, one rank
+    decode["parallelism"] = {"tp": 2}
+    at = "spec.roles.decode.engine.batchInvariant"
+    assert _check(model_data, deploy_data) == [(at, "batch_invariant_on_ranks")]
+    model_data["spec"]["family"] = "sparse-mla"
+    decode["parallelism"] = {}
+    model = parse_card(ModelCard, model_data)
+    (problem,) = compatibility_problems(parse_card(DeploymentCard, deploy_data), model)
+    assert problem[1] == "batch_invariant_family"
+    assert "for the llama, mot families, not sparse-mla" in problem[2]
+    deploy_data["spec"]["backend"] = "vllm"  # vLLM's own mode (VLLM_BATCH_INVARIANT)
+    decode["parallelism"] = {"dp": 2, "ep": 2}
+    assert _check(model_data, deploy_data) == []

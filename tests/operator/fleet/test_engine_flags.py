@@ -18,6 +18,7 @@ from loom_operator.fleet.engine_flags import (
     card_field,
     card_value,
     vllm_default,
+    vllm_engine_env,
     vllm_engine_flags,
 )
 from loom_runtime.card.load import parse_card
@@ -42,7 +43,7 @@ ROLES = [
     {"engine": {"prefixCaching": False, "dtype": "bf16"},
      "parallelism": {"pcp": 2, "dcp": 2, "cpKvInterleave": 2}},
     {"parallelism": {"tp": 2}, "kvOffload": {"hostGiB": 1.5}},
-    {"engine": {"kvCacheGiB": 0.25, "maxNumBatchedTokens": 256}},
+    {"engine": {"kvCacheGiB": 0.25, "maxNumBatchedTokens": 256, "batchInvariant": True}},
     {},
 ]  # fmt: skip
 
@@ -124,3 +125,14 @@ def test_vllm_reads_the_same_card_fields_under_its_own_flags() -> None:
     assert vllm_default("dcp_backend") == ["--dcp-comm-backend", "ag_rs"]  # beside DCP
     with pytest.raises(KeyError, match="no vLLM flag"):
         vllm_default("collective_timeout_s")
+    assert "batch_invariant" not in vllm_engine_flags(
+        parse_card(Role, {"engine": {"batchInvariant": True}}), component
+    )  # vLLM reads it from its environment
+
+
+def test_vllm_reads_batch_invariant_mode_from_its_environment() -> None:
+    model, _ = tiny()
+    component = served_component(model)
+    assert vllm_engine_env(parse_card(Role, {}), component) == []
+    invariant = parse_card(Role, {"engine": {"batchInvariant": True}})
+    assert vllm_engine_env(invariant, component) == [("VLLM_BATCH_INVARIANT", "1")]

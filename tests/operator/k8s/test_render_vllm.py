@@ -10,7 +10,7 @@ from typing import Any
 from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.documents import load_documents, parse_documents
 from loom_operator.k8s.render import render
-from loom_operator.k8s.render.vllm import model_argument, unsupported, vllm_args
+from loom_operator.k8s.render.vllm import model_argument, unsupported, vllm_args, vllm_env
 from loom_operator.k8s.settings import RenderSettings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -98,6 +98,29 @@ def pod_spec(role: str) -> dict[str, Any]:
     ]
     spec: dict[str, Any] = sts["spec"]["template"]["spec"]
     return spec
+
+
+def batch_invariant(role: str) -> DeploymentCard:
+    """The reference deployment with `role`'s engine in batch-invariant mode."""
+    doc = DEPLOYMENT.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc["spec"]["roles"][role]["engine"]["batchInvariant"] = True
+    (card,) = parse_documents([(0, doc)], "test").deployment_cards
+    return card
+
+
+def test_a_batch_invariant_role_runs_vllm_with_its_batch_invariant_variable() -> None:
+    deployment = batch_invariant("decode")
+    assert vllm_env(MODEL, deployment, "decode")[2:] == [
+        {"name": "VLLM_BATCH_INVARIANT", "value": "1"}
+    ]
+    assert vllm_env(MODEL, deployment, "prefill")[2:] == []  # the other role as it was
+    assert vllm_env(MODEL, DEPLOYMENT, "decode")[2:] == []
+    assert vllm_args(MODEL, deployment, "decode") == DECODE  # a variable, no flag
+    manifests = render(MODEL, deployment, "uid", RenderSettings())
+    (sts,) = [m for m in manifests if m["kind"] == "StatefulSet" and m["metadata"]["name"] ==
+              "glm-5-decode"]  # fmt: skip
+    server = sts["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "VLLM_BATCH_INVARIANT", "value": "1"} in server["env"]
 
 
 def test_vllm_pods_run_the_engine_and_loom_s_control_sidecar() -> None:

@@ -1,13 +1,15 @@
 """`loom up examples/tiny-mot.yaml` end to end (router + one MoT worker as real processes),
 driven by the openai client through the router: chat runs the text loop alone, an image runs the
 think-then-draw program and comes back as a PNG with the thought as `revised_prompt`, equal to
-the greedy chat of the same prompt and length."""
+the greedy chat of the same prompt and length; the card's engine is batch-invariant, so chats
+and images sent together are the same bits as each sent alone."""
 
 from __future__ import annotations
 
 import base64
 import io
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -69,3 +71,37 @@ def test_a_field_the_program_does_not_honour_is_refused_through_the_router(
             model="tiny-mot", prompt=PROMPT, size="32x32",
             extra_body={"negative_prompt": "fog"},  # type: ignore[arg-type]
         )  # fmt: skip
+
+
+def answers(client: openai.OpenAI, together: bool) -> list[object]:
+    """Four sampled chats with their tokens' log-probs and two images, sent at once or one at a
+    time: what each gives back, in order."""
+
+    def chat(i: int) -> object:
+        out = client.chat.completions.create(
+            model="tiny-mot", messages=[{"role": "user", "content": f"{PROMPT} Take {i}."}],
+            max_tokens=24, temperature=0.9, seed=i, logprobs=True,
+        )  # fmt: skip
+        assert out.choices[0].logprobs is not None and out.choices[0].logprobs.content
+        return [(t.token, t.logprob) for t in out.choices[0].logprobs.content]
+
+    def image(seed: int) -> object:
+        out = client.images.generate(
+            model="tiny-mot", prompt=f"{PROMPT} Seed {seed}.", size="32x32",
+            extra_body={"seed": seed},  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert out.data is not None
+        return (out.data[0].revised_prompt, out.data[0].b64_json)
+
+    jobs = [lambda i=i: chat(i) for i in range(4)] + [lambda s=s: image(s) for s in (5, 6)]
+    if not together:
+        return [job() for job in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(lambda job: job(), jobs))
+
+
+def test_chats_and_images_sent_together_are_the_same_bits_as_each_alone(
+    client: openai.OpenAI, fleet: FleetProcess
+) -> None:
+    together = answers(client, together=True)
+    assert answers(client, together=False) == together  # log-probs compared as floats

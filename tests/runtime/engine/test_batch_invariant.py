@@ -81,9 +81,9 @@ def test_batch_invariant_is_refused_where_it_is_not_built(
     sparse64: LoadedModel, tiny64: LoadedModel
 ) -> None:
     config = EngineConfig(dtype=torch.float64, max_model_len=64, num_blocks=16)
-    with pytest.raises(ValueError, match="not for the 'glm_moe_dsa' family"):
+    with pytest.raises(ValueError, match="not for the 'sparse-mla' family"):
         Engine(sparse64, replace(config, batch_invariant=True))
     ranks = cast(EngineRanks, object())
-    with pytest.raises(ValueError, match="in one process, not for ranks"):
+    with pytest.raises(ValueError, match="llama, mot families in one process, not for ranks"):
         choose_linear(tiny64.model, True, ranks)
     choose_linear(sparse64.model, False, None)  # off: nothing to set, nothing refused

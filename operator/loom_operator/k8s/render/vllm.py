@@ -2,13 +2,13 @@
 control sidecar (`loom vllm-sidecar`: Status/Pause/Resume/LoadWeights over vLLM's own endpoints).
 
 Pure. The flags are vLLM 0.33.0's (VLLM_VERSION; tests parse them with that version's own CLI
-parser): the engine settings the table declares a vLLM flag for (loom_runtime.wire.
-engine_settings: block size, batch limits, prefix caching, dtype, parallelism), KV cache dtype,
-host KV offload, MTP speculative decoding, the NixlConnector for P/D, KV events for the router's
-precise prefix scorer, and block size and hash algorithm matching the router (the hash seed is
-PYTHONHASHSEED: vLLM has no flag for it), or no prefix caching where a role's engine turns it
-off. A card asking for what that version cannot do is refused by `unsupported` with the flag
-that is missing.
+parser): the engine settings the table declares a vLLM flag or variable for (loom_runtime.wire.
+engine_settings: block size, batch limits, prefix caching, dtype, parallelism; batch-invariant
+mode as VLLM_BATCH_INVARIANT), KV cache dtype, host KV offload, MTP speculative decoding, the
+NixlConnector for P/D, KV events for the router's precise prefix scorer, and block size and hash
+algorithm matching the router (the hash seed is PYTHONHASHSEED: vLLM has no flag for it), or no
+prefix caching where a role's engine turns it off. A card asking for what that version cannot
+do is refused by `unsupported` with the flag that is missing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from loom_operator.api.deployment_card import DeploymentCard
 from loom_operator.api.roles import RoleName
 from loom_operator.fleet.commands import role_settings
 from loom_operator.fleet.desired import served_component
-from loom_operator.fleet.engine_flags import vllm_default, vllm_engine_flags
+from loom_operator.fleet.engine_flags import vllm_default, vllm_engine_env, vllm_engine_flags
 from loom_runtime.card import families
 from loom_runtime.card.model_card import ModelCard
 from loom_runtime.card.source import Source
@@ -122,11 +122,14 @@ def vllm_args(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> l
     return [*argv, "--kv-events-config", _json(events)]
 
 
-def vllm_env(deployment: DeploymentCard) -> list[dict[str, Any]]:
-    """The prefix-hash seed the router assumes, and vLLM's pause/resume/weight endpoints on."""
+def vllm_env(model: ModelCard, deployment: DeploymentCard, role: RoleName) -> list[dict[str, Any]]:
+    """The prefix-hash seed the router assumes, vLLM's pause/resume/weight endpoints on, and
+    the role's engine settings vLLM reads from its environment (batch-invariant mode)."""
     seed = deployment.spec.prefix_caching.hash_seed
+    settings = vllm_engine_env(role_settings(deployment, role), served_component(model))
     return [{"name": "PYTHONHASHSEED", "value": str(seed)},
-            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]  # fmt: skip
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            *({"name": name, "value": value} for name, value in settings)]  # fmt: skip
 
 
 def sidecar_command(

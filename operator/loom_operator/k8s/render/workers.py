@@ -151,7 +151,7 @@ def vllm_containers(
         "name": "vllm",
         "image": settings.runtime_image,
         "command": vllm_args(model, deployment, role),
-        "env": [*_env(), *vllm_env(deployment)],
+        "env": [*_env(), *vllm_env(model, deployment, role)],
         "ports": [
             {"name": HTTP_PORT, "containerPort": p[HTTP_PORT]},
             {"name": KV_EVENTS_PORT, "containerPort": p[KV_EVENTS_PORT]},
