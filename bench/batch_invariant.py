@@ -1,6 +1,6 @@
-"""Batch-invariant matmuls in the engine's batched step: one and N concurrent sampled requests
-with torch's own matmuls (the baseline) and with `batch_invariant` (models/linear.py), side by
-side.
+"""Batch-invariant mode in the engine's batched step: one and N concurrent sampled requests
+with torch's own matmuls and attention (the baseline) and with `batch_invariant`
+(models/linear.py, models/invariant_attention.py), side by side; and one long prompt's prefill.
 
 The tiny llama checkpoint (random weights, hidden 384, 6 layers), fp32, one intra-op thread,
 serves 1 and 16 concurrent sampled requests (24-token prompts, temperature 0.8, seeds 0..N-1,
@@ -8,6 +8,8 @@ a 64-token budget, log-probs on) through `Engine`, off then on, each round. Repo
 median decode step with all decoding (ms, thread CPU time), output tokens/s of the whole run,
 and whether each request's tokens and log-probs batched are the same bits as the request run alone
 (`alone = batched`: what the mode is for; the baseline's answer is reported, not required).
+Then a 512-token prompt (`--quick`: 96) prefilled in one step (its CPU time), and whether its
+record is the same bits prefilled whole, in 64-token chunks and from the prefix cache.
 Medians of `--rounds` after a warm-up round. Usage:
 
     OMP_NUM_THREADS=1 PYTHONPATH=runtime:operator:router:.:trainer .venv/bin/python \\
@@ -16,10 +18,11 @@ Medians of `--rounds` after a warm-up round. Usage:
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -61,6 +64,44 @@ def _run(engine: Engine, reqs: list[EngineRequest]) -> tuple[list[Record], float
     return records, step_ms, served.tokens / served.wall
 
 
+@dataclass(frozen=True)
+class PrefillRow:
+    side: str  # off (baseline) | on
+    prompt_tokens: int
+    prefill_ms: float  # the one step that prefills the whole prompt (thread CPU time)
+    chunked_equal: bool  # its record prefilled whole == in 64-token chunks == from the cache
+    identical: bool  # on: chunked_equal; the baseline, nothing
+
+
+def _prefill_side(loaded: LoadedModel, invariant: bool, tokens: int, k: int) -> PrefillRow:
+    gen = torch.Generator().manual_seed(1)
+    prompt = tuple(int(t) for t in torch.randint(10, 4000, (tokens,), generator=gen))
+    sampling = SamplingParams(max_tokens=4, temperature=0.8, seed=0, logprobs=0, ignore_eos=True)
+
+    def engine(budget: int) -> Engine:
+        return Engine(loaded, EngineConfig(
+            dtype=torch.float32, max_model_len=tokens + 16, num_blocks=2 * tokens // 16 + 8,
+            max_num_batched_tokens=budget, batch_invariant=invariant,
+        ))  # fmt: skip
+
+    def record(eng: Engine, tag: str) -> tuple[Record, float]:
+        served = serve_timed(eng, [EngineRequest(f"prefill-{tag}-{k}-{invariant}", prompt,
+                                                 sampling)])  # fmt: skip
+        return [(lp.token_id, lp.logprob) for lp in served.done[0].logprobs], served.first_step
+
+    whole_engine, chunked_engine = engine(tokens + 16), engine(64)
+    try:
+        whole, prefill_s = record(whole_engine, "whole")
+        cached, _ = record(whole_engine, "cached")  # the same prompt again: a prefix hit
+        chunked, _ = record(chunked_engine, "chunked")
+    finally:
+        whole_engine.shutdown()
+        chunked_engine.shutdown()
+    equal = whole == cached == chunked
+    side = "on" if invariant else "off (baseline)"
+    return PrefillRow(side, tokens, 1000 * prefill_s, equal, equal if invariant else True)
+
+
 def _side(loaded: LoadedModel, invariant: bool, n: int, max_tokens: int, k: int) -> Row:
     config = EngineConfig(dtype=torch.float32, max_model_len=128, num_blocks=n * 8 + 16,
                           max_num_seqs=max(16, n), batch_invariant=invariant)  # fmt: skip
@@ -79,6 +120,7 @@ def _side(loaded: LoadedModel, invariant: bool, n: int, max_tokens: int, k: int)
 def main() -> int:
     args = bench_args(__doc__ or "")
     n, max_tokens, rounds = (4, 12, 1) if args.quick else (16, 64, args.rounds)
+    prompt = 96 if args.quick else 512
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         loaded = load_model(init_tiny(Path(tmp) / "tiny"), dtype=torch.float32)
@@ -90,13 +132,27 @@ def main() -> int:
             ],
             ("step_ms", "tokens_per_s"),
         )
+        prefills = median_rows(
+            [[_prefill_side(loaded, on, prompt, k) for on in (False, True)] for k in range(rounds)],
+            ("prefill_ms",),
+        )
     print(f"{max_tokens} tokens each, median of {rounds} rounds\n")
-    columns = [("matmuls", "---"), ("concurrent", "--:"), ("step ms", "--:"), ("tok/s", "--:"),
+    columns = [("mode", "---"), ("concurrent", "--:"), ("step ms", "--:"), ("tok/s", "--:"),
                ("alone = batched", "---")]  # fmt: skip
-    return report(columns, rows, lambda r: [
+    decode = report(columns, rows, lambda r: [
         r.side, str(r.concurrency), f"{r.step_ms:.2f}", f"{r.tokens_per_s:.0f}",
         "yes" if r.alone_equal else "no",
-    ], args.json)  # fmt: skip
+    ], None)  # fmt: skip
+    print()
+    columns = [("mode", "---"), ("prompt", "--:"), ("prefill ms", "--:"),
+               ("whole = chunked = cached", "---")]  # fmt: skip
+    prefill = report(columns, prefills, lambda r: [
+        r.side, str(r.prompt_tokens), f"{r.prefill_ms:.1f}", "yes" if r.chunked_equal else "no",
+    ], None)  # fmt: skip
+    if args.json is not None:
+        doc = {"decode": [asdict(r) for r in rows], "prefill": [asdict(r) for r in prefills]}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return decode or prefill
 
 
 if __name__ == "__main__":

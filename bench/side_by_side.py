@@ -73,11 +73,13 @@ def serve_together(engine: Engine, reqs: Sequence[EngineRequest]) -> dict[str, t
 @dataclass(frozen=True)
 class Served:
     """Requests served together: each one's result, the seconds of every step in which all of
-    them were decoding (by the clock asked for), and the whole run's wall seconds."""
+    them were decoding (by the clock asked for), the whole run's wall seconds, and the first
+    step's seconds (their prompts' prefill, where the step budget holds them)."""
 
     done: list[CompletedRequest]
     steps: list[float]
     wall: float
+    first_step: float
 
     @property
     def tokens(self) -> int:
@@ -95,13 +97,15 @@ def serve_timed(
     for r, c in zip(reqs, got, strict=True):
         engine.add_request(r, c)
     steps: list[float] = []
+    first: float | None = None
     start = time.perf_counter()
     while not all(c.done.is_set() for c in got):
         before = clock()
         engine.step()
         took = clock() - before
+        first = took if first is None else first
         stats = engine.stats()
         if stats.num_running == len(reqs) and stats.prefill_backlog_tokens == 0:
             steps.append(took)
     wall = time.perf_counter() - start
-    return Served([c.result() for c in got], steps, wall)
+    return Served([c.result() for c in got], steps, wall, first or 0.0)

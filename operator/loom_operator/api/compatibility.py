@@ -13,7 +13,7 @@ from loom_runtime.card.model_card import ModelCard
 
 def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Problem]:
     """What in `deploy` the model cannot do: HiSparse (and where the native runtime runs it),
-    batch-invariant matmuls on the native runtime, MTP, the vllm backend's loop kinds, P/D roles
+    batch-invariant mode on the native runtime, MTP, the vllm backend's loop kinds, P/D roles
     for a card with programs."""
     problems: list[Problem] = []
     spec = model.spec
@@ -59,19 +59,19 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
 def _batch_invariant_problems(
     at: tuple[str, ...], family: families.Family, ranks: int
 ) -> list[Problem]:
-    """The native runtime's batch-invariant matmuls: the families that declare them, in one
+    """The native runtime's batch-invariant mode: the families that declare it, in one
     process (vLLM has its own mode, VLLM_BATCH_INVARIANT, for every model and layout)."""
     field = (*at, "engine", "batchInvariant")
     if not family.batch_invariant:
         built = ", ".join(f.name for f in families.families() if f.batch_invariant)
         msg = (
-            f"the native runtime runs batch-invariant matmuls for the {built} families, not "
+            f"the native runtime has batch-invariant mode for the {built} families, not "
             f"{family.name}: drop engine.batchInvariant"
         )
         return [(field, "batch_invariant_family", msg)]
     if ranks > 1:
         msg = (
-            f"the native runtime runs batch-invariant matmuls in one process, not on {ranks} "
+            f"the native runtime has batch-invariant mode in one process, not on {ranks} "
             "ranks: drop engine.batchInvariant or the role's parallelism"
         )
         return [(field, "batch_invariant_on_ranks", msg)]

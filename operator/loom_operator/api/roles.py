@@ -132,9 +132,9 @@ class EngineSection(CardModel):
     prefix_caching: bool = True
     """Reuse the KV blocks of a prompt prefix seen before; false recomputes every prompt."""
     batch_invariant: bool = False
-    """Batch-invariant matmuls: a request's tokens, log-probs and latents are the same bits
-    whoever shares its step (costs compute; native: the llama and mot families on one rank,
-    vLLM: VLLM_BATCH_INVARIANT=1)."""
+    """Batch-invariant mode: a request's tokens, log-probs and latents are the same bits
+    whoever shares its step and however its prompt is chunked or cached (costs compute; native:
+    the llama and mot families on one rank, vLLM: VLLM_BATCH_INVARIANT=1)."""
     dtype: EngineDtype | None = None
     """Compute dtype fp64 | fp32 | bf16 | fp16; unset means the component's weight precision."""
 

@@ -68,8 +68,8 @@ class Family:
     reasoning_parser: ReasoningParserName | None = None
     """How its chat templates write thinking; None: no reasoning is parsed out."""
     batch_invariant: bool = False
-    """The native runtime has its batch-invariant matmuls (a role's `engine.batchInvariant`,
-    models/linear.py) in one process: its model takes `use_linear`."""
+    """The native runtime has its batch-invariant mode (a role's `engine.batchInvariant`) in one
+    process: its model is a models/linear.py `BatchInvariant`."""
 
 
 BUILTIN = (

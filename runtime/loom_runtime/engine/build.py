@@ -31,7 +31,7 @@ from loom_runtime.kv.hisparse_cache import HiSparseKVCache
 from loom_runtime.kv.latent_cache import LatentKVCache
 from loom_runtime.kv.offload import KVOffload
 from loom_runtime.models.causal_lm import CausalLM
-from loom_runtime.models.linear import LinearForm, invariant_linear, plain_linear
+from loom_runtime.models.linear import BatchInvariant
 from loom_runtime.models.mot.model import MotForCausalLM
 
 
@@ -63,7 +63,7 @@ def build_forward(
 ) -> Forward:
     """MTP speculation (in this process, or on ranks that draft), else a plain forward over the
     model or the ranks; the model's matmuls batch-invariant or not, as the config says."""
-    choose_linear(model, config.batch_invariant, ranks)
+    choose_invariance(model, config.batch_invariant, ranks)
     k = config.mtp_draft_tokens
     ranked_drafts = isinstance(ranks, RankedRunner) and ranks.drafts
     if k > 0 and ranks is None:
@@ -79,8 +79,8 @@ def build_forward(
     return Forward(runner, TokenForward(runner), None, 0)
 
 
-def choose_linear(model: CausalLM, invariant: bool, ranks: EngineRanks | None) -> None:
-    """Set the model's matmul form (models/linear.py) for this engine — on every engine built,
+def choose_invariance(model: CausalLM, invariant: bool, ranks: EngineRanks | None) -> None:
+    """Set the model's batch-invariant mode for this engine — on every engine built,
     as engines in one process may share a model. Batch-invariant runs where the model's family
     declares it (card/families.py `batch_invariant`), in one process; elsewhere it is refused."""
     family = families.family_of_model_type(model.config.model_type)
@@ -91,8 +91,8 @@ def choose_linear(model: CausalLM, invariant: bool, ranks: EngineRanks | None) -
             f"batch_invariant (--batch-invariant) is built for the {built} families in one "
             f"process, not for {where}"
         )
-    if isinstance(model, LinearForm):
-        model.use_linear(invariant_linear if invariant else plain_linear)
+    if isinstance(model, BatchInvariant):
+        model.set_batch_invariant(invariant)
 
 
 def build_remote(

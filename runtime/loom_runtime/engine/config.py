@@ -40,9 +40,10 @@ class EngineConfig:
     # recomputed (docs/kv-offload.md). 0: off. Needs prefix_caching. Under HiSparse (a decode
     # role's hiSparse.offloadGiB) it keeps the host pool's evicted blocks (docs/hisparse.md).
     kv_offload_gib: float = 0.0
-    # Batch-invariant matmuls (`--batch-invariant`; models/linear.py): a request's results do not
-    # change in their last bits with what shares its step, at a cost in compute. The llama and
-    # mot families in one process (no ranks).
+    # Batch-invariant mode (`--batch-invariant`; models/linear.py, models/invariant_attention.py):
+    # a request's results do not change in their last bits with what shares its step nor with
+    # how its prompt is chunked or cached, at a cost in compute. The llama and mot families in
+    # one process (no ranks).
     batch_invariant: bool = False
     # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
     # on (the request waits, holding its blocks); False: inside the step that admits it.

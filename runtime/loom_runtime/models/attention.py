@@ -6,6 +6,7 @@ Reads block tables from the ForwardBatch and KV from the cache; never allocates 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,11 @@ import torch.nn.functional as F
 from loom_runtime import kernels
 from loom_runtime.kv.cache import PagedKVCache
 from loom_runtime.models.batch import ForwardBatch
+from loom_runtime.models.invariant_attention import (
+    DecodeTiles,
+    invariant_attention,
+    invariant_decode,
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,11 @@ class DecodeGroup:
     spans: tuple[tuple[int, int], ...]  # per sequence: (first key row in the packed gather, length)
     starts: torch.Tensor  # [B + 1] int64: where each sequence's blocks begin in `blocks`
     context_lens: torch.Tensor  # [B] int64
+
+    @cached_property
+    def invariant_tiles(self) -> DecodeTiles:
+        """Where batch-invariant attention reads each sequence's keys (every layer alike)."""
+        return DecodeTiles.of(self.spans, self.blocks.device)
 
 
 @dataclass(frozen=True)
@@ -117,12 +128,17 @@ def paged_attention(
     plan: AttentionPlan,
     slot_mapping: torch.Tensor,
     scale: float,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """Write k, v ([T, kv_heads, D]) to their slots, then attend q ([T, heads, D]) -> [T, heads, D].
 
     Each token sees its sequence's cached prefix plus the causal part of its own chunk.
+    `invariant`: every sequence through models/invariant_attention.py, so a token's output is
+    the same bits whatever shares its step, however its prompt was chunked or cached.
     """
     kv.write(layer, slot_mapping, k, v)
+    if invariant:
+        return _invariant(q, kv, layer, plan, scale)
     out = torch.empty_like(q)
     for seq in plan.prefills:
         out[seq.start : seq.end] = _prefill(q, k, v, kv, layer, seq, scale)
@@ -134,6 +150,30 @@ def paged_attention(
             out = o_dec
         else:
             out[rows] = o_dec
+    return out
+
+
+def _invariant(
+    q: torch.Tensor, kv: PagedKVCache, layer: int, plan: AttentionPlan, scale: float
+) -> torch.Tensor:
+    """Each sequence's queries over its keys as the cache holds them (a fresh chunk's too)."""
+    out = torch.empty_like(q)
+    for seq in plan.prefills:
+        keys, values = kv.gather(layer, seq.blocks)
+        n = seq.end - seq.start
+        last = torch.arange(seq.context_len - n, seq.context_len, device=q.device)
+        out[seq.start : seq.end] = invariant_attention(
+            q[seq.start : seq.end], keys, values, last, scale
+        )
+    group = plan.decode
+    if group is None:
+        return out
+    keys, values = kv.gather(layer, group.blocks)
+    q_dec = q if group.rows is None else q.index_select(0, group.rows)
+    o_dec = invariant_decode(q_dec, keys, values, group.invariant_tiles, scale)
+    if group.rows is None:
+        return o_dec
+    out[group.rows] = o_dec
     return out
 
 

@@ -5,8 +5,9 @@ the call, because BLAS picks its kernel and blocking by the row count — so a r
 KV and latents depend on what else ran in its step. `invariant_linear`: every call runs as a
 batch of fixed tiles of INVARIANT_ROWS rows (the last one padded with zeros), each tile the same
 GEMM of the same shape, so a row's result is the same bits whoever shares its step (an engine's
-`batch_invariant` setting, `engine.batchInvariant` on a card; vLLM calls this batch-invariant
-mode). Its cost is measured by bench/batch_invariant.py.
+`batch_invariant` setting, `engine.batchInvariant` on a card, with models/invariant_attention.py
+for attention; vLLM calls this batch-invariant mode). Its cost is measured by
+bench/batch_invariant.py.
 
 Owns the two forms; never decides which one a model uses (the engine does).
 """
@@ -31,12 +32,12 @@ plain_linear: Linear = F.linear
 
 
 @runtime_checkable
-class LinearForm(Protocol):
-    """A model whose matmuls against a weight take either form (a family that declares
-    `batch_invariant` in card/families.py)."""
+class BatchInvariant(Protocol):
+    """A model with a batch-invariant mode (a family that declares `batch_invariant` in
+    card/families.py): its matmuls as invariant_linear, its attention likewise invariant."""
 
-    def use_linear(self, linear: Linear) -> None:
-        """Run every matmul against a weight with `linear` from now on."""
+    def set_batch_invariant(self, on: bool) -> None:
+        """Batch-invariant mode on or off from now on."""
         ...
 
 

@@ -14,7 +14,7 @@ from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.models.attention import AttentionPlan, paged_attention, plan_attention
 from loom_runtime.models.batch import ForwardBatch
 from loom_runtime.models.config import ModelConfig
-from loom_runtime.models.linear import Linear, plain_linear
+from loom_runtime.models.linear import Linear, invariant_linear, plain_linear
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.rope import RopeTables, apply_rope, inverse_frequencies, rope_tables
 from loom_runtime.models.weights import copy_weights
@@ -54,6 +54,7 @@ class LlamaDecoderLayer:
         self.k_norm = zeros(config.head_dim, when=config.qk_norm)
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
+        self.invariant_attention = False  # models/invariant_attention.py in that mode
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `model.layers.N.`) -> the view it is copied into."""
@@ -96,7 +97,9 @@ class LlamaDecoderLayer:
         attention_scale: float,
     ) -> torch.Tensor:
         q, k, v = self.attention_inputs(x, rope)
-        attn = paged_attention(q, k, v, kv, self.layer, plan, slot_mapping, attention_scale)
+        attn = paged_attention(
+            q, k, v, kv, self.layer, plan, slot_mapping, attention_scale, self.invariant_attention
+        )
         return self.after_attention(x, attn)
 
     def attention_inputs(
@@ -169,12 +172,13 @@ class LlamaForCausalLM:
         self.attention_scale = config.head_dim**-0.5
         self.linear: Linear = plain_linear
 
-    def use_linear(self, linear: Linear) -> None:
-        """Run every matmul against a weight (each layer's and the LM head's) with `linear`:
-        plain_linear, or invariant_linear for batch-invariant results (models/linear.py)."""
-        self.linear = linear
+    def set_batch_invariant(self, on: bool) -> None:
+        """Batch-invariant mode on or off: every matmul against a weight (each layer's and the
+        LM head's) as invariant_linear (models/linear.py) and every attention as
+        models/invariant_attention.py, or torch's own."""
+        self.linear = invariant_linear if on else plain_linear
         for layer in self.layers:
-            layer.linear = linear
+            layer.linear, layer.invariant_attention = self.linear, on
 
     @property
     def dtype(self) -> torch.dtype:

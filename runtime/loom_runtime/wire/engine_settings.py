@@ -123,9 +123,10 @@ SETTINGS: tuple[EngineSetting, ...] = (
     ),
     EngineSetting(
         "batch_invariant", bool, False,
-        "batch-invariant matmuls: a request's tokens, log-probs and latents the same bits "
-        "whoever shares its step (a role's engine.batchInvariant; llama and mot families, no "
-        "ranks; costs compute: bench/batch_invariant.py)",
+        "batch-invariant mode: a request's tokens, log-probs and latents the same bits whoever "
+        "shares its step and however its prompt is chunked or cached (a role's "
+        "engine.batchInvariant; llama and mot families, no ranks; costs compute: "
+        "bench/batch_invariant.py)",
         "--batch-invariant", card=("engine.batchInvariant",), omit_default=True,
         vllm_env="VLLM_BATCH_INVARIANT",
     ),

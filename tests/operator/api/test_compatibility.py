@@ -110,7 +110,7 @@ def test_a_card_with_a_program_is_served_aggregated_only(
     assert _check(model_data, deploy_data) == []
 
 
-def test_native_batch_invariant_matmuls_run_for_their_families_in_one_process(
+def test_native_batch_invariant_mode_runs_for_its_families_in_one_process(
     model_data: dict[str, Any], deploy_data: dict[str, Any]
 ) -> None:
     decode = deploy_data["spec"]["roles"]["decode"]

@@ -1,7 +1,8 @@
 """An engine in batch-invariant mode (`batch_invariant`, `--batch-invariant`): a request's
 tokens and the log-probs of its sampled tokens are the same bits run alone and batched with
-others (in float32, where torch's own matmuls differ in the last bits with the batch) — what
-an RL trainer's exact importance ratio needs of a loaded server. Refused where not built."""
+others, with its prompt prefilled whole or in chunks, and from a prefix-cache hit (in float32,
+where torch's own matmuls and attention differ in the last bits with each) — what an RL
+trainer's exact importance ratio needs of a loaded server. Refused where not built."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import cast
 import pytest
 import torch
 
-from loom_runtime.engine.build import choose_linear
+from loom_runtime.engine.build import choose_invariance
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranks.channel import EngineRanks
@@ -35,34 +36,71 @@ def requests() -> list[EngineRequest]:
     ]
 
 
+Records = dict[str, list[tuple[int, float]]]
+
+
 def run(
-    loaded: LoadedModel, batch: Sequence[EngineRequest], invariant: bool
-) -> dict[str, list[tuple[int, float]]]:
-    """Each request's (token, log-prob) pairs, the batch run together in one engine."""
+    loaded: LoadedModel,
+    batch: Sequence[EngineRequest],
+    invariant: bool,
+    budget: int = 2048,
+    rounds: int = 1,
+) -> list[Records]:
+    """Each request's (token, log-prob) pairs, the batch run together in one engine with a step
+    budget of `budget` tokens; `rounds` times over, a later round's prompts then cached."""
     config = EngineConfig(
-        dtype=torch.float32, max_model_len=64, num_blocks=32, batch_invariant=invariant
-    )
+        dtype=torch.float32, max_model_len=64, num_blocks=32, batch_invariant=invariant,
+        max_num_batched_tokens=budget, max_num_seqs=4,
+    )  # fmt: skip
     engine = Engine(loaded, config)
-    outs: dict[str, list[RequestOutput]] = {}
+    records: list[Records] = []
     try:
-        for req in batch:
-            engine.add_request(req, lambda o: outs.setdefault(o.request_id, []).append(o))
-        while engine.step():
-            pass
+        for _ in range(rounds):
+            outs: dict[str, list[RequestOutput]] = {}
+            for req in batch:
+                engine.add_request(
+                    req, lambda o, outs=outs: outs.setdefault(o.request_id, []).append(o)
+                )
+            while engine.step():
+                pass
+            records.append({
+                rid: [(lp.token_id, lp.logprob) for o in got for lp in o.logprobs]
+                for rid, got in outs.items()
+            })  # fmt: skip
     finally:
         engine.shutdown()
-    return {
-        rid: [(lp.token_id, lp.logprob) for o in got for lp in o.logprobs]
-        for rid, got in outs.items()
-    }
+    return records
 
 
 def test_tokens_and_logprobs_are_the_same_bits_alone_and_batched(tiny_dir: Path) -> None:
     loaded = load_model(tiny_dir, dtype=torch.float32)  # its own: this test sets its matmuls
-    together = run(loaded, requests(), invariant=True)
+    (together,) = run(loaded, requests(), invariant=True)
     for req in requests():
-        alone = run(loaded, [req], invariant=True)[req.request_id]
-        assert len(alone) == 12 and together[req.request_id] == alone, req.request_id
+        (alone,) = run(loaded, [req], invariant=True)
+        assert len(alone[req.request_id]) == 12, req.request_id
+        assert together[req.request_id] == alone[req.request_id], req.request_id
+
+
+def long_prompts() -> list[EngineRequest]:
+    """Two 49-token prompts, sampled: from the prefix cache, only the last token is computed
+    (as a decode step)."""
+    return [
+        EngineRequest(
+            f"long{i}",
+            tuple((t * 37 + 11 * i) % 3000 + 5 for t in range(49)),
+            SamplingParams(max_tokens=8, temperature=0.8, seed=i, logprobs=0, ignore_eos=True),
+        )
+        for i in range(2)
+    ]
+
+
+def test_a_prompt_in_chunks_or_from_the_prefix_cache_is_the_same_bits(tiny_dir: Path) -> None:
+    loaded = load_model(tiny_dir, dtype=torch.float32)
+    whole, cached = run(loaded, long_prompts(), invariant=True, rounds=2)
+    assert all(len(r) == 8 for r in whole.values())
+    assert cached == whole  # the second round's prompts hit the prefix cache
+    (chunked,) = run(loaded, long_prompts(), invariant=True, budget=12)  # chunks of ≤ 12 tokens
+    assert chunked == whole
 
 
 def test_an_engine_sets_its_models_matmuls_either_way(tiny_dir: Path) -> None:
@@ -72,9 +110,11 @@ def test_an_engine_sets_its_models_matmuls_either_way(tiny_dir: Path) -> None:
     run(loaded, requests()[:1], invariant=True)
     assert model.linear is invariant_linear
     assert all(layer.linear is invariant_linear for layer in model.layers)
+    assert all(layer.invariant_attention for layer in model.layers)
     run(loaded, requests()[:1], invariant=False)  # engines sharing a model set it each time
     assert model.linear is plain_linear
     assert all(layer.linear is plain_linear for layer in model.layers)
+    assert not any(layer.invariant_attention for layer in model.layers)
 
 
 def test_batch_invariant_is_refused_where_it_is_not_built(
@@ -85,5 +125,5 @@ def test_batch_invariant_is_refused_where_it_is_not_built(
         Engine(sparse64, replace(config, batch_invariant=True))
     ranks = cast(EngineRanks, object())
     with pytest.raises(ValueError, match="llama, mot families in one process, not for ranks"):
-        choose_linear(tiny64.model, True, ranks)
-    choose_linear(sparse64.model, False, None)  # off: nothing to set, nothing refused
+        choose_invariance(tiny64.model, True, ranks)
+    choose_invariance(sparse64.model, False, None)  # off: nothing to set, nothing refused

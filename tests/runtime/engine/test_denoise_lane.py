@@ -98,11 +98,11 @@ class StepKinds:
 def run(
     loaded: LoadedModel, requests: Sequence[EngineRequest], batch_invariant: bool = False
 ) -> tuple[Finals, StepKinds]:
-    """Run `requests` in one engine without prefix caching: with it, a prompt whose prefix is
-    cached runs its last token through the CPU decode kernel, which accumulates in float32 (a
-    property of the text loop, not of the interleaving), so alone and together would differ in
-    that token's KV beyond float64 rounding."""
-    eng = engine(loaded, prefix_caching=False, batch_invariant=batch_invariant)
+    """Run `requests` in one engine, caching prefixes in batch-invariant mode only: otherwise a
+    prompt whose prefix is cached runs its last token through the CPU decode kernel, which
+    accumulates in float32 (a property of the text loop, not of the interleaving), so alone and
+    together would differ in that token's KV beyond float64 rounding."""
+    eng = engine(loaded, prefix_caching=batch_invariant, batch_invariant=batch_invariant)
     finals = Finals()
     try:
         for req in requests:
@@ -132,7 +132,7 @@ def test_interleaved_chats_and_drawings_equal_each_alone_in_float64(mot64, check
         # tokens are bit-identical; the text KV they leave is not: the varlen text forward of a
         # different batch differs in the last bits (DESIGN 1.4), ~1e-15 here, and the latents
         # attend to it, so they are held to float64 rounding, far below any real difference
-        # (with batch-invariant matmuls they are the same bits: the interleave gate below)
+        # (in batch-invariant mode they are the same bits: the interleave gate below)
         assert (got.latents - want.latents).abs().max().item() < 1e-12
     # each drawing attended to the very blocks its AR loop wrote (moved, not copied)
     for rid, (blocks, table) in kinds.moved.items():
@@ -169,9 +169,10 @@ def interleave_gate(loaded: LoadedModel, batch_invariant: bool = True) -> list[s
 def test_batch_invariant_interleaving_is_bit_identical_to_each_request_alone(
     checkpoint: Path, dtype: torch.dtype
 ) -> None:
-    """With batch-invariant matmuls (models/linear.py) the text KV a request leaves does not
-    depend on what shared its steps, so its latents are the same bits too, in float64 and in
-    float32 alike (with torch's own matmuls they are not: the first test of this file)."""
+    """In batch-invariant mode (models/linear.py, models/invariant_attention.py) the text KV a
+    request leaves does not depend on what shared its steps, so its latents are the same bits
+    too, in float64 and in float32 alike (with torch's own matmuls they are not: the first test
+    of this file)."""
     assert interleave_gate(load_model(checkpoint, dtype=dtype)) == []
 
 

@@ -1,5 +1,5 @@
 """The interleave gate across loop kinds, in one worker: a MoT engine (think-then-draw programs
-and chats, batch-invariant matmuls) and a Wan diffusion engine (images and a video) on one
+and chats, batch-invariant mode) and a Wan diffusion engine (images and a video) on one
 shared step thread, every request in before it starts, give — step by step interleaved, the
 MoT engine's steps themselves holding AR tokens and denoise steps of different requests — the
 same tokens, latents and frames, bit for bit in float64, as each request run alone."""
@@ -56,7 +56,7 @@ def wan_engine(wan: LoadedWan, shared_thread: SharedStepThread | None) -> Diffus
 
 
 def mot_alone(mot: LoadedModel, req: EngineRequest) -> Finals:
-    eng = engine(mot, prefix_caching=False, batch_invariant=True)
+    eng = engine(mot, prefix_caching=True, batch_invariant=True)
     finals = Finals()
     try:
         eng.add_request(req, finals)
@@ -84,7 +84,7 @@ def test_mot_programs_chats_and_wan_jobs_interleaved_in_one_worker_equal_each_al
 
     monkeypatch.setattr("loom_runtime.engine.shared_step_thread.time", StepClock())
     shared_thread = SharedStepThread("gate-worker", idle_wait_s=0.05)
-    mot = engine(mot64, prefix_caching=False, batch_invariant=True, shared_thread=shared_thread)
+    mot = engine(mot64, prefix_caching=True, batch_invariant=True, shared_thread=shared_thread)
     dit = wan_engine(wan64, shared_thread)
     order: list[str] = []  # which engine each step that ran something went to
     mot_kinds: list[set[str]] = []  # per MoT step: "t" (AR tokens made), "d" (denoise steps)

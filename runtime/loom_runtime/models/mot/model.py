@@ -13,7 +13,6 @@ import torch
 
 from loom_runtime.kv.cache import KVStore, PagedKVCache
 from loom_runtime.models.batch import ForwardBatch
-from loom_runtime.models.linear import Linear
 from loom_runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from loom_runtime.models.mot.config import MotConfig
 from loom_runtime.models.mot.denoise_batch import DenoiseBatch
@@ -40,11 +39,11 @@ class MotForCausalLM:
         self.text = LlamaForCausalLM(config.text, dtype=dtype, device=device)
         self.image = ImageHeads(config, dtype, device)
 
-    def use_linear(self, linear: Linear) -> None:
-        """Both loops' matmuls against a weight with `linear` (the shared stack's, the LM
-        head's and the image heads'; models/linear.py)."""
-        self.text.use_linear(linear)
-        self.image.linear = linear
+    def set_batch_invariant(self, on: bool) -> None:
+        """Batch-invariant mode for both loops: the text model's (its matmuls and attention)
+        and the image heads' matmuls (models/linear.py)."""
+        self.text.set_batch_invariant(on)
+        self.image.linear = self.text.linear
 
     @property
     def layers(self) -> list[LlamaDecoderLayer]:
