@@ -50,16 +50,23 @@ def llama_logits(
         return model(torch.tensor([list(ids)])).logits[0].to(torch.float64)
 
 
-def sparse_mla_logits(checkpoint: Path, ids: Sequence[int], num_prompt: int) -> torch.Tensor:
+def sparse_mla_logits(
+    checkpoint: Path, ids: Sequence[int], num_prompt: int, batch_invariant: bool = False
+) -> torch.Tensor:
     """[T, vocab] float64 logits of Loom's sparse-mla model on one plain sequence (no paging,
     no batching): the prompt in one forward, then each later token in its own, as a sampler
     reads them. (One forward of the whole sequence differs by ~1e-7: the family routes its
     experts in float32, as its reference does, and float32 rounds a one-token matmul and a
-    whole-sequence one differently.)"""
+    whole-sequence one differently.) `batch_invariant`: the model in batch-invariant mode, as
+    a trainer sharing the sampler's invariant kernels runs it — one forward of the whole
+    sequence, since then a token's rows round alike in any forward."""
     from loom_runtime.models.sparse_mla.loader import load_sparse_mla
 
     model = load_sparse_mla(checkpoint, dtype=torch.float64).model
     cache = model.new_cache(len(ids))
+    if batch_invariant:
+        model.set_batch_invariant(True)
+        return model.forward(torch.tensor(list(ids)), cache).to(torch.float64)
     rows = [model.forward(torch.tensor(list(ids[:num_prompt])), cache)]
     rows += [model.forward(torch.tensor([t]), cache) for t in ids[num_prompt:]]
     return torch.cat(rows).to(torch.float64)

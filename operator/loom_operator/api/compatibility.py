@@ -6,6 +6,7 @@ Pure: lists every problem with its path in the DeploymentCard; never loads or pr
 from __future__ import annotations
 
 from loom_operator.api.deployment_card import DeploymentCard
+from loom_operator.api.roles import Role
 from loom_runtime.card import families
 from loom_runtime.card.errors import Problem
 from loom_runtime.card.model_card import ModelCard
@@ -36,7 +37,7 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
             )
             problems.append(((*at, "hiSparse"), "hisparse_on_split_ranks", msg))
         if native and role.engine.batch_invariant:
-            problems += _batch_invariant_problems(at, family, par.ranks)
+            problems += _batch_invariant_problems(at, family, role)
         if role.mtp is not None and arch is not None and arch.mtp is None and not has_draft:
             msg = f"mtp needs MTP layers (architecture.mtp) or a draft component in {model.name!r}"
             problems.append(((*at, "mtp"), "mtp_without_layers", msg))
@@ -57,7 +58,7 @@ def compatibility_problems(deploy: DeploymentCard, model: ModelCard) -> list[Pro
 
 
 def _batch_invariant_problems(
-    at: tuple[str, ...], family: families.Family, ranks: int
+    at: tuple[str, ...], family: families.Family, role: Role
 ) -> list[Problem]:
     """The native runtime's batch-invariant mode: the families that declare it, in one
     process (vLLM has its own mode, VLLM_BATCH_INVARIANT, for every model and layout)."""
@@ -69,12 +70,21 @@ def _batch_invariant_problems(
             f"{family.name}: drop engine.batchInvariant"
         )
         return [(field, "batch_invariant_family", msg)]
+    ranks = role.parallelism.ranks
     if ranks > 1:
         msg = (
             f"the native runtime has batch-invariant mode in one process, not on {ranks} "
             "ranks: drop engine.batchInvariant or the role's parallelism"
         )
         return [(field, "batch_invariant_on_ranks", msg)]
+    features = (("hiSparse", role.hi_sparse is not None), ("mtp", role.mtp is not None))
+    beside = [name for name, on in features if on]
+    if beside:
+        msg = (
+            f"the native runtime's batch-invariant mode is not built with {' or '.join(beside)}"
+            ": drop one of them"
+        )
+        return [(field, "batch_invariant_with", msg)]
     return []
 
 

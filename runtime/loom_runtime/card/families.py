@@ -99,6 +99,7 @@ BUILTIN = (
         vllm_context_parallel=MappingProxyType({"sparse_mla_force_mqa": True}),
         tool_call_parser="glm47",
         reasoning_parser="glm45",
+        batch_invariant=True,
     ),
     Family(
         name="dit",

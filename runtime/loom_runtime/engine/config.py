@@ -42,8 +42,8 @@ class EngineConfig:
     kv_offload_gib: float = 0.0
     # Batch-invariant mode (`--batch-invariant`; models/linear.py, models/invariant_attention.py):
     # a request's results do not change in their last bits with what shares its step nor with
-    # how its prompt is chunked or cached, at a cost in compute. The llama and mot families in
-    # one process (no ranks).
+    # how its prompt is chunked or cached, at a cost in compute. The llama, sparse-mla and mot
+    # families in one process (no ranks), not with HiSparse or MTP speculation.
     batch_invariant: bool = False
     # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
     # on (the request waits, holding its blocks); False: inside the step that admits it.
@@ -126,6 +126,13 @@ class EngineConfig:
             )
         if self.idle_wait_s <= 0:
             raise ValueError(f"EngineConfig.idle_wait_s must be > 0, got {self.idle_wait_s}")
+        features = (("HiSparse", self.hisparse), ("MTP speculation", self.mtp_draft_tokens > 0))
+        beside = [name for name, on in features if on]
+        if self.batch_invariant and beside:
+            raise ValueError(
+                f"EngineConfig.batch_invariant is not built with {' or '.join(beside)}: their "
+                "steps still round a request by what shares them; turn one of them off"
+            )
 
     def _check_parallel(self) -> None:
         layout = self.parallel

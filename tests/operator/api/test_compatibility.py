@@ -6,7 +6,8 @@ from typing import Any
 
 from loom_operator.api import DeploymentCard
 from loom_operator.api.compatibility import compatibility_problems
-from loom_runtime.card import ModelCard
+from loom_runtime.card import ModelCard, families
+from loom_runtime.card.families import Family
 from loom_runtime.card.load import parse_card
 
 
@@ -116,15 +117,21 @@ def test_native_batch_invariant_mode_runs_for_its_families_in_one_process(
     decode = deploy_data["spec"]["roles"]["decode"]
     decode["engine"] = {"batchInvariant": True}
     assert _check(model_data, deploy_data) == []  # llama, one rank
-    decode["parallelism"] = {"tp": 2}
     at = "spec.roles.decode.engine.batchInvariant"
+    decode["parallelism"] = {"tp": 2}
     assert _check(model_data, deploy_data) == [(at, "batch_invariant_on_ranks")]
-    model_data["spec"]["family"] = "sparse-mla"
     decode["parallelism"] = {}
-    model = parse_card(ModelCard, model_data)
-    (problem,) = compatibility_problems(parse_card(DeploymentCard, deploy_data), model)
-    assert problem[1] == "batch_invariant_family"
-    assert "for the llama, mot families, not sparse-mla" in problem[2]
-    deploy_data["spec"]["backend"] = "vllm"  # vLLM's own mode (VLLM_BATCH_INVARIANT)
-    decode["parallelism"] = {"dp": 2, "ep": 2}
-    assert _check(model_data, deploy_data) == []
+    decode["mtp"] = {"draftTokens": 2}
+    assert _check(model_data, deploy_data) == [(at, "batch_invariant_with")]
+    del decode["mtp"]
+    plugin = Family(name="plain-plugin", model_types=("plain_plugin",), loops=("ar_decode",),
+                    runtime=object())  # fmt: skip
+    with families.registered(plugin):
+        model_data["spec"]["family"] = "plain-plugin"
+        model = parse_card(ModelCard, model_data)
+        (problem,) = compatibility_problems(parse_card(DeploymentCard, deploy_data), model)
+        assert problem[1] == "batch_invariant_family"
+        assert "for the llama, sparse-mla, mot families, not plain-plugin" in problem[2]
+        deploy_data["spec"]["backend"] = "vllm"  # vLLM's own mode (VLLM_BATCH_INVARIANT)
+        decode["parallelism"] = {"dp": 2, "ep": 2}
+        assert _check(model_data, deploy_data) == []

@@ -1,4 +1,5 @@
-"""An engine in batch-invariant mode (`batch_invariant`, `--batch-invariant`): a request's
+"""An engine in batch-invariant mode (`batch_invariant`, `--batch-invariant`; the llama and
+sparse-mla families here): a request's
 tokens and the log-probs of its sampled tokens are the same bits run alone and batched with
 others, with its prompt prefilled whole or in chunks, and from a prefix-cache hit (in float32,
 where torch's own matmuls and attention differ in the last bits with each) — what an RL
@@ -9,16 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import pytest
 import torch
 
+from loom_runtime.card import families
+from loom_runtime.card.families import Family
 from loom_runtime.engine.build import choose_invariance
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
+from loom_runtime.models.causal_lm import CausalLM
 from loom_runtime.models.linear import invariant_linear, plain_linear
 from loom_runtime.models.llama import LlamaForCausalLM
 from loom_runtime.models.loader import LoadedModel, load_model
@@ -72,8 +77,16 @@ def run(
     return records
 
 
-def test_tokens_and_logprobs_are_the_same_bits_alone_and_batched(tiny_dir: Path) -> None:
-    loaded = load_model(tiny_dir, dtype=torch.float32)  # its own: this test sets its matmuls
+@pytest.fixture(params=["llama", "sparse-mla"])
+def checkpoint(request: pytest.FixtureRequest) -> Path:
+    """Each family with a batch-invariant mode (the mot family: test_denoise_lane.py)."""
+    name = "tiny_dir" if request.param == "llama" else "sparse_dir"
+    path: Path = request.getfixturevalue(name)
+    return path
+
+
+def test_tokens_and_logprobs_are_the_same_bits_alone_and_batched(checkpoint: Path) -> None:
+    loaded = load_model(checkpoint, dtype=torch.float32)  # its own: this test sets its matmuls
     (together,) = run(loaded, requests(), invariant=True)
     for req in requests():
         (alone,) = run(loaded, [req], invariant=True)
@@ -94,8 +107,8 @@ def long_prompts() -> list[EngineRequest]:
     ]
 
 
-def test_a_prompt_in_chunks_or_from_the_prefix_cache_is_the_same_bits(tiny_dir: Path) -> None:
-    loaded = load_model(tiny_dir, dtype=torch.float32)
+def test_a_prompt_in_chunks_or_from_the_prefix_cache_is_the_same_bits(checkpoint: Path) -> None:
+    loaded = load_model(checkpoint, dtype=torch.float32)
     whole, cached = run(loaded, long_prompts(), invariant=True, rounds=2)
     assert all(len(r) == 8 for r in whole.values())
     assert cached == whole  # the second round's prompts hit the prefix cache
@@ -121,9 +134,18 @@ def test_batch_invariant_is_refused_where_it_is_not_built(
     sparse64: LoadedModel, tiny64: LoadedModel
 ) -> None:
     config = EngineConfig(dtype=torch.float64, max_model_len=64, num_blocks=16)
-    with pytest.raises(ValueError, match="not for the 'sparse-mla' family"):
-        Engine(sparse64, replace(config, batch_invariant=True))
+    with pytest.raises(ValueError, match="not built with MTP speculation"):
+        replace(config, batch_invariant=True, mtp_draft_tokens=1)
+    with pytest.raises(ValueError, match="not built with HiSparse"):
+        replace(config, batch_invariant=True, hisparse_host_pool_gib=0.1)
     ranks = cast(EngineRanks, object())
-    with pytest.raises(ValueError, match="llama, mot families in one process, not for ranks"):
-        choose_invariance(tiny64.model, True, ranks)
-    choose_invariance(sparse64.model, False, None)  # off: nothing to set, nothing refused
+    built = "llama, sparse-mla, mot families in one process"
+    with pytest.raises(ValueError, match=f"{built}, not for ranks"):
+        choose_invariance(sparse64.model, True, ranks)
+    plugin = Family(name="plain-plugin", model_types=("plain_plugin",), loops=("ar_decode",),
+                    runtime=object())  # fmt: skip
+    model = cast(CausalLM, SimpleNamespace(config=SimpleNamespace(model_type="plain_plugin")))
+    with families.registered(plugin):
+        with pytest.raises(ValueError, match=f"{built}, not for the 'plain-plugin' family"):
+            choose_invariance(model, True, None)
+        choose_invariance(model, False, None)  # off: nothing to set, nothing refused

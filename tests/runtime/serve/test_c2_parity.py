@@ -5,11 +5,13 @@ batching) for the tiny sparse-mla — at temperature 1 (where it is the raw log_
 `logprobs` field's value too) and at temperature 0.7 (log_softmax(logits / 0.7)), streamed and
 not, on both routes; and for the llama on two tensor-parallel ranks (its logits all-reduced
 across them). Each request is served alone: sparse-mla's float32 expert routing moves its
-log-probs ~1e-7 in a batch (docs/rl.md)."""
+log-probs ~1e-7 in a batch (docs/rl.md) — except on a worker in batch-invariant mode, whose
+concurrent requests each hold the gate against the same model's forward in that mode."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,12 @@ def sparse_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def sparse(launch: Any, sparse_dir: Path) -> Iterator[Any]:
     with launch(sparse_dir, "--dtype", "float64") as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def sparse_invariant(launch: Any, sparse_dir: Path) -> Iterator[Any]:
+    with launch(sparse_dir, "--dtype", "float64", "--batch-invariant") as w:
         yield w
 
 
@@ -116,3 +124,21 @@ def test_sparse_mla_log_probs_equal_its_plain_one_sequence_forward(
     logits = sparse_mla_logits(sparse_dir, SPARSE_PROMPT + out, len(SPARSE_PROMPT))
     reference = sampled_logprobs(logits, len(SPARSE_PROMPT), out, temperature)
     assert gap(choice["behaviour"]["logprobs"], reference) <= GATE
+
+
+def test_sparse_mla_log_probs_hold_the_gate_in_a_batch_in_batch_invariant_mode(
+    sparse_invariant: Any, sparse_dir: Path
+) -> None:
+    """Four requests at once (different prompts, lengths and seeds), batched in the worker's
+    steps: each one's log-probs equal a trainer's forward of its whole sequence in the same
+    mode within the gate (without the mode, the batch moves them ~1e-7: checked)."""
+    prompts = [[*SPARSE_PROMPT[: 60 + 9 * i], 7 + i] for i in range(4)]  # past index_topk
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        choices = list(pool.map(
+            lambda i: completion(sparse_invariant, prompts[i], 1.0, seed=20 + i), range(4)
+        ))  # fmt: skip
+    for prompt, choice in zip(prompts, choices, strict=True):
+        out = choice["token_ids"]
+        logits = sparse_mla_logits(sparse_dir, prompt + out, len(prompt), batch_invariant=True)
+        reference = sampled_logprobs(logits, len(prompt), out, 1.0)
+        assert gap(choice["behaviour"]["logprobs"], reference) <= GATE, prompt

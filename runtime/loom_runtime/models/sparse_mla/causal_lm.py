@@ -32,6 +32,10 @@ class SparseMlaCausalLM:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
+    def set_batch_invariant(self, on: bool) -> None:
+        """The model's batch-invariant mode (SparseMlaForCausalLM.set_batch_invariant)."""
+        self.model.set_batch_invariant(on)
+
     @property
     def device(self) -> torch.device:
         return self.model.device
@@ -41,7 +45,8 @@ class SparseMlaCausalLM:
         """Logits [len(batch.logits_indices), vocab]; writes every token's rows first."""
         hooks: PagedHooks | HiSparseHooks
         if isinstance(kv, LatentKVCache):
-            hooks = PagedHooks(kv, batch)
+            width = self.config.index_topk if self.model.invariant else None
+            hooks = PagedHooks(kv, batch, width)
         elif isinstance(kv, HiSparseKVCache):
             if len(batch.request_ids) != batch.num_seqs:
                 raise ValueError("a HiSparse forward needs the request id of every sequence")

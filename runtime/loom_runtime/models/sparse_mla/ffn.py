@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loom_runtime.models.linear import Linear, invariant_linear, plain_linear
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.gating import route
 
@@ -21,6 +22,7 @@ class SwiGluMlp:
         self.intermediate = intermediate
         self.gate_up = torch.zeros(2 * intermediate, hidden, dtype=dtype, device=device)
         self.down = torch.zeros(hidden, intermediate, dtype=dtype, device=device)
+        self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
 
     def targets(self) -> dict[str, torch.Tensor]:
         i = self.intermediate
@@ -31,8 +33,8 @@ class SwiGluMlp:
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+        gate, up = self.linear(x, self.gate_up, None).chunk(2, dim=-1)
+        return self.linear(F.silu(gate) * up, self.down, None)
 
 
 class MoeFfn:
@@ -47,6 +49,12 @@ class MoeFfn:
         self.experts_gate_up = torch.zeros(e, 2 * i, h, dtype=dtype, device=device)
         self.experts_down = torch.zeros(e, h, i, dtype=dtype, device=device)
         self.shared = SwiGluMlp(h, i * c.n_shared_experts, dtype, device)
+        self.linear: Linear = plain_linear  # the experts'
+        self.invariant = False  # batch-invariant mode: the router's too
+
+    def set_batch_invariant(self, on: bool) -> None:
+        self.linear = self.shared.linear = invariant_linear if on else plain_linear
+        self.invariant = on
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `mlp.`) -> the tensor (view) it fills."""
@@ -60,11 +68,11 @@ class MoeFfn:
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        routing = route(x, self.gate, self.correction_bias, self.config)
+        routing = route(x, self.gate, self.correction_bias, self.config, self.invariant)
         out = torch.zeros_like(x)
         for expert in torch.unique(routing.experts).tolist():
             tokens, slot = torch.where(routing.experts == expert)
-            gate, up = F.linear(x[tokens], self.experts_gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.experts_down[expert])
+            gate, up = self.linear(x[tokens], self.experts_gate_up[expert], None).chunk(2, dim=-1)
+            y = self.linear(F.silu(gate) * up, self.experts_down[expert], None)
             out.index_add_(0, tokens, (y * routing.weights[tokens, slot, None]).to(x.dtype))
         return out + self.shared.forward(x)

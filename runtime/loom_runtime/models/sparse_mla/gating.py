@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from loom_runtime.models.elementwise import each_element
+from loom_runtime.models.linear import invariant_linear
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 
 RENORM_EPS = 1e-20
@@ -25,15 +27,24 @@ class Routing:
 
 
 def route(
-    h: torch.Tensor, weight: torch.Tensor, correction_bias: torch.Tensor, config: SparseMlaConfig
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    correction_bias: torch.Tensor,
+    config: SparseMlaConfig,
+    invariant: bool = False,
 ) -> Routing:
     """Gate tokens h ([T, hidden]) with the router weight ([E, hidden]), in float32.
 
     The bias shifts which experts are chosen but not their weights. Experts are first limited
-    to the topk_group groups whose two best (biased) scores sum highest.
+    to the topk_group groups whose two best (biased) scores sum highest. `invariant`: each
+    token's routing the same bits whatever tokens share the call (models/linear.py,
+    models/elementwise.py).
     """
     c = config
-    scores = F.linear(h.float(), weight.float()).sigmoid()  # [T, E]
+    if invariant:  # batch-invariant mode: a row's scores the same bits in any batch
+        scores = each_element(torch.sigmoid, invariant_linear(h.float(), weight.float(), None))
+    else:
+        scores = F.linear(h.float(), weight.float()).sigmoid()  # [T, E]
     for_choice = scores + correction_bias.float()
     grouped = for_choice.view(-1, c.n_group, c.n_routed_experts // c.n_group)
     group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # [T, n_group]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from loom_runtime.models.linear import Linear, plain_linear
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.rotary import PairTables, rotate_pairs
 
@@ -40,6 +41,7 @@ class Indexer:
         self.k_norm_weight = torch.zeros(dim, dtype=dtype, device=device)
         self.k_norm_bias = torch.zeros(dim, dtype=dtype, device=device)
         self.weights_proj = torch.zeros(heads, h, dtype=dtype, device=device)
+        self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `self_attn.indexer.`) -> the tensor it fills."""
@@ -55,7 +57,11 @@ class Indexer:
         """The rows to cache for tokens h ([T, hidden]) -> [T, index_head_dim]."""
         dim = self.config.index_head_dim
         k = F.layer_norm(
-            F.linear(h, self.wk), (dim,), self.k_norm_weight, self.k_norm_bias, KEY_NORM_EPS
+            self.linear(h, self.wk, None),
+            (dim,),
+            self.k_norm_weight,
+            self.k_norm_bias,
+            KEY_NORM_EPS,
         )
         return self._rotate(k[:, None], rope)[:, 0]
 
@@ -114,11 +120,11 @@ class Indexer:
         queries at `positions`; −inf for keys after their query. A DCP rank scores its shard."""
         c = self.config
         heads = c.index_n_heads
-        q = F.linear(q_resid, self.wq_b).view(-1, heads, c.index_head_dim)
+        q = self.linear(q_resid, self.wq_b, None).view(-1, heads, c.index_head_dim)
         q = self._rotate(q, rope)
         per_head = torch.matmul(q.float()[None], keys.float().T[None, None])  # [1, T, H, L]
         per_head = F.relu(per_head * c.index_head_dim**-0.5)
-        weights = F.linear(h, self.weights_proj).float() * heads**-0.5  # [T, H]
+        weights = self.linear(h, self.weights_proj, None).float() * heads**-0.5  # [T, H]
         scores = torch.matmul(weights[None, :, None, :], per_head)[0, :, 0]  # [T, L]
         if key_positions is None:
             key_positions = torch.arange(keys.shape[0], device=keys.device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from loom_runtime.models.linear import invariant_linear, plain_linear
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.ffn import MoeFfn, SwiGluMlp
@@ -43,6 +44,18 @@ class SparseMlaDecoderLayer:
             if mlp_type == "sparse"
             else SwiGluMlp(h, config.intermediate_size, dtype, device)
         )
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Every matmul of the layer against a weight as invariant_linear (models/linear.py),
+        and its router's scores batch-invariant too, or torch's own."""
+        linear = invariant_linear if on else plain_linear
+        self.attention.linear, self.attention.invariant = linear, on
+        if self.indexer is not None:
+            self.indexer.linear = linear
+        if isinstance(self.ffn, MoeFfn):
+            self.ffn.set_batch_invariant(on)
+        else:
+            self.ffn.linear = linear
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `model.layers.N.`) -> the tensor (view) it fills."""

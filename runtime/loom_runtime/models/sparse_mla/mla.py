@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from loom_runtime.models.linear import Linear, plain_linear
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.sparse_mla.cache import LayerRows
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
@@ -58,6 +58,8 @@ class MlaAttention:
         self.kv_b = zeros(heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
         self.o = zeros(h, heads * c.v_head_dim)
         self.scale = c.qk_head_dim**-0.5
+        self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
+        self.invariant = False  # batch-invariant mode: each head's projection through `linear`
 
     def targets(self) -> dict[str, torch.Tensor]:
         """Hugging Face tensor name (below `self_attn.`) -> the tensor it fills."""
@@ -73,15 +75,15 @@ class MlaAttention:
 
     def queries(self, h: torch.Tensor, rope: PairTables) -> Queries:
         c = self.config
-        resid = rms_norm(F.linear(h, self.q_a), self.q_a_norm, LORA_NORM_EPS)
-        q = F.linear(resid, self.q_b).view(-1, c.num_attention_heads, c.qk_head_dim)
+        resid = rms_norm(self.linear(h, self.q_a, None), self.q_a_norm, LORA_NORM_EPS)
+        q = self.linear(resid, self.q_b, None).view(-1, c.num_attention_heads, c.qk_head_dim)
         nope, rot = torch.split(q, [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         return Queries(resid=resid, nope=nope, rope=rotate_pairs(rot, rope))
 
     def latent(self, h: torch.Tensor, rope: PairTables) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows to cache for tokens h ([T, hidden]): (latent [T, rank], RoPE key [T, r])."""
         c = self.config
-        kv = F.linear(h, self.kv_a)
+        kv = self.linear(h, self.kv_a, None)
         latent, rot = torch.split(kv, [c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         latent = rms_norm(latent, self.kv_a_norm, LORA_NORM_EPS)
         return latent, rotate_pairs(rot[:, None], rope)[:, 0]
@@ -110,8 +112,17 @@ class MlaAttention:
         c = self.config
         kv_b = self.kv_b.view(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, -1)
         value_up = kv_b[:, c.qk_nope_head_dim :]
-        out = torch.einsum("thr,hvr->thv", out_latent.to(value_up.dtype), value_up)
-        return F.linear(out.flatten(1), self.o)
+        out_latent = out_latent.to(value_up.dtype)
+        if self.invariant:
+            out = self._heads(out_latent, value_up)
+        else:
+            out = torch.einsum("thr,hvr->thv", out_latent, value_up)
+        return self.linear(out.flatten(1), self.o, None)
+
+    def _heads(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Batch-invariant mode: each head's rows x [T, heads, in] through its own matrix
+        (`weight` [heads, out, in]) with `linear` -> [T, heads, out]."""
+        return torch.stack([self.linear(x[:, i], w, None) for i, w in enumerate(weight)], dim=1)
 
     def _scores(
         self, q: Queries, rows: LayerRows, selection: Selection
@@ -122,7 +133,10 @@ class MlaAttention:
         key_up = kv_b[:, : c.qk_nope_head_dim]
         latent = rows.latent[selection.indices]  # [T, k, rank]
         rope_keys = rows.rope_keys[selection.indices]  # [T, k, r]
-        q_latent = torch.einsum("thn,hnr->thr", q.nope, key_up)
+        if self.invariant:
+            q_latent = self._heads(q.nope, key_up.transpose(1, 2))
+        else:
+            q_latent = torch.einsum("thn,hnr->thr", q.nope, key_up)
         scores = torch.einsum("thr,tkr->thk", q_latent, latent)
         scores = (scores + torch.einsum("thd,tkd->thk", q.rope, rope_keys)) * self.scale
         return scores.masked_fill(~selection.valid[:, None, :], float("-inf")), latent

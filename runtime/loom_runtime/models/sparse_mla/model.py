@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
+from loom_runtime.models.linear import Linear, invariant_linear, plain_linear
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.sparse_mla.cache import SparseMlaCache
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
@@ -47,6 +48,21 @@ class SparseMlaForCausalLM:
             MtpLayer(config, layers + i, dtype, device)
             for i in range(config.num_nextn_predict_layers)
         ]
+        self.linear: Linear = plain_linear
+        self.invariant = False  # batch-invariant mode (set_batch_invariant)
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Batch-invariant mode on or off: every matmul against a weight (the layers', the
+        router's, the experts', the heads', the MTP layers') as invariant_linear
+        (models/linear.py), each head's latent projections one by one, the router's scores and
+        the RoPE angles' cos and sin per element (models/elementwise.py), and every sequence's
+        attention over a selection of index_topk rows, its padding masked."""
+        self.linear = invariant_linear if on else plain_linear
+        self.invariant = on
+        for layer in [*self.layers, *(m.decoder for m in self.mtp)]:
+            layer.set_batch_invariant(on)
+        for m in self.mtp:
+            m.linear, m.invariant = self.linear, on
 
     @property
     def dtype(self) -> torch.dtype:
@@ -86,9 +102,8 @@ class SparseMlaForCausalLM:
     ) -> torch.Tensor:
         """The trunk's output [T, hidden] for tokens input_ids ([T]) at `positions` ([T], any
         order: a PCP rank's share of a prompt), their rows kept by `hooks`."""
-        rope = pair_tables(
-            positions, self.config.qk_rope_head_dim, self.config.rope_theta, self.dtype
-        )
+        c = self.config
+        rope = pair_tables(positions, c.qk_rope_head_dim, c.rope_theta, self.dtype, self.invariant)
         x = F.embedding(input_ids.to(self.device), self.embed_tokens)
         selection: Selection | None = None
         for layer in self.layers:
@@ -107,7 +122,7 @@ class SparseMlaForCausalLM:
     @torch.inference_mode()
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         """The LM head over final-normed states -> float32 (or float64) logits."""
-        logits = F.linear(normed, self.lm_head)
+        logits = self.linear(normed, self.lm_head, None)
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def targets(self) -> dict[str, torch.Tensor]:

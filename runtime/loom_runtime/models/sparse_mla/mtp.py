@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loom_runtime.models.linear import Linear, plain_linear
 from loom_runtime.models.norm import rms_norm
 from loom_runtime.models.sparse_mla.config import SparseMlaConfig
 from loom_runtime.models.sparse_mla.hooks import LayerHooks
@@ -35,6 +36,8 @@ class MtpLayer:
         self.eh_proj = torch.zeros(h, 2 * h, dtype=dtype, device=device)
         self.head_norm = torch.zeros(h, dtype=dtype, device=device)
         self.head = torch.zeros(v, h, dtype=dtype, device=device)
+        self.linear: Linear = plain_linear  # invariant_linear in batch-invariant mode
+        self.invariant = False  # batch-invariant mode: the RoPE tables too
         self.decoder = SparseMlaDecoderLayer(
             config, layer, dtype, device, indexer_type="full", mlp_type="sparse"
         )
@@ -67,12 +70,14 @@ class MtpLayer:
         embeds = F.embedding(next_ids.to(hidden.device), self.embed_tokens)
         # position 0's input is masked, as vLLM's DeepSeek MTP does (it is never a draft's)
         embeds = torch.where(positions.unsqueeze(-1) == 0, torch.zeros_like(embeds), embeds)
-        x = F.linear(
+        x = self.linear(
             torch.cat([rms_norm(embeds, self.enorm, eps), rms_norm(hidden, self.hnorm, eps)], -1),
             self.eh_proj,
+            None,
         )
+        c = self.config
         rope = pair_tables(
-            positions, self.config.qk_rope_head_dim, self.config.rope_theta, hidden.dtype
+            positions, c.qk_rope_head_dim, c.rope_theta, hidden.dtype, self.invariant
         )
         x, _ = self.decoder.forward(x, rope, positions, hooks, None)
         return x
@@ -80,5 +85,5 @@ class MtpLayer:
     @torch.inference_mode()
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """The shared head over this layer's outputs -> float32 (or float64) logits."""
-        logits = F.linear(rms_norm(x, self.head_norm, self.config.rms_norm_eps), self.head)
+        logits = self.linear(rms_norm(x, self.head_norm, self.config.rms_norm_eps), self.head, None)
         return logits if logits.dtype == torch.float64 else logits.float()

@@ -26,9 +26,10 @@ class PagedHooks(LocalCompute):
     0..context_lens[i]-1 at `starts[i]`), so a selection's indices point into the packed rows
     and one batched attention call serves all T queries. Dense parts (FFN) run over all T."""
 
-    def __init__(self, kv: LatentKVCache, batch: ForwardBatch) -> None:
+    def __init__(self, kv: LatentKVCache, batch: ForwardBatch, width: int | None = None) -> None:
         self.kv = kv
         self.batch = batch
+        self.width = width  # every sequence's selection padded to it (None: to the widest)
         self.packing = ContextPacking.of(batch, kv.spec.block_size, kv.data.device)
 
     def rows(
@@ -59,7 +60,7 @@ class PagedHooks(LocalCompute):
         b = self.batch
         return select_per_sequence(
             indexer, b.query_start, self.packing.starts, b.context_lens, h, q_resid, rope,
-            rows.indexer_keys(), positions,
+            rows.indexer_keys(), positions, self.width,
         )  # fmt: skip
 
 
@@ -100,10 +101,12 @@ def select_per_sequence(
     rope: PairTables,
     keys: torch.Tensor,
     positions: torch.Tensor,
+    width: int | None = None,
 ) -> Selection:
     """Each sequence's queries (rows query_start[i]..query_start[i+1]-1) pick their top-k among
     that sequence's keys only (packed keys `keys`, sequence i's context_lens[i] at `starts[i]`);
-    the selections are padded (valid False) to the widest and offset into the packed rows."""
+    the selections are padded (valid False) to `width` (None: the widest) and offset into the
+    packed rows."""
     qs = query_start
     parts: list[Selection] = []
     for i, (start, length) in enumerate(zip(starts, context_lens, strict=True)):
@@ -116,7 +119,7 @@ def select_per_sequence(
             positions[q],
         )
         parts.append(Selection(indices=sel.indices + start, valid=sel.valid))
-    width = max(p.indices.shape[1] for p in parts)
+    width = max(p.indices.shape[1] for p in parts) if width is None else width
     return Selection(
         indices=torch.cat([F.pad(p.indices, (0, width - p.indices.shape[1])) for p in parts]),
         valid=torch.cat([F.pad(p.valid, (0, width - p.valid.shape[1])) for p in parts]),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from loom_runtime.models.elementwise import each_element
 from loom_runtime.models.rope import inverse_frequencies
 
 
@@ -21,12 +22,18 @@ class PairTables:
 
 
 def pair_tables(
-    positions: torch.Tensor, rope_dim: int, theta: float, dtype: torch.dtype
+    positions: torch.Tensor,
+    rope_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    invariant: bool = False,
 ) -> PairTables:
-    """Angles computed in float32 (as Hugging Face does), then cast to the model dtype."""
+    """Angles computed in float32 (as Hugging Face does), then cast to the model dtype;
+    `invariant`: each position's the same bits whatever positions share the call."""
     inv_freq, _ = inverse_frequencies(rope_dim, theta, None, 0)
     angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
-    return PairTables(cos=angles.cos().to(dtype)[:, None], sin=angles.sin().to(dtype)[:, None])
+    cos, sin = (each_element(f, angles) if invariant else f(angles) for f in (torch.cos, torch.sin))
+    return PairTables(cos=cos.to(dtype)[:, None], sin=sin.to(dtype)[:, None])
 
 
 def rotate_pairs(x: torch.Tensor, tables: PairTables) -> torch.Tensor:
