@@ -61,7 +61,8 @@ def _batch_invariant_problems(
     at: tuple[str, ...], family: families.Family, role: Role
 ) -> list[Problem]:
     """The native runtime's batch-invariant mode: the families that declare it, in one
-    process (vLLM has its own mode, VLLM_BATCH_INVARIANT, for every model and layout)."""
+    process or on TP ranks, without HiSparse or MTP (vLLM has its own mode,
+    VLLM_BATCH_INVARIANT, for every model and layout)."""
     field = (*at, "engine", "batchInvariant")
     if not family.batch_invariant:
         built = ", ".join(f.name for f in families.families() if f.batch_invariant)
@@ -70,11 +71,11 @@ def _batch_invariant_problems(
             f"{family.name}: drop engine.batchInvariant"
         )
         return [(field, "batch_invariant_family", msg)]
-    ranks = role.parallelism.ranks
-    if ranks > 1:
+    par = role.parallelism
+    if par.ranks > 1 and not (family.ranks == "tp" and par.tp == par.ranks):
         msg = (
-            f"the native runtime has batch-invariant mode in one process, not on {ranks} "
-            "ranks: drop engine.batchInvariant or the role's parallelism"
+            f"the native runtime has batch-invariant mode in one process or on TP ranks, not "
+            f"on {par.ranks} PCP/DCP/EP/DP ranks: drop engine.batchInvariant or those splits"
         )
         return [(field, "batch_invariant_on_ranks", msg)]
     features = (("hiSparse", role.hi_sparse is not None), ("mtp", role.mtp is not None))

@@ -134,8 +134,8 @@ class EngineSection(CardModel):
     batch_invariant: bool = False
     """Batch-invariant mode: a request's tokens, log-probs and latents are the same bits
     whoever shares its step and however its prompt is chunked or cached (costs compute; native:
-    the llama, sparse-mla and mot families on one rank, without hiSparse or mtp; vLLM:
-    VLLM_BATCH_INVARIANT=1)."""
+    the llama, sparse-mla and mot families in one process or on TP ranks, without hiSparse or
+    mtp; vLLM: VLLM_BATCH_INVARIANT=1)."""
     dtype: EngineDtype | None = None
     """Compute dtype fp64 | fp32 | bf16 | fp16; unset means the component's weight precision."""
 

@@ -19,6 +19,7 @@ from loom_runtime.engine.denoise_loop import MotDenoiseExecutor, MotDenoiseLoop
 from loom_runtime.engine.kv_memory.host_reload import HostReloads
 from loom_runtime.engine.ranks.channel import EngineRanks
 from loom_runtime.engine.ranks.ranked_runner import RankedRunner
+from loom_runtime.engine.ranks.tp_runner import TpRunner
 from loom_runtime.engine.remote import RemoteKV
 from loom_runtime.engine.runner import ModelRunner, TokenRunner
 from loom_runtime.engine.spec.forward import SpecForward
@@ -82,14 +83,16 @@ def build_forward(
 def choose_invariance(model: CausalLM, invariant: bool, ranks: EngineRanks | None) -> None:
     """Set the model's batch-invariant mode for this engine — on every engine built,
     as engines in one process may share a model. Batch-invariant runs where the model's family
-    declares it (card/families.py `batch_invariant`), in one process; elsewhere it is refused."""
+    declares it (card/families.py `batch_invariant`), in one process or on TP ranks (each rank
+    sets its shard's mode, parallel/llama/tp.py); elsewhere it is refused."""
     family = families.family_of_model_type(model.config.model_type)
-    if invariant and (not family.batch_invariant or ranks is not None):
+    ranked = ranks is not None and not isinstance(ranks, TpRunner)
+    if invariant and (not family.batch_invariant or ranked):
         built = ", ".join(f.name for f in families.families() if f.batch_invariant)
-        where = f"the {family.name!r} family" if ranks is None else "ranks"
+        where = f"the {family.name!r} family" if not ranked else "PCP/DCP/EP/DP ranks"
         raise ValueError(
             f"batch_invariant (--batch-invariant) is built for the {built} families in one "
-            f"process, not for {where}"
+            f"process or on TP ranks, not for {where}"
         )
     if isinstance(model, BatchInvariant):
         model.set_batch_invariant(invariant)

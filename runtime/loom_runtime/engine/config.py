@@ -43,7 +43,7 @@ class EngineConfig:
     # Batch-invariant mode (`--batch-invariant`; models/linear.py, models/invariant_attention.py):
     # a request's results do not change in their last bits with what shares its step nor with
     # how its prompt is chunked or cached, at a cost in compute. The llama, sparse-mla and mot
-    # families in one process (no ranks), not with HiSparse or MTP speculation.
+    # families in one process or on TP ranks (not PCP/DCP/EP/DP), not with HiSparse or MTP.
     batch_invariant: bool = False
     # True: a request's host-tier prefix is copied in on a copy thread while the step loop goes
     # on (the request waits, holding its blocks); False: inside the step that admits it.

@@ -117,6 +117,19 @@ def all_reduce_sum(comm: Comm, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def ordered_sum(comm: Comm, x: torch.Tensor) -> torch.Tensor:
+    """The sum of every rank's x added in group order (rank 0's, plus rank 1's, ...), the same
+    on every rank: each element's bits do not depend on the tensor's size, as a ring
+    all-reduce's chunking makes them (batch-invariant mode)."""
+    if comm.size == 1:
+        return x
+    parts = all_gather_same(comm, x)
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
 def broadcast(comm: Comm, x: torch.Tensor, root: int = 0) -> torch.Tensor:
     """Group rank `root`'s x on every rank (x gives the shape and dtype elsewhere)."""
     if comm.size == 1:

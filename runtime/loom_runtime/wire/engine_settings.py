@@ -125,7 +125,8 @@ SETTINGS: tuple[EngineSetting, ...] = (
         "batch_invariant", bool, False,
         "batch-invariant mode: a request's tokens, log-probs and latents the same bits whoever "
         "shares its step and however its prompt is chunked or cached (a role's "
-        "engine.batchInvariant; llama, sparse-mla and mot families, no ranks, HiSparse or MTP; "
+        "engine.batchInvariant; llama, sparse-mla and mot families, one process or TP ranks, "
+        "no HiSparse or MTP; "
         "costs compute: "
         "bench/batch_invariant.py)",
         "--batch-invariant", card=("engine.batchInvariant",), omit_default=True,

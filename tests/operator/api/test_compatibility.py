@@ -119,7 +119,11 @@ def test_native_batch_invariant_mode_runs_for_its_families_in_one_process(
     assert _check(model_data, deploy_data) == []  # llama, one rank
     at = "spec.roles.decode.engine.batchInvariant"
     decode["parallelism"] = {"tp": 2}
+    assert _check(model_data, deploy_data) == []  # llama's TP ranks
+    model_data["spec"]["family"] = "sparse-mla"
+    decode["parallelism"] = {"dp": 2, "ep": 2}
     assert _check(model_data, deploy_data) == [(at, "batch_invariant_on_ranks")]
+    model_data["spec"]["family"] = "llama"
     decode["parallelism"] = {}
     decode["mtp"] = {"draftTokens": 2}
     assert _check(model_data, deploy_data) == [(at, "batch_invariant_with")]

@@ -15,6 +15,7 @@ from typing import cast
 
 import pytest
 import torch
+from tests.runtime.engine.invariance_helpers import Records, serve_waves
 
 from loom_runtime.card import families
 from loom_runtime.card.families import Family
@@ -22,7 +23,7 @@ from loom_runtime.engine.build import choose_invariance
 from loom_runtime.engine.config import EngineConfig
 from loom_runtime.engine.engine import Engine
 from loom_runtime.engine.ranks.channel import EngineRanks
-from loom_runtime.engine.types import EngineRequest, RequestOutput, SamplingParams
+from loom_runtime.engine.types import EngineRequest, SamplingParams
 from loom_runtime.models.causal_lm import CausalLM
 from loom_runtime.models.linear import invariant_linear, plain_linear
 from loom_runtime.models.llama import LlamaForCausalLM
@@ -41,9 +42,6 @@ def requests() -> list[EngineRequest]:
     ]
 
 
-Records = dict[str, list[tuple[int, float]]]
-
-
 def run(
     loaded: LoadedModel,
     batch: Sequence[EngineRequest],
@@ -57,24 +55,7 @@ def run(
         dtype=torch.float32, max_model_len=64, num_blocks=32, batch_invariant=invariant,
         max_num_batched_tokens=budget, max_num_seqs=4,
     )  # fmt: skip
-    engine = Engine(loaded, config)
-    records: list[Records] = []
-    try:
-        for _ in range(rounds):
-            outs: dict[str, list[RequestOutput]] = {}
-            for req in batch:
-                engine.add_request(
-                    req, lambda o, outs=outs: outs.setdefault(o.request_id, []).append(o)
-                )
-            while engine.step():
-                pass
-            records.append({
-                rid: [(lp.token_id, lp.logprob) for o in got for lp in o.logprobs]
-                for rid, got in outs.items()
-            })  # fmt: skip
-    finally:
-        engine.shutdown()
-    return records
+    return serve_waves(Engine(loaded, config), [batch] * rounds)
 
 
 @pytest.fixture(params=["llama", "sparse-mla"])
@@ -139,8 +120,8 @@ def test_batch_invariant_is_refused_where_it_is_not_built(
     with pytest.raises(ValueError, match="not built with HiSparse"):
         replace(config, batch_invariant=True, hisparse_host_pool_gib=0.1)
     ranks = cast(EngineRanks, object())
-    built = "llama, sparse-mla, mot families in one process"
-    with pytest.raises(ValueError, match=f"{built}, not for ranks"):
+    built = "llama, sparse-mla, mot families in one process or on TP ranks"
+    with pytest.raises(ValueError, match=f"{built}, not for PCP/DCP/EP/DP ranks"):
         choose_invariance(sparse64.model, True, ranks)
     plugin = Family(name="plain-plugin", model_types=("plain_plugin",), loops=("ar_decode",),
                     runtime=object())  # fmt: skip

@@ -139,5 +139,6 @@ def start_tp(
         block_size=config.block_size,
         num_blocks=tp_num_blocks(model, config, max_model_len),
         kv_fp8=config.kv_fp8,
+        batch_invariant=config.batch_invariant,
     )
     return TpRunner(spec, rank_config(config))

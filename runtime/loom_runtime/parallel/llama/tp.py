@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from loom_runtime.models.config import ModelConfig
 from loom_runtime.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from loom_runtime.parallel.collectives import Comm, all_reduce_sum
+from loom_runtime.parallel.collectives import Comm, all_reduce_sum, ordered_sum
 from loom_runtime.parallel.layout import LayoutError
 
 
@@ -35,18 +35,24 @@ def shard_config(config: ModelConfig, tp: int) -> ModelConfig:
     )
 
 
-def shard_llama(model: LlamaForCausalLM, comm: Comm) -> LlamaForCausalLM:
-    """This rank's shard of `model` (copies of its slices; the whole model can be dropped)."""
+def shard_llama(
+    model: LlamaForCausalLM, comm: Comm, batch_invariant: bool = False
+) -> LlamaForCausalLM:
+    """This rank's shard of `model` (copies of its slices; the whole model can be dropped);
+    `batch_invariant`: in that mode, its partial sums added in rank order (ordered_sum)."""
     tp, r = comm.size, comm.index
     if tp == 1:
+        model.set_batch_invariant(batch_invariant)
         return model
     shard = LlamaForCausalLM(shard_config(model.config, tp), model.dtype, "meta")
+    shard.set_batch_invariant(batch_invariant)
+    reduce = ordered_sum if batch_invariant else all_reduce_sum
     shard.embed_tokens = model.embed_tokens
     shard.final_norm = model.final_norm
     shard.lm_head = model.lm_head
     for whole, part in zip(model.layers, shard.layers, strict=True):
         _shard_layer(whole, part, r, tp)
-        part.reduce = lambda x: all_reduce_sum(comm, x)
+        part.reduce = lambda x: reduce(comm, x)
     return shard
 
 

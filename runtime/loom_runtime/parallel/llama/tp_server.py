@@ -38,6 +38,7 @@ class TpServeSpec:
     block_size: int
     num_blocks: int
     kv_fp8: Fp8Format | None = None
+    batch_invariant: bool = False  # the engine's mode: matmuls, attention and partial sums
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class TpRank:
                 f"{checkpoint}: tensor parallelism runs the llama family, not "
                 f"{loaded.config.model_type}"
             )
-        shard = shard_llama(loaded.model, self.comm)
+        shard = shard_llama(loaded.model, self.comm, self.spec.batch_invariant)
         if like is not None and shard.config != like.config:
             raise ValueError(f"{checkpoint}: a weight sync cannot change the model's shapes")
         return shard
